@@ -1,0 +1,46 @@
+"""The project's exception hierarchy.
+
+Every failure that xetfs reports on purpose is a ``XetfsError``.  Format errors
+mean "these bytes are not what the Xet format allows"; ``IntegrityError`` means
+"well-formed, but a hash does not match"; ``MissingObjectError`` means "a
+reference points at an object the store does not have".  Messages always name
+the object, the offset (when there is one) and what was wrong.
+"""
+
+from __future__ import annotations
+
+
+class XetfsError(Exception):
+    """Base class of every error xetfs raises deliberately."""
+
+
+class FormatError(XetfsError):
+    """Bytes that do not follow the Xet format."""
+
+
+class ShardFormatError(FormatError):
+    """A malformed shard (``*.mdb``)."""
+
+
+class XorbFormatError(FormatError):
+    """A malformed xorb: bad footer, bad chunk header or undecodable payload."""
+
+
+class ManifestError(FormatError):
+    """A names manifest that cannot be used at all."""
+
+
+class IntegrityError(XetfsError):
+    """Well-formed data whose hash (or size) does not match the recorded one."""
+
+
+class MissingObjectError(XetfsError):
+    """A reference to a xorb, chunk or file that the store does not hold."""
+
+
+class StoreError(XetfsError):
+    """The store as a whole cannot be used (missing directory, no shards...)."""
+
+
+class StoreTimeoutError(XetfsError):
+    """A read from the store did not finish within the configured bound."""

@@ -1,0 +1,182 @@
+"""Xorb layout: the footer (FORMAT.md 2.4) and the header walk (2.5).
+
+A ``XorbLayout`` tells where each chunk lives in the xorb file (physical END
+offsets, headers included) and where it lands once decoded (uncompressed END
+offsets), plus the chunk hashes when the footer has them.  Functions here take
+bytes that the caller read; they never touch files.
+"""
+
+from __future__ import annotations
+
+import struct
+from bisect import bisect_right
+from dataclasses import dataclass
+
+from xetfs.errors import XorbFormatError
+from xetfs.format.chunk import HEADER_SIZE, parse_chunk_header
+from xetfs.hashes import HASH_SIZE
+
+FOOTER_IDENT = b"XETBLOB"
+HASHES_IDENT = b"XBLBHSH"
+BOUNDARY_IDENT = b"XBLBBND"
+FOOTER_VERSION = 1
+HASHES_VERSION = 0
+BOUNDARY_VERSION = 1
+MAX_CHUNKS = 8192 * 8  # generous: xet-core builds at most 8192 chunks per xorb
+
+# The fixed tail of a footer: n, hashes offset, boundary offset, 16-byte buffer, info_length.
+TAIL = struct.Struct("<III16sI")
+TAIL_SIZE = TAIL.size  # 32
+
+
+def footer_size(n: int) -> int:
+    """Bytes of footer (without the trailing u32 length) for ``n`` chunks."""
+    return 92 + 40 * n
+
+
+@dataclass(frozen=True, slots=True)
+class XorbLayout:
+    """Where every chunk of one xorb lives.
+
+    ``phys_ends[i]`` is the exclusive physical end of chunk ``i`` in the file
+    (its 8-byte header starts at ``phys_ends[i-1]``, 0 for the first);
+    ``unpacked_ends[i]`` the exclusive end of its bytes in the decoded xorb.
+    ``chunk_hashes`` is None when the xorb had no footer.
+    """
+
+    xorb_hash: bytes | None
+    phys_ends: tuple[int, ...]
+    unpacked_ends: tuple[int, ...]
+    chunk_hashes: tuple[bytes, ...] | None
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.phys_ends)
+
+    def phys_start(self, i: int) -> int:
+        return self.phys_ends[i - 1] if i else 0
+
+    def unpacked_start(self, i: int) -> int:
+        return self.unpacked_ends[i - 1] if i else 0
+
+    def chunk_size(self, i: int) -> int:
+        return self.unpacked_ends[i] - self.unpacked_start(i)
+
+    def range_size(self, start: int, end: int) -> int:
+        """Decoded bytes of chunks ``[start, end)``."""
+        return self.unpacked_ends[end - 1] - self.unpacked_start(start)
+
+    def chunk_at(self, offset: int) -> int:
+        """Index of the chunk holding decoded byte ``offset`` of the xorb."""
+        return bisect_right(self.unpacked_ends, offset)
+
+
+def footer_length(tail4: bytes, file_size: int) -> int | None:
+    """From the file's last 4 bytes, the footer length, or None if it cannot be one."""
+    if file_size < 4 or len(tail4) != 4:
+        return None
+    length = int.from_bytes(tail4, "little")
+    if length < footer_size(0) or length + 4 > file_size or (length - 92) % 40:
+        return None
+    return length
+
+
+def parse_footer(footer: bytes, file_size: int, *, where: str) -> XorbLayout:
+    """Parse a V1 footer: ``footer`` is the file's last ``info_length + 4`` bytes."""
+    size = len(footer)
+    if size < footer_size(0) + 4:
+        raise XorbFormatError(f"{where}: footer of {size} bytes is too short")
+    start = file_size - size
+    if footer[:7] != FOOTER_IDENT:
+        raise XorbFormatError(f"{where}: no {FOOTER_IDENT.decode()} footer at offset {start}")
+    version = footer[7]
+    if version == 0:
+        raise XorbFormatError(f"{where}: unsupported xorb footer version 0 at offset {start}")
+    if version != FOOTER_VERSION:
+        raise XorbFormatError(f"{where}: unknown xorb footer version {version} at offset {start}")
+    n, hashes_off, boundary_off, _buffer, info_length = TAIL.unpack_from(footer, size - TAIL_SIZE)
+    if info_length != size - 4 or info_length != footer_size(n):
+        raise XorbFormatError(
+            f"{where}: footer at offset {start} has info_length {info_length}, "
+            f"expected {footer_size(n)} for {n} chunks"
+        )
+    if n == 0 or n > MAX_CHUNKS:
+        raise XorbFormatError(f"{where}: footer at offset {start} declares {n} chunks (allowed 1..{MAX_CHUNKS})")
+    if hashes_off != 52 + 40 * n or boundary_off != 40 + 8 * n:
+        raise XorbFormatError(
+            f"{where}: footer at offset {start} has section offsets {hashes_off}/{boundary_off}, "
+            f"expected {52 + 40 * n}/{40 + 8 * n}"
+        )
+    xorb_hash = footer[8:40]
+    _check_ident(footer, 40, HASHES_IDENT, HASHES_VERSION, n, start, where)
+    hashes_at = 52
+    hashes = tuple(footer[hashes_at + HASH_SIZE * i : hashes_at + HASH_SIZE * (i + 1)] for i in range(n))
+    bound_at = 52 + HASH_SIZE * n
+    _check_ident(footer, bound_at, BOUNDARY_IDENT, BOUNDARY_VERSION, n, start, where)
+    phys = struct.unpack_from(f"<{n}I", footer, bound_at + 12)
+    unpacked = struct.unpack_from(f"<{n}I", footer, bound_at + 12 + 4 * n)
+    third_n = int.from_bytes(footer[bound_at + 12 + 8 * n : bound_at + 16 + 8 * n], "little")
+    if third_n != n:
+        raise XorbFormatError(f"{where}: footer chunk counts disagree ({n} vs {third_n})")
+    _check_offsets(phys, unpacked, start, where)
+    if phys[-1] != start:
+        raise XorbFormatError(
+            f"{where}: chunk section ends at offset {phys[-1]} but the footer starts at offset {start}"
+        )
+    return XorbLayout(xorb_hash, phys, unpacked, hashes)
+
+
+def _check_ident(buf: bytes, at: int, ident: bytes, version: int, n: int, base: int, where: str) -> None:
+    if buf[at : at + 7] != ident or buf[at + 7] != version:
+        raise XorbFormatError(
+            f"{where}: expected {ident.decode()} version {version} at offset {base + at}, "
+            f"found {buf[at : at + 8]!r}"
+        )
+    count = int.from_bytes(buf[at + 8 : at + 12], "little")
+    if count != n:
+        raise XorbFormatError(f"{where}: section at offset {base + at} counts {count} chunks, footer says {n}")
+
+
+def _check_offsets(phys: tuple[int, ...], unpacked: tuple[int, ...], base: int, where: str) -> None:
+    prev_p = prev_u = 0
+    for i, (p, u) in enumerate(zip(phys, unpacked, strict=True)):
+        if p < prev_p + HEADER_SIZE + 1:
+            raise XorbFormatError(
+                f"{where}: footer (offset {base}) gives chunk {i} physical end {p} after {prev_p}: "
+                "boundaries must increase by at least a header and one byte"
+            )
+        if u <= prev_u:
+            raise XorbFormatError(
+                f"{where}: footer (offset {base}) gives chunk {i} uncompressed end {u} after {prev_u}: "
+                "chunks may not be empty"
+            )
+        prev_p, prev_u = p, u
+
+
+def walk_headers(data: bytes, *, where: str) -> XorbLayout:
+    """Build a layout by walking the chunk headers of a footer-less xorb.
+
+    The walk must end exactly at the end of ``data``.  Chunk hashes are not
+    known (``chunk_hashes`` is None); the caller computes them from the
+    decoded chunks.
+    """
+    phys: list[int] = []
+    unpacked: list[int] = []
+    pos = total = 0
+    while pos < len(data):
+        header = parse_chunk_header(data, pos, where=where)
+        end = pos + HEADER_SIZE + header.compressed_length
+        if end > len(data):
+            raise XorbFormatError(
+                f"{where}: chunk {len(phys)} at offset {pos} needs {header.compressed_length} payload bytes, "
+                f"only {len(data) - pos - HEADER_SIZE} present"
+            )
+        total += header.uncompressed_length
+        phys.append(end)
+        unpacked.append(total)
+        pos = end
+        if len(phys) > MAX_CHUNKS:
+            raise XorbFormatError(f"{where}: more than {MAX_CHUNKS} chunks")
+    if not phys:
+        raise XorbFormatError(f"{where}: empty xorb")
+    return XorbLayout(None, tuple(phys), tuple(unpacked), None)

@@ -1,0 +1,213 @@
+"""The verified read path: file bytes from index, cache, store and decoder.
+
+``Reader.read(entry, offset, size)`` returns exactly those bytes of a file.
+It maps the range to term slices (``Index.locate``), each slice to chunks of
+a xorb (``chunk_span``), takes the chunks from the cache and loads the
+missing ones: adjacent chunks of one xorb are read with one ``pread``, every
+decoded chunk is checked against its hash from the xorb footer (which is
+itself tied to the xorb's name) before it is cached or returned.
+
+Runs on one trio thread.  Blocking store reads go through ``io``, which may
+run them inline (fastest) or in a worker thread with a time bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import trio
+
+from xetfs import hashes
+from xetfs.cache import LoadingCache
+from xetfs.errors import FormatError, IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError
+from xetfs.format.chunk import HEADER_SIZE, decode_chunk, parse_chunk_header
+from xetfs.format.xorb import XorbLayout
+from xetfs.index import FileEntry, Index, chunk_span
+from xetfs.stats import CacheCounters, Stats
+from xetfs.store import Store
+
+T = TypeVar("T")
+ChunkKey = tuple[bytes, int]
+Io = Callable[..., Awaitable[Any]]
+
+DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
+LAYOUT_CACHE_SIZE = 32 * 1024 * 1024
+MAX_RUN_BYTES = 8 * 1024 * 1024  # one pread covers at most this much of a xorb
+
+
+async def inline_io(fn: Callable[..., T], *args: Any) -> T:
+    """Run a store call on the calling thread (page-cached local files)."""
+    return fn(*args)
+
+
+def threaded_io(timeout: float) -> Io:
+    """Run each store call in a worker thread; give up after ``timeout`` seconds."""
+
+    async def run(fn: Callable[..., T], *args: Any) -> T:
+        with trio.move_on_after(timeout):
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        raise StoreTimeoutError(f"store read {getattr(fn, '__name__', fn)}{args[1:]!r} took more than {timeout:g} s")
+
+    return run
+
+
+class Reader:
+    def __init__(
+        self,
+        index: Index,
+        store: Store,
+        *,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        stats: Stats | None = None,
+        verify: bool = True,
+        io: Io = inline_io,
+    ) -> None:
+        self.index = index
+        self.store = store
+        self.stats = stats or Stats()
+        self.verify = verify
+        self._io = io
+        self.cache: LoadingCache[ChunkKey, bytes] = LoadingCache(
+            cache_size, self.stats.cache, self.stats.prefetch
+        )
+        self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE, CacheCounters())
+
+    # -- public API ---------------------------------------------------------
+
+    async def read(self, entry: FileEntry, offset: int, size: int) -> bytes | memoryview:
+        """Bytes ``[offset, offset + size)`` of ``entry``, clipped at end of file.
+
+        Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError`` or
+        ``StoreTimeoutError``; each is counted in ``stats.errors``.
+        """
+        try:
+            parts = await self._collect(entry, offset, size, prefetch=False)
+        except XetfsError as exc:
+            self._count_error(exc)
+            raise
+        if len(parts) == 1:
+            return parts[0]
+        return b"".join(parts)
+
+    async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
+        """Load the chunks under ``[offset, offset + size)`` into the cache; errors are ignored.
+
+        They will be met, counted and reported by the read that needs the bytes.
+        """
+        self.stats.prefetch.requests += 1
+        try:
+            await self._collect(entry, offset, size, prefetch=True)
+        except XetfsError:
+            pass
+
+    async def layout(self, xorb_hash: bytes) -> XorbLayout:
+        """The verified layout of a xorb (cached)."""
+        (sized,) = await self._layouts.get_many([xorb_hash], self._load_layouts)
+        return sized.layout
+
+    # -- internals ----------------------------------------------------------
+
+    async def _collect(self, entry: FileEntry, offset: int, size: int, *, prefetch: bool) -> list[memoryview]:
+        parts: list[memoryview] = []
+        for piece in self.index.locate(entry, offset, size):
+            layout = await self.layout(piece.xorb_hash)
+            span = chunk_span(piece, layout)
+            keys = [(span.xorb_hash, i) for i in range(span.start, span.stop)]
+
+            async def load(missing: Sequence[ChunkKey], layout: XorbLayout = layout) -> dict[ChunkKey, bytes]:
+                return await self._load_chunks(missing, layout)
+
+            if prefetch:
+                await self.cache.prefetch(keys, load)
+                await trio.lowlevel.checkpoint()
+                continue
+            chunks = await self.cache.get_many(keys, load)
+            skip, left = span.skip, span.length
+            for chunk in chunks:
+                if skip >= len(chunk):
+                    skip -= len(chunk)
+                    continue
+                view = memoryview(chunk)[skip : skip + left]
+                parts.append(view)
+                left -= len(view)
+                skip = 0
+                if not left:
+                    break
+        return parts
+
+    async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
+        out = {}
+        for xorb_hash in keys:
+            layout = await self._io(self.store.load_layout, xorb_hash)
+            self.stats.store.layouts += 1
+            out[xorb_hash] = _Sized(layout)
+        return out
+
+    async def _load_chunks(self, keys: Sequence[ChunkKey], layout: XorbLayout) -> dict[ChunkKey, bytes]:
+        """Read and decode the given chunks of one xorb, one pread per run of adjacent chunks."""
+        out: dict[ChunkKey, bytes] = {}
+        xorb_hash = keys[0][0]
+        indices = sorted(i for _, i in keys)
+        run_start = prev = indices[0]
+        for i in indices[1:] + [-1]:
+            too_big = i >= 0 and layout.phys_ends[i] - layout.phys_start(run_start) > MAX_RUN_BYTES
+            if i != prev + 1 or too_big:
+                out.update(await self._load_run(xorb_hash, layout, run_start, prev + 1))
+                run_start = i
+            prev = i
+        return out
+
+    async def _load_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> dict[ChunkKey, bytes]:
+        base = layout.phys_start(start)
+        data = await self._io(self.store.read_xorb, xorb_hash, base, layout.phys_ends[stop - 1])
+        self.stats.store.reads += 1
+        self.stats.store.bytes += len(data)
+        view = memoryview(data)
+        where = f"xorb {hashes.to_hex(xorb_hash)}"
+        out: dict[ChunkKey, bytes] = {}
+        for i in range(start, stop):
+            at = layout.phys_start(i) - base
+            end = layout.phys_ends[i] - base
+            header = parse_chunk_header(view, at, where=f"{where} chunk {i}")
+            size = layout.chunk_size(i)
+            if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
+                raise FormatError(
+                    f"{where} chunk {i} at offset {base + at}: header says {header.compressed_length} -> "
+                    f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
+                )
+            decoded = bytes(decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=f"{where} chunk {i}"))
+            self.stats.decode.chunks += 1
+            self.stats.decode.bytes += size
+            if self.verify and layout.chunk_hashes is not None:
+                found = hashes.chunk_hash(decoded)
+                if found != layout.chunk_hashes[i]:
+                    raise IntegrityError(
+                        f"{where} chunk {i} at offset {base + at}: decoded bytes hash to {hashes.to_hex(found)}, "
+                        f"footer says {hashes.to_hex(layout.chunk_hashes[i])}"
+                    )
+            out[(xorb_hash, i)] = decoded
+        return out
+
+    def _count_error(self, exc: XetfsError) -> None:
+        errors = self.stats.errors
+        if isinstance(exc, IntegrityError):
+            errors.integrity += 1
+        elif isinstance(exc, MissingObjectError):
+            errors.missing += 1
+        elif isinstance(exc, StoreTimeoutError):
+            errors.timeout += 1
+        else:
+            errors.format += 1
+
+
+class _Sized:
+    """A layout with a ``len`` that approximates its memory, for the byte-bounded cache."""
+
+    __slots__ = ("layout",)
+
+    def __init__(self, layout: XorbLayout) -> None:
+        self.layout = layout
+
+    def __len__(self) -> int:
+        return 200 + 150 * self.layout.num_chunks

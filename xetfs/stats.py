@@ -1,0 +1,103 @@
+"""Live counters of a mount or reader, and their frozen snapshot.
+
+Counters are plain integers bumped at the site where the event happens
+(the cache counts its own hits and misses, the reader its decodes).  A
+``Snapshot`` is an immutable nested mapping, ready for JSON.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass
+class CacheCounters:
+    capacity_bytes: int = 0
+    bytes: int = 0
+    entries: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    joined: int = 0  # lookups that waited for another request's load (counted as hits too)
+
+
+@dataclass
+class DecodeCounters:
+    chunks: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class StoreCounters:
+    reads: int = 0
+    bytes: int = 0
+    layouts: int = 0  # xorb footers loaded
+    timeouts: int = 0
+
+
+@dataclass
+class ReadCounters:
+    requests: int = 0
+    bytes: int = 0
+
+
+@dataclass
+class PrefetchCounters:
+    requests: int = 0
+    chunks: int = 0
+    hits: int = 0
+
+
+@dataclass
+class ErrorCounters:
+    integrity: int = 0
+    missing: int = 0
+    format: int = 0
+    timeout: int = 0
+
+
+@dataclass
+class IndexCounters:
+    files: int = 0
+    terms: int = 0
+    xorbs: int = 0
+    shards: int = 0
+    shards_skipped: int = 0
+
+
+@dataclass
+class Stats:
+    cache: CacheCounters = field(default_factory=CacheCounters)
+    decode: DecodeCounters = field(default_factory=DecodeCounters)
+    store: StoreCounters = field(default_factory=StoreCounters)
+    reads: ReadCounters = field(default_factory=ReadCounters)
+    prefetch: PrefetchCounters = field(default_factory=PrefetchCounters)
+    errors: ErrorCounters = field(default_factory=ErrorCounters)
+    index: IndexCounters = field(default_factory=IndexCounters)
+    started: float = field(default_factory=time.time)
+
+    def snapshot(self) -> Snapshot:
+        groups: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "started":
+                continue
+            groups[f.name] = MappingProxyType({g.name: getattr(value, g.name) for g in fields(value)})
+        groups["uptime_seconds"] = round(time.time() - self.started, 3)
+        return Snapshot(MappingProxyType(groups))
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable copy of the counters at one moment."""
+
+    groups: MappingProxyType[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.groups[key]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: dict(v) if isinstance(v, MappingProxyType) else v for k, v in self.groups.items()}

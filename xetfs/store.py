@@ -1,0 +1,198 @@
+"""Where a store's objects live, and the only module that opens store files.
+
+A store is a directory.  Accepted layouts (FORMAT.md section 4):
+
+* what hf_xet writes for ``local://DIR``: ``DIR/xet/xorbs/{xorbs,shards}``,
+  given as ``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``;
+* a flat layout: ``DIR/xorbs`` and ``DIR/shards``.
+
+Xorbs are named ``default.<hex>``, ``<hex>`` or ``<hex>.xorb``; shards
+``<hex>.mdb``.  Everything else (``.tagset`` sidecars, temp files, the redb
+index, ``shard-cache/``) is ignored.  Files are opened read-only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cachetools import LRUCache
+
+from xetfs import hashes
+from xetfs.errors import IntegrityError, MissingObjectError, StoreError, XorbFormatError
+from xetfs.format import chunk as chunk_format
+from xetfs.format.xorb import XorbLayout, footer_length, parse_footer, walk_headers
+
+_XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
+_SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
+_CANDIDATES = ("xet/xorbs", "xorbs", ".")
+MAX_OPEN_FILES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class ShardFile:
+    name: str
+    path: Path
+
+
+def find_root(path: Path) -> Path:
+    """The directory that holds ``xorbs/`` and ``shards/`` for a store at ``path``."""
+    if not path.is_dir():
+        raise StoreError(f"store {path}: not a directory")
+    for rel in _CANDIDATES:
+        root = path / rel
+        if (root / "shards").is_dir():
+            return root
+    raise StoreError(
+        f"store {path}: no shards/ directory found (looked in {', '.join(str(path / r) for r in _CANDIDATES)})"
+    )
+
+
+class Store:
+    """Read-only access to the shards and xorbs of one store directory.
+
+    Thread-safe: ``read_xorb`` may be called from worker threads.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._xorbs: dict[bytes, Path] = {}
+        xorb_dir = root / "xorbs"
+        if xorb_dir.is_dir():
+            for entry in os.scandir(xorb_dir):
+                m = _XORB_NAME.fullmatch(entry.name)
+                if m and entry.is_file():
+                    self._xorbs.setdefault(hashes.from_hex(m.group(1)), Path(entry.path))
+        self._fds: LRUCache[bytes, int] = _FdCache(MAX_OPEN_FILES)
+        self._lock = threading.Lock()
+        self.mtime = root.stat().st_mtime
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> Store:
+        return cls(find_root(Path(path)))
+
+    # -- shards -----------------------------------------------------------
+
+    def shard_files(self) -> list[ShardFile]:
+        shard_dir = self.root / "shards"
+        names = sorted(e.name for e in os.scandir(shard_dir) if _SHARD_NAME.fullmatch(e.name) and e.is_file())
+        return [ShardFile(name, shard_dir / name) for name in names]
+
+    def read_shard(self, shard: ShardFile) -> bytes:
+        try:
+            return shard.path.read_bytes()
+        except OSError as exc:
+            raise StoreError(f"shard {shard.name}: cannot read: {exc.strerror}") from None
+
+    # -- xorbs ------------------------------------------------------------
+
+    def has_xorb(self, xorb_hash: bytes) -> bool:
+        return xorb_hash in self._xorbs
+
+    def xorb_hashes(self) -> Iterator[bytes]:
+        return iter(self._xorbs)
+
+    def xorb_path(self, xorb_hash: bytes) -> Path:
+        try:
+            return self._xorbs[xorb_hash]
+        except KeyError:
+            raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: not in the store") from None
+
+    def _fd(self, xorb_hash: bytes) -> int:
+        with self._lock:
+            fd = self._fds.get(xorb_hash)
+            if fd is None:
+                path = self.xorb_path(xorb_hash)
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as exc:
+                    raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
+                self._fds[xorb_hash] = fd
+            return fd
+
+    def xorb_size(self, xorb_hash: bytes) -> int:
+        return os.fstat(self._fd(xorb_hash)).st_size
+
+    def read_xorb(self, xorb_hash: bytes, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of a xorb file; a short read is a format error."""
+        fd = self._fd(xorb_hash)
+        try:
+            data = os.pread(fd, end - start, start)
+        except OSError as exc:
+            raise XorbFormatError(
+                f"xorb {hashes.to_hex(xorb_hash)}: read of [{start}, {end}) failed: {exc.strerror}"
+            ) from None
+        if len(data) != end - start:
+            raise XorbFormatError(
+                f"xorb {hashes.to_hex(xorb_hash)}: truncated: wanted bytes [{start}, {end}), "
+                f"file ends at {start + len(data)}"
+            )
+        return data
+
+    def load_layout(self, xorb_hash: bytes) -> XorbLayout:
+        """Read and check a xorb's layout; chunk hashes are tied to the xorb's name.
+
+        With a footer: the footer's xorb hash and the Merkle root of its chunk
+        hashes must both equal ``xorb_hash``.  Without one: the chunk headers
+        are walked, every chunk is decoded and hashed, and the root checked.
+        """
+        where = f"xorb {hashes.to_hex(xorb_hash)}"
+        size = self.xorb_size(xorb_hash)
+        length = footer_length(self.read_xorb(xorb_hash, size - 4, size), size) if size >= 4 else None
+        if length is not None:
+            footer = self.read_xorb(xorb_hash, size - length - 4, size)
+            if footer.startswith(b"XETBLOB"):
+                layout = parse_footer(footer, size, where=where)
+                if layout.xorb_hash != xorb_hash:
+                    raise IntegrityError(
+                        f"{where}: footer at offset {size - length - 4} names xorb "
+                        f"{hashes.to_hex(layout.xorb_hash or b'')}"
+                    )
+                return _checked(layout, xorb_hash, where)
+        data = self.read_xorb(xorb_hash, 0, size)
+        bare = walk_headers(data, where=where)
+        chunk_hashes = []
+        for i in range(bare.num_chunks):
+            header = chunk_format.parse_chunk_header(data, bare.phys_start(i), where=where)
+            payload = data[bare.phys_start(i) + chunk_format.HEADER_SIZE : bare.phys_ends[i]]
+            decoded = chunk_format.decode_chunk(
+                header.scheme, payload, header.uncompressed_length, where=f"{where} chunk {i}"
+            )
+            chunk_hashes.append(hashes.chunk_hash(decoded))
+        layout = XorbLayout(xorb_hash, bare.phys_ends, bare.unpacked_ends, tuple(chunk_hashes))
+        return _checked(layout, xorb_hash, where)
+
+    def close(self) -> None:
+        with self._lock:
+            self._fds.clear()
+
+
+def _checked(layout: XorbLayout, xorb_hash: bytes, where: str) -> XorbLayout:
+    root = hashes.xorb_hash(zip(layout.chunk_hashes or (), _sizes(layout), strict=True))
+    if root != xorb_hash:
+        raise IntegrityError(f"{where}: chunk hashes aggregate to {hashes.to_hex(root)}, not to the xorb's name")
+    return layout
+
+
+def _sizes(layout: XorbLayout) -> Iterator[int]:
+    prev = 0
+    for end in layout.unpacked_ends:
+        yield end - prev
+        prev = end
+
+
+class _FdCache(LRUCache[bytes, int]):
+    """Open xorb descriptors; the least recently used is closed when full."""
+
+    def popitem(self) -> tuple[bytes, int]:
+        key, fd = super().popitem()
+        os.close(fd)
+        return key, fd
+
+    def clear(self) -> None:
+        while self:
+            self.popitem()
