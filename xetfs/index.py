@@ -147,8 +147,15 @@ class Index:
             t_end = entry.ends[i]
             take = min(end, t_end) - pos
             out.append(
-                TermSlice(i, self.xorbs[entry.xorb_ids[i]], entry.starts[i], entry.stops[i],
-                          t_end - t_start, pos - t_start, take)  # fmt: skip
+                TermSlice(
+                    i,
+                    self.xorbs[entry.xorb_ids[i]],
+                    entry.starts[i],
+                    entry.stops[i],
+                    t_end - t_start,
+                    pos - t_start,
+                    take,
+                )  # fmt: skip
             )
             pos += take
             i += 1

@@ -68,9 +68,7 @@ class Reader:
         self.stats = stats or Stats()
         self.verify = verify
         self._io = io
-        self.cache: LoadingCache[ChunkKey, bytes] = LoadingCache(
-            cache_size, self.stats.cache, self.stats.prefetch
-        )
+        self.cache: LoadingCache[ChunkKey, bytes] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE, CacheCounters())
 
     # -- public API ---------------------------------------------------------

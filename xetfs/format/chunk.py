@@ -45,8 +45,7 @@ def parse_chunk_header(buf: Buffer, offset: int, *, where: str) -> ChunkHeader:
     raw = bytes(buf[offset : offset + HEADER_SIZE])
     if len(raw) < HEADER_SIZE:
         raise XorbFormatError(
-            f"{where}: truncated chunk header at offset {offset} "
-            f"({len(raw)} of {HEADER_SIZE} bytes present)"
+            f"{where}: truncated chunk header at offset {offset} ({len(raw)} of {HEADER_SIZE} bytes present)"
         )
     w0 = int.from_bytes(raw[0:4], "little")
     w1 = int.from_bytes(raw[4:8], "little")
@@ -54,7 +53,9 @@ def parse_chunk_header(buf: Buffer, offset: int, *, where: str) -> ChunkHeader:
     if header.version != 0:
         raise XorbFormatError(f"{where}: chunk header at offset {offset} has version {header.version}, expected 0")
     if header.scheme not in SCHEMES:
-        raise XorbFormatError(f"{where}: chunk header at offset {offset} has unknown compression scheme {header.scheme}")
+        raise XorbFormatError(
+            f"{where}: chunk header at offset {offset} has unknown compression scheme {header.scheme}"
+        )
     if not 0 < header.uncompressed_length <= MAX_UNCOMPRESSED:
         raise XorbFormatError(
             f"{where}: chunk header at offset {offset} declares {header.uncompressed_length} "

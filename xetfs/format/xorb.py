@@ -97,8 +97,7 @@ def parse_footer(footer: bytes, file_size: int, *, where: str) -> XorbLayout:
     n, hashes_off, boundary_off, _buffer, info_length = TAIL.unpack_from(footer, size - TAIL_SIZE)
     if info_length != size - 4 or info_length != footer_size(n):
         raise XorbFormatError(
-            f"{where}: footer at offset {start} has info_length {info_length}, "
-            f"expected {footer_size(n)} for {n} chunks"
+            f"{where}: footer at offset {start} has info_length {info_length}, expected {footer_size(n)} for {n} chunks"
         )
     if n == 0 or n > MAX_CHUNKS:
         raise XorbFormatError(f"{where}: footer at offset {start} declares {n} chunks (allowed 1..{MAX_CHUNKS})")
@@ -129,8 +128,7 @@ def parse_footer(footer: bytes, file_size: int, *, where: str) -> XorbLayout:
 def _check_ident(buf: bytes, at: int, ident: bytes, version: int, n: int, base: int, where: str) -> None:
     if buf[at : at + 7] != ident or buf[at + 7] != version:
         raise XorbFormatError(
-            f"{where}: expected {ident.decode()} version {version} at offset {base + at}, "
-            f"found {buf[at : at + 8]!r}"
+            f"{where}: expected {ident.decode()} version {version} at offset {base + at}, found {buf[at : at + 8]!r}"
         )
     count = int.from_bytes(buf[at + 8 : at + 12], "little")
     if count != n:

@@ -1,0 +1,3 @@
+from xetfs.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,223 @@
+"""Offline audit of a whole store (``xetfs verify``).
+
+Checks, and reports every problem with the object, the offset and expected
+versus found:
+
+* every shard parses and is named after the hash of its bytes;
+* every xorb's footer is consistent, its chunk hashes aggregate to its name,
+  and every chunk decodes and hashes to its recorded hash;
+* every CAS record agrees with the xorb it describes;
+* every term's xorb exists, its chunk range and size fit, its verification
+  hash recomputes;
+* every file's hash recomputes from its chunks and its content matches the
+  recorded SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from xetfs import hashes
+from xetfs.errors import XetfsError
+from xetfs.format.chunk import HEADER_SIZE, decode_chunk, parse_chunk_header
+from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
+from xetfs.format.xorb import XorbLayout
+from xetfs.index import EMPTY_SHA256, Index
+from xetfs.reader import Reader
+from xetfs.store import Store
+
+READ_SIZE = 8 * 1024 * 1024
+
+
+class Progress(Protocol):
+    """What ``audit`` reports progress to (a ``tqdm`` bar fits)."""
+
+    def reset(self, total: int | None = None) -> None: ...
+
+    def update(self, n: int = 1) -> bool | None: ...
+
+
+class _NoProgress:
+    def reset(self, total: int | None = None) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+
+@dataclass
+class Report:
+    problems: list[str] = field(default_factory=list)
+    shards: int = 0
+    xorbs: int = 0
+    chunks: int = 0
+    files: int = 0
+    bytes_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class _Audit:
+    store: Store
+    progress: Progress
+    report: Report = field(default_factory=Report)
+    layouts: dict[bytes, XorbLayout] = field(default_factory=dict)
+    bad_xorbs: set[bytes] = field(default_factory=set)
+
+    def problem(self, message: str) -> None:
+        self.report.problems.append(message)
+
+
+async def audit(store: Store, progress: Progress | None = None) -> Report:
+    """Check everything in ``store``; progress counts xorb bytes scanned plus file bytes read."""
+    a = _Audit(store, progress or _NoProgress())
+    shards = _check_shards(a)
+    xorb_bytes = sum(store.xorb_path(x).stat().st_size for x in store.xorb_hashes())
+    file_bytes = {r.file_hash: r.size for shard in shards for r in shard.files if r.sha256 is not None}
+    a.progress.reset(total=xorb_bytes + sum(file_bytes.values()))
+    for xorb_hash in sorted(store.xorb_hashes()):
+        _check_xorb(a, xorb_hash)
+    index = Index()
+    for shard in shards:
+        index.add_shard(shard)
+        for cas in shard.xorbs:
+            _check_cas(a, cas)
+    checked: set[bytes] = set()
+    reader = Reader(index, store, cache_size=256 * 1024 * 1024)
+    for shard in shards:
+        for record in shard.files:
+            if record.file_hash not in checked:
+                checked.add(record.file_hash)
+                await _check_file(a, index, reader, record)
+    a.report.files = len(checked)
+    return a.report
+
+
+def _check_shards(a: _Audit) -> list[Shard]:
+    shards = []
+    for shard_file in a.store.shard_files():
+        try:
+            data = a.store.read_shard(shard_file)
+            shards.append(parse_shard(data, where=f"shard {shard_file.name}"))
+        except XetfsError as exc:
+            a.problem(str(exc))
+            continue
+        actual = hashes.to_hex(hashes.chunk_hash(data))
+        if shard_file.name != f"{actual}.mdb":
+            a.problem(f"shard {shard_file.name}: content hashes to {actual}, not to its name")
+        a.report.shards += 1
+    return shards
+
+
+def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
+    where = f"xorb {hashes.to_hex(xorb_hash)}"
+    try:
+        layout = a.store.load_layout(xorb_hash)
+    except XetfsError as exc:
+        a.problem(str(exc))
+        a.bad_xorbs.add(xorb_hash)
+        return
+    a.layouts[xorb_hash] = layout
+    a.report.xorbs += 1
+    for i in range(layout.num_chunks):
+        start, end = layout.phys_start(i), layout.phys_ends[i]
+        try:
+            data = a.store.read_xorb(xorb_hash, start, end)
+            header = parse_chunk_header(data, 0, where=f"{where} chunk {i}")
+            decoded = decode_chunk(
+                header.scheme, data[HEADER_SIZE:], header.uncompressed_length, where=f"{where} chunk {i}"
+            )
+        except XetfsError as exc:
+            a.problem(f"{exc} (chunk at offset {start})")
+            a.bad_xorbs.add(xorb_hash)
+            continue
+        finally:
+            a.progress.update(end - start)
+        a.report.chunks += 1
+        if len(decoded) != layout.chunk_size(i):
+            a.problem(
+                f"{where} chunk {i} at offset {start}: decodes to {len(decoded)} bytes, footer says {layout.chunk_size(i)}"
+            )
+            a.bad_xorbs.add(xorb_hash)
+        found = hashes.chunk_hash(decoded)
+        expected = (layout.chunk_hashes or ())[i]
+        if found != expected:
+            a.problem(
+                f"{where} chunk {i} at offset {start}: hash mismatch, expected {hashes.to_hex(expected)}, "
+                f"found {hashes.to_hex(found)}"
+            )
+            a.bad_xorbs.add(xorb_hash)
+
+
+def _check_cas(a: _Audit, cas: CasRecord) -> None:
+    layout = a.layouts.get(cas.xorb_hash)
+    where = f"CAS record for xorb {hashes.to_hex(cas.xorb_hash)}"
+    if layout is None:
+        if not a.store.has_xorb(cas.xorb_hash):
+            a.problem(f"{where}: xorb is missing from the store")
+        return
+    if len(cas.chunks) != layout.num_chunks:
+        a.problem(f"{where}: lists {len(cas.chunks)} chunks, the xorb has {layout.num_chunks}")
+        return
+    for i, chunk in enumerate(cas.chunks):
+        if chunk.chunk_hash != (layout.chunk_hashes or ())[i] or chunk.size != layout.chunk_size(i):
+            a.problem(f"{where}: chunk {i} differs from the xorb footer (hash or size)")
+            return
+    if cas.num_bytes != layout.unpacked_ends[-1]:
+        a.problem(f"{where}: says {cas.num_bytes} bytes, the xorb holds {layout.unpacked_ends[-1]}")
+
+
+async def _check_file(a: _Audit, index: Index, reader: Reader, record: FileRecord) -> None:
+    name = f"file {hashes.to_hex(record.file_hash)}"
+    pairs: list[tuple[bytes, int]] = []
+    for t, term in enumerate(record.terms):
+        where = f"{name} term {t} (xorb {hashes.to_hex(term.xorb_hash)} chunks [{term.start}, {term.end}))"
+        layout = a.layouts.get(term.xorb_hash)
+        if layout is None:
+            missing = not a.store.has_xorb(term.xorb_hash)
+            a.problem(f"{where}: xorb is {'missing' if missing else 'unreadable'}")
+            return
+        if term.end > layout.num_chunks:
+            a.problem(f"{where}: xorb has only {layout.num_chunks} chunks")
+            return
+        chunk_hashes = (layout.chunk_hashes or ())[term.start : term.end]
+        size = layout.range_size(term.start, term.end)
+        if size != term.size:
+            a.problem(f"{where}: size {term.size} in the shard, chunks hold {size}")
+        if record.verification:
+            found = hashes.verification_hash(chunk_hashes)
+            if found != record.verification[t]:
+                a.problem(
+                    f"{where}: verification hash expected {hashes.to_hex(record.verification[t])}, "
+                    f"found {hashes.to_hex(found)}"
+                )
+        pairs.extend((h, layout.chunk_size(term.start + k)) for k, h in enumerate(chunk_hashes))
+    found_hash = hashes.file_hash(pairs)
+    if found_hash != record.file_hash:
+        a.problem(f"{name}: chunks hash to {hashes.to_hex(found_hash)}")
+    if any(t.xorb_hash in a.bad_xorbs for t in record.terms):
+        a.problem(f"{name}: content not checked, it uses a damaged xorb")
+        return
+    entry = index.get(record.file_hash)
+    if entry is None or record.sha256 is None:
+        return
+    digest = hashlib.sha256()
+    try:
+        for offset in range(0, entry.size, READ_SIZE):
+            data = await reader.read(entry, offset, READ_SIZE)
+            digest.update(data)
+            a.report.bytes_checked += len(data)
+            a.progress.update(len(data))
+    except XetfsError as exc:
+        a.problem(f"{name}: {exc}")
+        return
+    expected = entry.sha256
+    if record.sha256 == hashes.ZERO_HASH and entry.size == 0:
+        expected = EMPTY_SHA256
+    if digest.hexdigest() != expected:
+        a.problem(f"{name}: sha256 expected {expected}, found {digest.hexdigest()}")
