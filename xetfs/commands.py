@@ -1,11 +1,167 @@
-"""Sub-commands that need the FUSE side (mount, umount, stats, pack)."""
+"""Sub-commands of the FUSE side: mount, umount, stats (and pack, from pack.py)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from xetfs.mount import (
+    MountConfig,
+    check_mountpoint,
+    default_log_file,
+    parse_options,
+    python_argv,
+    run_daemon,
+    spawn_daemon,
+    unmount,
+)
+from xetfs.store import Store
+
+STATS_PATH = ".xetfs/stats"
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the mount-related sub-commands to ``sub``."""
+    from xetfs.cli import parse_size
+
+    p = sub.add_parser("mount", help="mount a store as a read-only filesystem")
+    p.add_argument("store", help="store directory")
+    p.add_argument("mountpoint", help="an empty directory")
+    p.add_argument("-f", "--foreground", action="store_true", help="stay attached, log to stderr")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT]",
+                   help="mount options: allow_other, allow_root, nonempty")  # fmt: skip
+    p.add_argument("--uid", type=int, help="owner shown for every file (default: yours)")
+    p.add_argument("--gid", type=int, help="group shown for every file (default: yours)")
+    p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
+    p.add_argument("--cache-size", type=parse_size, default="512M",
+                   help="decoded-chunk cache, e.g. 512M, 2G; 0 disables it (default 512M)")  # fmt: skip
+    p.add_argument("--read-ahead", type=parse_size, default="1M",
+                   help="kernel read-ahead for the mount (default 1M; needs root)")  # fmt: skip
+    p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="no readahead of chunks")
+    p.add_argument("--names", type=Path, help="names manifest (Hub tree-listing JSON)")
+    p.add_argument("--strict", action="store_true", help="refuse to mount if any shard is bad")
+    p.add_argument("--io-timeout", type=float, metavar="SECONDS",
+                   help="read the store in worker threads and fail a read that takes longer (EIO)")  # fmt: skip
+    p.add_argument("--log-file", type=Path, help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log)")
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("umount", help="unmount a xetfs mount")
+    p.add_argument("mountpoint")
+    p.add_argument("-z", "--lazy", action="store_true", help="lazy unmount (detach now, clean up when unused)")
+    p.set_defaults(func=cmd_umount)
+
+    p = sub.add_parser("stats", help="show the live counters of a mount")
+    p.add_argument("mountpoint")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=cmd_stats)
+
+    from xetfs.pack import add_pack_parser
+
+    add_pack_parser(sub, add_common)
+
+
+def _config(args: argparse.Namespace) -> MountConfig:
+    return MountConfig(
+        store=Path(args.store).resolve(),
+        mountpoint=Path(args.mountpoint).resolve(),
+        options=parse_options(args.options),
+        uid=args.uid,
+        gid=args.gid,
+        direct_io=args.direct_io,
+        cache_size=args.cache_size,
+        names=args.names.resolve() if args.names else None,
+        read_ahead_kb=max(4, args.read_ahead // 1024),
+        strict=args.strict,
+        prefetch=args.prefetch,
+        io_timeout=args.io_timeout,
+    )
+
+
+def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
+    argv = [*python_argv(), "mount", str(config.store), str(config.mountpoint)]
+    if config.options:
+        argv += ["-o", ",".join(sorted(config.options))]
+    for flag, value in (("--uid", args.uid), ("--gid", args.gid), ("--io-timeout", args.io_timeout)):
+        if value is not None:
+            argv += [flag, str(value)]
+    argv += ["--cache-size", str(args.cache_size), "--read-ahead", str(args.read_ahead)]
+    argv += ["--log-level", args.log_level]
+    if config.names:
+        argv += ["--names", str(config.names)]
+    for flag, on in (("--direct-io", args.direct_io), ("--strict", args.strict),
+                     ("--no-prefetch", not args.prefetch), ("--debug", args.debug)):  # fmt: skip
+        if on:
+            argv.append(flag)
+    return argv
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    config = _config(args)
+    if args.foreground:
+        if args.log_file:
+            handler = logging.FileHandler(args.log_file)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logging.getLogger().handlers[:] = [handler]
+        return run_daemon(config, args.ready_fd)
+    # Check what can be checked here, so the usual mistakes fail fast and plainly.
+    Store.open(config.store)
+    check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
+    log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
+    spawn_daemon(_child_argv(args, config), config.mountpoint, log_file)
+    print(f"mounted {config.store} at {config.mountpoint} (log: {log_file})", file=sys.stderr)
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    unmount(Path(args.mountpoint), lazy=args.lazy)
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    path = Path(args.mountpoint) / STATS_PATH
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        from xetfs.errors import XetfsError
+
+        raise XetfsError(f"{args.mountpoint}: not a xetfs mount (no {STATS_PATH})") from None
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(format_stats(doc))
+    return 0
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)
+
+
+def format_stats(doc: dict[str, Any]) -> str:
+    """The stats document as a two-column table, one section per group."""
+    lines = []
+    for group, values in doc.items():
+        if not isinstance(values, dict):
+            lines.append(f"{group:<24}{values}")
+            continue
+        lines.append(f"{group}:")
+        for key, value in values.items():
+            shown = f"{value:,}"
+            if ("bytes" in key or key == "bytes") and isinstance(value, int) and value >= 1024:
+                shown += f"  ({_human(value)})"
+            lines.append(f"  {key:<22}{shown}")
+        if group == "cache" and values.get("hits", 0) + values.get("misses", 0):
+            ratio = values["hits"] / (values["hits"] + values["misses"])
+            lines.append(f"  {'hit ratio':<22}{ratio:.1%}")
+    return "\n".join(lines)

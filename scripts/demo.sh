@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Set everything up, mount the bundled sample store, read files through the
+# mount with ordinary tools, show the live counters, and unmount.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+
+store="$PWD/sample/store"
+mnt="$(mktemp -d /tmp/xetfs-demo.XXXXXX)"
+cleanup() {
+    if grep -qs " $mnt fuse" /proc/mounts; then xetfs umount "$mnt"; fi
+    rmdir "$mnt" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+run() { printf '\n$ %s\n' "$*"; "$@"; }
+
+run xetfs mount "$store" "$mnt"
+run ls -la "$mnt" "$mnt/model"
+run head -c 300 "$mnt/README.md"
+echo
+run cat "$mnt/model/config.json"
+printf '\n$ sha256sum through the mount, checked against the sums recorded in the store\n'
+(cd "$mnt" && xetfs_sums="$(python3 -c '
+import json, sys
+for e in json.load(open(sys.argv[1])):
+    if e.get("type") == "file":
+        print(e["lfs"]["oid"] + "  " + e["path"])
+' "$store/xetfs-manifest.json")" && sha256sum -c <<<"$xetfs_sums")
+run getfattr -d "$mnt/model/model.safetensors"
+run dd if="$mnt/data/random.bin" of=/dev/null bs=1M status=none
+run xetfs stats "$mnt"
+printf '\n(to unmount a mount of your own: xetfs umount MOUNTPOINT)\n'
+run xetfs umount "$mnt"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Prepare this checkout for the test suite; safe to run again and again.
+#
+# * as root with apt-get: the FUSE packages (only when one is missing);
+# * .venv in the repository root, made with python3 >= 3.11 (PYTHON=... to choose);
+# * the project in editable mode with its test extras, reinstalled only when
+#   pyproject.toml changed (a stamp in .venv holds its hash).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+die() {
+    echo "setup.sh: error: $*" >&2
+    exit 1
+}
+
+# -- system packages ---------------------------------------------------------
+PACKAGES=(fuse3 libfuse3-dev pkg-config attr)
+if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
+    missing=()
+    for pkg in "${PACKAGES[@]}"; do
+        dpkg -s "$pkg" 2>/dev/null | grep -q '^Status: install ok installed' || missing+=("$pkg")
+    done
+    if ((${#missing[@]})); then
+        echo "setup.sh: installing ${missing[*]}" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq >/dev/null || die "apt-get update failed"
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
+            die "apt-get install ${missing[*]} failed"
+    fi
+fi
+
+# -- virtualenv --------------------------------------------------------------
+new_enough() { "$1" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; }
+
+if [[ ! -x .venv/bin/python ]]; then
+    python=""
+    for candidate in ${PYTHON:-} python3 python3.13 python3.12 python3.11; do
+        if command -v "$candidate" >/dev/null && new_enough "$candidate"; then
+            python=$candidate
+            break
+        fi
+    done
+    [[ -n $python ]] || die "no python3 >= 3.11 found (set PYTHON=/path/to/python3)"
+    echo "setup.sh: creating .venv with $("$python" --version 2>&1)" >&2
+    "$python" -m venv .venv || die "'$python -m venv .venv' failed (on Debian/Ubuntu: apt-get install python3-venv)"
+fi
+new_enough .venv/bin/python || die ".venv/bin/python is older than 3.11; remove .venv and run again"
+
+# -- the project -------------------------------------------------------------
+stamp=.venv/.xetfs-setup-stamp
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $(.venv/bin/python -c 'import sys; print(sys.version)' | head -1)"
+if [[ ! -f $stamp || $(<"$stamp") != "$want" ]] || ! .venv/bin/python -c 'import xetfs' 2>/dev/null; then
+    echo "setup.sh: installing xetfs[test] into .venv" >&2
+    log=$(mktemp)
+    trap 'rm -f "$log"' EXIT
+    if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]' >"$log" 2>&1; then
+        cat "$log" >&2
+        die "pip install -e '.[test]' failed"
+    fi
+    printf '%s\n' "$want" >"$stamp"
+fi

@@ -1,0 +1,1 @@
+"""Test-only helpers (not part of the xetfs package)."""

@@ -1,0 +1,449 @@
+"""LoadingCache (xetfs/cache.py) through its statistics, with a counting fake
+loader.  Concurrency is made deterministic with trio events and
+``trio.testing.wait_all_tasks_blocked`` (never sleeps).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import pytest
+import trio
+import trio.testing
+
+from xetfs.cache import LoadingCache
+from xetfs.stats import CacheCounters, PrefetchCounters
+
+
+def value_of(key: int) -> bytes:
+    """The value a key loads to: ``key % 7 + 1`` copies of one byte (sizes 1..7)."""
+    return bytes([key % 256]) * (key % 7 + 1)
+
+
+class Boom(Exception):
+    pass
+
+
+class FakeLoader:
+    """Counts calls; can hold every call until ``release()`` and fail on demand."""
+
+    def __init__(self, *, gated: bool = False) -> None:
+        self.calls: list[list[int]] = []
+        self.gate = trio.Event()
+        if not gated:
+            self.gate.set()
+        self.started = trio.Event()
+        self.fail_next = 0
+
+    def release(self) -> None:
+        self.gate.set()
+
+    async def __call__(self, keys: Sequence[int]) -> dict[int, bytes]:
+        self.calls.append(list(keys))
+        self.started.set()
+        await self.gate.wait()
+        if self.fail_next:
+            self.fail_next -= 1
+            raise Boom(f"cannot load {list(keys)}")
+        return {k: value_of(k) for k in keys}
+
+    @property
+    def loaded(self) -> list[int]:
+        return [k for call in self.calls for k in call]
+
+
+def _cache(capacity: int) -> LoadingCache[int, bytes]:
+    return LoadingCache(capacity, CacheCounters(), PrefetchCounters())
+
+
+def _check_invariants(cache: LoadingCache[int, bytes], lookups: int) -> None:
+    c = cache.counters
+    assert c.hits + c.misses == lookups
+    assert c.bytes == cache.size <= cache.capacity
+    assert c.entries == len(cache.keys())
+    assert cache.size == sum(len(value_of(k)) for k in cache.keys())  # noqa: SIM118 (a list, not a dict)
+
+
+# -- basics ------------------------------------------------------------------------
+
+
+def test_hits_misses_and_values() -> None:
+    async def main() -> None:
+        cache = _cache(1000)
+        load = FakeLoader()
+        assert await cache.get_many([1, 2, 3], load) == [value_of(1), value_of(2), value_of(3)]
+        assert load.calls == [[1, 2, 3]]  # one call for all misses
+        assert await cache.get_many([3, 4, 1], load) == [value_of(3), value_of(4), value_of(1)]
+        assert load.calls == [[1, 2, 3], [4]]
+        assert (cache.counters.hits, cache.counters.misses) == (2, 4)
+        assert await cache.get_many([], load) == []
+        assert cache.counters.capacity_bytes == 1000
+        assert 2 in cache and 99 not in cache
+        _check_invariants(cache, 6)
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 7, 20, 64, 1000])
+@pytest.mark.parametrize("seed", range(4))
+def test_random_workload_against_a_model(capacity: int, seed: int) -> None:
+    """Byte bound after every step, LRU order, hit/miss/eviction counts equal a model LRU."""
+    rng = random.Random(seed * 1000 + capacity)
+
+    async def main() -> None:
+        cache = _cache(capacity)
+        load = FakeLoader()
+        model: OrderedDict[int, int] = OrderedDict()  # key -> size, least recently used first
+        hits = misses = evictions = lookups = 0
+        for _ in range(300):
+            keys = rng.sample(range(40), rng.randint(0, 6))
+            missing = []
+            for k in keys:
+                lookups += 1
+                if k in model:
+                    hits += 1
+                    model.move_to_end(k)
+                else:
+                    misses += 1
+                    missing.append(k)
+            for k in missing:
+                size = len(value_of(k))
+                if capacity and size <= capacity:
+                    while sum(model.values()) + size > capacity:
+                        model.popitem(last=False)
+                        evictions += 1
+                    model[k] = size
+            before = len(load.calls)
+            assert await cache.get_many(keys, load) == [value_of(k) for k in keys]
+            assert len(load.calls) == before + (1 if missing else 0)
+            assert sorted(cache.keys()) == sorted(model)
+            c = cache.counters
+            assert (c.hits, c.misses, c.evictions) == (hits, misses, evictions)
+            _check_invariants(cache, lookups)
+
+    trio.run(main)
+
+
+def test_lru_evicts_least_recently_used() -> None:
+    async def main() -> None:
+        # keys 0, 7, 14, 21 all load to 1 byte; room for three
+        cache = _cache(3)
+        load = FakeLoader()
+        await cache.get_many([0, 7, 14], load)
+        await cache.get_many([0], load)  # touch 0: now 7 is the oldest
+        await cache.get_many([21], load)
+        assert 7 not in cache and {0, 14, 21} <= set(cache.keys())
+        assert cache.counters.evictions == 1
+        await cache.get_many([28], load)  # then 14
+        assert 14 not in cache and {0, 21, 28} <= set(cache.keys())
+        await cache.get_many([7], load)  # reloaded; evicts 0, untouched since
+        assert load.loaded == [0, 7, 14, 21, 28, 7]
+        assert set(cache.keys()) == {21, 28, 7}
+        assert cache.counters.evictions == 3
+        _check_invariants(cache, 7)
+
+    trio.run(main)
+
+
+def test_keys_are_in_lru_order() -> None:
+    """``LoadingCache.keys()`` promises "least recently used first".
+
+    It returns ``list(LRUCache.keys())``, which is cachetools' insertion
+    order: a hit moves nothing, so the documented order is wrong after any hit.
+    """
+
+    async def main() -> None:
+        cache = _cache(3)
+        load = FakeLoader()
+        await cache.get_many([0, 7, 14], load)
+        assert cache.keys() == [0, 7, 14]
+        await cache.get_many([0], load)  # touch 0: now 7 is the least recently used
+        assert cache.keys() == [7, 14, 0]
+
+    trio.run(main)
+
+
+def test_membership_test_does_not_touch() -> None:
+    async def main() -> None:
+        cache = _cache(2)
+        load = FakeLoader()
+        await cache.get_many([0, 7], load)
+        assert 0 in cache
+        await cache.get_many([14], load)
+        assert 0 not in cache and set(cache.keys()) == {7, 14}
+
+    trio.run(main)
+
+
+def test_capacity_zero_retains_nothing() -> None:
+    async def main() -> None:
+        cache = _cache(0)
+        load = FakeLoader()
+        for _ in range(3):
+            assert await cache.get_many([1, 2], load) == [value_of(1), value_of(2)]
+        assert load.calls == [[1, 2]] * 3
+        assert cache.keys() == [] and cache.size == 0
+        assert (cache.counters.hits, cache.counters.misses, cache.counters.evictions) == (0, 6, 0)
+        _check_invariants(cache, 6)
+
+    trio.run(main)
+
+
+def test_negative_capacity_is_zero() -> None:
+    async def main() -> None:
+        cache = _cache(-5)
+        assert cache.capacity == 0
+        assert await cache.get_many([3], FakeLoader()) == [value_of(3)]
+        assert cache.size == 0
+
+    trio.run(main)
+
+
+def test_value_larger_than_capacity_is_returned_not_kept() -> None:
+    async def main() -> None:
+        cache = _cache(4)
+        load = FakeLoader()
+        await cache.get_many([0, 1], load)  # 1 + 2 bytes
+        assert await cache.get_many([6], load) == [value_of(6)]  # 7 bytes > capacity
+        assert cache.keys() == [0, 1]  # nothing evicted for it
+        assert cache.counters.evictions == 0
+        _check_invariants(cache, 3)
+
+    trio.run(main)
+
+
+# -- failures ------------------------------------------------------------------------
+
+
+def test_loader_failure_propagates_and_nothing_is_cached() -> None:
+    async def main() -> None:
+        cache = _cache(100)
+        load = FakeLoader()
+        load.fail_next = 1
+        with pytest.raises(Boom):
+            await cache.get_many([1, 2], load)
+        assert cache.keys() == []
+        assert await cache.get_many([1, 2], load) == [value_of(1), value_of(2)]  # no stale flight left
+        assert load.calls == [[1, 2], [1, 2]]
+        _check_invariants(cache, 4)
+
+    trio.run(main)
+
+
+# -- single flight ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("waiters", [1, 2, 10])
+def test_single_flight(waiters: int) -> None:
+    async def main() -> None:
+        cache = _cache(1000)
+        load = FakeLoader(gated=True)
+        results: list[list[bytes]] = []
+
+        async def ask() -> None:
+            results.append(await cache.get_many([5, 6], load))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await load.started.wait()
+            for _ in range(waiters):
+                nursery.start_soon(ask)
+            await trio.testing.wait_all_tasks_blocked()
+            assert load.calls == [[5, 6]]  # the others are waiting, not loading
+            load.release()
+        assert load.calls == [[5, 6]]
+        assert results == [[value_of(5), value_of(6)]] * (waiters + 1)
+        c = cache.counters
+        assert (c.misses, c.hits, c.joined) == (2, 2 * waiters, 2 * waiters)
+        _check_invariants(cache, 2 * (waiters + 1))
+
+    trio.run(main)
+
+
+def test_single_flight_partial_overlap() -> None:
+    async def main() -> None:
+        cache = _cache(1000)
+        load = FakeLoader(gated=True)
+        got: dict[str, list[bytes]] = {}
+
+        async def ask(name: str, keys: list[int]) -> None:
+            got[name] = await cache.get_many(keys, load)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, "a", [1, 2, 3])
+            await load.started.wait()
+            nursery.start_soon(ask, "b", [3, 4, 1])
+            await trio.testing.wait_all_tasks_blocked()
+            load.release()
+        assert load.calls == [[1, 2, 3], [4]]  # 4 is the only key nobody was loading
+        assert got == {"a": [value_of(k) for k in (1, 2, 3)], "b": [value_of(k) for k in (3, 4, 1)]}
+        c = cache.counters
+        assert (c.misses, c.hits, c.joined) == (4, 2, 2)
+
+    trio.run(main)
+
+
+def test_failed_load_waiters_retry_and_succeed() -> None:
+    async def main() -> None:
+        cache = _cache(1000)
+        load = FakeLoader(gated=True)
+        load.fail_next = 1
+        outcome: dict[str, object] = {}
+
+        async def first() -> None:
+            try:
+                await cache.get_many([8], load)
+            except Boom as exc:
+                outcome["first"] = exc
+
+        async def waiter(name: str) -> None:
+            outcome[name] = await cache.get_many([8], load)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await load.started.wait()
+            nursery.start_soon(waiter, "w1")
+            await trio.testing.wait_all_tasks_blocked()
+            load.release()
+        assert isinstance(outcome["first"], Boom)
+        assert outcome["w1"] == [value_of(8)]
+        assert load.calls == [[8], [8]]
+        assert 8 in cache
+
+    trio.run(main)
+
+
+def test_failed_load_retry_is_single_flight() -> None:
+    """After a failed load, its N waiters should retry with one load, not N.
+
+    Currently each waiter calls ``_load`` on its own account, bypassing both
+    the cache and the in-flight table (cache.py, the ``flight.failed`` branch
+    of ``get_many``).
+    """
+
+    async def main() -> None:
+        cache = _cache(1000)
+        load = FakeLoader(gated=True)
+        load.fail_next = 1
+        values: list[list[bytes]] = []
+
+        async def first() -> None:
+            with pytest.raises(Boom):
+                await cache.get_many([8], load)
+
+        async def waiter() -> None:
+            values.append(await cache.get_many([8], load))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await load.started.wait()
+            for _ in range(5):
+                nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            load.release()
+        assert values == [[value_of(8)]] * 5
+        assert load.calls == [[8], [8]]  # the failed load and one retry
+
+    trio.run(main)
+
+
+def test_cancelling_the_loader_task_lets_waiters_retry() -> None:
+    async def main() -> None:
+        cache = _cache(1000)
+        load = FakeLoader(gated=True)
+        values: list[list[bytes]] = []
+        loading = trio.CancelScope()
+
+        async def first() -> None:
+            with loading:
+                await cache.get_many([9], load)
+
+        async def waiter() -> None:
+            values.append(await cache.get_many([9], load))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first)
+            await load.started.wait()
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            assert cache.counters.joined == 1
+            loading.cancel()  # the loading task gives up; the waiter must not
+            await trio.testing.wait_all_tasks_blocked()
+            load.release()
+        assert loading.cancelled_caught
+        assert values == [[value_of(9)]]
+        assert load.calls == [[9], [9]]
+        assert 9 in cache
+
+    trio.run(main)
+
+
+# -- prefetch ------------------------------------------------------------------------
+
+
+def test_prefetch_counters() -> None:
+    async def main() -> None:
+        pf = PrefetchCounters()
+        cache: LoadingCache[int, bytes] = LoadingCache(1000, CacheCounters(), pf)
+        load = FakeLoader()
+        assert await cache.prefetch([1, 2, 3], load) == 3
+        assert load.calls == [[1, 2, 3]]
+        assert (pf.chunks, pf.hits) == (3, 0)
+        assert cache.counters.misses == 3
+        assert await cache.prefetch([1, 2, 3], load) == 0  # present: not loaded, not counted
+        assert cache.counters.misses == 3 and pf.chunks == 3
+        assert await cache.get_many([1, 4], load) == [value_of(1), value_of(4)]
+        assert pf.hits == 1
+        await cache.get_many([1, 4], load)
+        assert pf.hits == 1  # a prefetched chunk counts as a prefetch hit once
+        await cache.get_many([2, 3], load)
+        assert pf.hits == 3
+        c = cache.counters
+        assert (c.hits, c.misses) == (5, 4)
+        assert load.calls == [[1, 2, 3], [4]]
+
+    trio.run(main)
+
+
+def test_prefetched_then_evicted_is_no_prefetch_hit() -> None:
+    async def main() -> None:
+        pf = PrefetchCounters()
+        cache: LoadingCache[int, bytes] = LoadingCache(2, CacheCounters(), pf)  # keys 0, 7, 14: 1 byte each
+        load = FakeLoader()
+        await cache.prefetch([0, 7], load)
+        await cache.get_many([14], load)  # evicts 0
+        assert 0 not in cache
+        await cache.get_many([0], load)  # a miss, not a prefetch hit
+        assert pf.hits == 0
+        await cache.prefetch([21], load)  # evicts 7
+        await cache.get_many([21], load)
+        assert pf.hits == 1
+
+    trio.run(main)
+
+
+def test_join_on_a_prefetch_counts_a_prefetch_hit() -> None:
+    async def main() -> None:
+        pf = PrefetchCounters()
+        cache: LoadingCache[int, bytes] = LoadingCache(1000, CacheCounters(), pf)
+        load = FakeLoader(gated=True)
+        got: list[list[bytes]] = []
+
+        async def read() -> None:
+            got.append(await cache.get_many([3], load))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cache.prefetch, [3], load)
+            await load.started.wait()
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            assert await cache.prefetch([3], load) == 0  # already loading
+            load.release()
+        assert got == [[value_of(3)]]
+        assert load.calls == [[3]]
+        assert (pf.chunks, pf.hits) == (1, 1)
+        assert cache.counters.joined == 1
+
+    trio.run(main)

@@ -1,0 +1,209 @@
+"""Damaged copies of an hf_xet store: damage is found, named, and contained.
+
+Each test copies the session's multi store (one upload call per file, so
+most files live in xorbs of their own), damages one object, and checks that
+``verify`` names it, that reading a file that needs the damaged bytes fails
+with one ``xetfs: error:`` line, and that every other file still reads back
+exactly.  Which files are affected is worked out with ``oracle``'s own parse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import oracle
+import pytest
+from oracle import CliRunner, OracleFile, OracleStore, run_xetfs
+
+EXIT_PROBLEMS = 3  # ``xetfs verify`` found damage
+
+
+@pytest.fixture
+def store(multi_store: OracleStore, tmp_path: Path) -> OracleStore:
+    return oracle.copy_store(multi_store, tmp_path / "store")
+
+
+def files_using(store: OracleStore, xorb: str, chunk: int | None = None) -> set[str]:
+    """Hashes of the files that read chunk ``chunk`` (or any chunk) of ``xorb``."""
+    return {
+        f.hash
+        for f in store.unique()
+        if any(c.xorb == xorb and chunk in (None, c.chunk) for c in oracle.file_chunks(store, f.hash))
+    }
+
+
+def sole_xorb(store: OracleStore, name: str) -> str:
+    """The xorb that holds file ``name`` (uploaded alone, so it has exactly one)."""
+    (xorb,) = {t.xorb for t in oracle.store_terms(store)[store[name].hash]}
+    return xorb
+
+
+def assert_fails_cleanly(cli: CliRunner, store: OracleStore, f: OracleFile, *names: str) -> None:
+    """``cat`` of ``f`` fails: one error line naming ``names``, no wrong bytes on stdout."""
+    r = cli("cat", store.path, f.hash)
+    assert r.returncode != 0, f.name
+    assert f.read().startswith(r.stdout), f"{f.name}: wrong bytes written before the error"
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xetfs: error: "), lines
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+
+
+def assert_reads_back(cli: CliRunner, store: OracleStore, f: OracleFile) -> None:
+    r = cli("cat", store.path, f.hash)
+    assert (r.returncode, r.stderr) == (0, ""), f.name
+    assert r.stdout == f.read(), f.name
+
+
+def check_contained(cli: CliRunner, store: OracleStore, affected: set[str], *names: str) -> None:
+    """Files in ``affected`` fail naming ``names``; every other file reads back exactly."""
+    assert affected and len(affected) < len(store.unique()), "the damage must hit some files and spare others"
+    for f in store.unique():
+        if f.hash in affected:
+            assert_fails_cleanly(cli, store, f, *names)
+        else:
+            assert_reads_back(cli, store, f)
+
+
+def verify_problems(store: OracleStore) -> list[str]:
+    """Run ``xetfs verify`` as a process; it must report damage, and without a traceback."""
+    proc = run_xetfs("verify", store.path)
+    out, err = proc.stdout.decode(), proc.stderr.decode()
+    assert "Traceback" not in out + err
+    assert proc.returncode == EXIT_PROBLEMS, out + err
+    lines = out.splitlines()
+    assert re.match(r"^\d+ problem\(s\): ", lines[-1]), lines[-1]
+    return [line for line in lines if line.startswith("PROBLEM: ")]
+
+
+# -- a flipped byte in a chunk payload ------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "scheme"), [("a.bin", 0), ("c.txt", 1), ("e.f32", 2)])
+def test_flipped_payload_byte(cli: CliRunner, store: OracleStore, name: str, scheme: int) -> None:
+    f = store[name]
+    locs = oracle.file_chunks(store, f.hash)
+    xorb = sole_xorb(store, name)
+    chunks = oracle.xorb_chunks(store.xorb_path(xorb))
+    # A chunk in the middle of the file, compressed with the scheme under test.
+    loc = next(c for c in locs[len(locs) // 2 :] if chunks[c.chunk].scheme == scheme)
+    chunk = chunks[loc.chunk]
+    affected = files_using(store, xorb, loc.chunk)
+    assert f.hash in affected
+    oracle.flip_byte(store.xorb_path(xorb), chunk.payload_start + (chunk.phys_end - chunk.payload_start) // 2)
+
+    problems = verify_problems(store)
+    pattern = re.compile(rf"\bxorb {xorb}\b.*\bchunk {loc.chunk}\b")
+    assert any(pattern.search(p) for p in problems), problems
+    check_contained(cli, store, affected, xorb)
+
+    # The rest of the damaged file is still readable: everything before and after the chunk.
+    data = f.read()
+    before = cli("cat", store.path, f.hash, "--length", loc.start)
+    assert (before.returncode, before.stdout) == (0, data[: loc.start])
+    after = cli("cat", store.path, f.hash, "--offset", loc.end)
+    assert (after.returncode, after.stdout) == (0, data[loc.end :])
+
+
+def test_flipped_byte_fails_in_a_subprocess(store: OracleStore) -> None:
+    f = store["a.bin"]
+    loc = oracle.file_chunks(store, f.hash)[3]
+    chunk = oracle.xorb_chunks(store.xorb_path(loc.xorb))[loc.chunk]
+    oracle.flip_byte(store.xorb_path(loc.xorb), chunk.payload_start + 1)
+    proc = run_xetfs("cat", store.path, f.hash)
+    assert proc.returncode != 0
+    assert f.read().startswith(proc.stdout)
+    err = proc.stderr.decode()
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1 and err.startswith("xetfs: error: ")
+    assert loc.xorb in err and f"chunk {loc.chunk}" in err
+
+
+def test_flipped_byte_in_footer_hashes(cli: CliRunner, store: OracleStore) -> None:
+    """A chunk hash in the footer no longer matches: the whole xorb is refused, by name."""
+    xorb = sole_xorb(store, "c.txt")
+    path = store.xorb_path(xorb)
+    footer = oracle.xorb_chunks(path)[-1].phys_end
+    affected = files_using(store, xorb)
+    oracle.flip_byte(path, footer + 52 + 5)  # inside the first chunk hash (FORMAT.md 2.4)
+    problems = verify_problems(store)
+    assert any(xorb in p for p in problems), problems
+    check_contained(cli, store, affected, xorb)
+
+
+# -- shards ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep", [0, 47, 0.5, -1])
+def test_truncated_shard(cli: CliRunner, store: OracleStore, keep: float) -> None:
+    victim = store["c.txt"]
+    (shard,) = oracle.shard_of(store, victim.hash)
+    # d.bin uses c.txt's xorb, which only the damaged shard describes: it must still read.
+    assert store["d.bin"].hash in files_using(store, sole_xorb(store, "c.txt"))
+    size = shard.stat().st_size
+    oracle.truncate(shard, int(size * keep) if isinstance(keep, float) else keep % size)
+
+    r = cli("ls", store.path, "--json")
+    assert r.returncode == 0, r.stderr
+    listed = {row["hash"] for row in json.loads(r.stdout)}
+    assert listed == {f.hash for f in store.files} - {victim.hash}
+    warnings = r.stderr.splitlines()
+    assert len(warnings) == 1 and warnings[0].lower().startswith("xetfs: warning: "), warnings
+    assert shard.name in warnings[0]
+
+    for f in store.unique():
+        if f.hash != victim.hash:
+            r = cli("cat", store.path, f.hash)
+            assert (r.returncode, r.stdout) == (0, f.read()), f.name
+    missing = cli("cat", store.path, victim.hash)
+    assert missing.returncode != 0 and missing.stdout == b""
+    assert victim.hash in missing.stderr.splitlines()[-1]
+
+    problems = verify_problems(store)
+    assert any(shard.name in p for p in problems), problems
+
+
+# -- xorbs ----------------------------------------------------------------------------
+
+
+def test_deleted_xorb(cli: CliRunner, store: OracleStore) -> None:
+    xorb = sole_xorb(store, "c.txt")
+    affected = files_using(store, xorb)
+    assert affected == {store["c.txt"].hash, store["d.bin"].hash}
+    store.xorb_path(xorb).unlink()
+    problems = verify_problems(store)
+    assert any(xorb in p and "missing" in p for p in problems), problems
+    check_contained(cli, store, affected, xorb)
+
+
+@pytest.mark.parametrize("where", ["mid-footer", "last-byte", "mid-chunks", "first-chunk"])
+def test_truncated_xorb(cli: CliRunner, store: OracleStore, where: str) -> None:
+    xorb = sole_xorb(store, "a.bin")
+    path = store.xorb_path(xorb)
+    chunks = oracle.xorb_chunks(path)
+    size = path.stat().st_size
+    cut = {
+        "mid-footer": (chunks[-1].phys_end + size) // 2,
+        "last-byte": size - 1,
+        "mid-chunks": chunks[len(chunks) // 2].phys_start + 100,
+        "first-chunk": 5,
+    }[where]
+    affected = files_using(store, xorb)
+    assert {store["a.bin"].hash, store["b.bin"].hash, store["d.bin"].hash} <= affected
+    oracle.truncate(path, cut)
+    problems = verify_problems(store)
+    assert any(xorb in p for p in problems), problems
+    check_contained(cli, store, affected, xorb)
+
+
+def test_xorb_without_footer_still_reads(cli: CliRunner, store: OracleStore) -> None:
+    """Cut exactly at the footer: a bare chunk section is a valid xorb (FORMAT.md 2.5)."""
+    xorb = sole_xorb(store, "c.txt")
+    path = store.xorb_path(xorb)
+    oracle.truncate(path, oracle.xorb_chunks(path)[-1].phys_end)
+    for f in store.unique():
+        assert_reads_back(cli, store, f)
+    proc = run_xetfs("verify", store.path)
+    assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()

@@ -1,0 +1,372 @@
+"""``xetfs pack``: naming, walking, manifest merging, and real packs with hf_xet.
+
+hf_xet starts a tokio runtime with worker threads, and FUSE tests fork this
+process later, so real packs run ``python -m xetfs pack`` in a child process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from oracle import CliRunner
+
+from xetfs import hashes
+from xetfs.errors import ManifestError, XetfsError
+from xetfs.index import EMPTY_SHA256
+from xetfs.indexer import load_index
+from xetfs.manifest import Entry, Manifest, ManifestFile
+from xetfs.pack import (
+    MANIFEST_NAME,
+    add_pack_parser,
+    cmd_pack,
+    find_manifest,
+    load_manifest,
+    merge,
+    plan_pack,
+    upload,
+)
+from xetfs.store import Store
+from xetfs.tree import ROOT_INODE, build_tree
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+CONTENT = {
+    "a.txt": b"hello\n",
+    "empty.bin": b"",
+    "sub/r.bin": bytes(range(256)) * 40,
+    "sub/ünï cödé.txt": "grüße\n".encode(),
+    "sub/deep/日本.bin": b"x" * 5000,
+}
+
+
+def make_tree(root: Path, files: dict[str, bytes] = CONTENT, empty_dirs: tuple[str, ...] = ("sub/nothing",)) -> Path:
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    for d in empty_dirs:
+        (root / d).mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def ignore(message: str) -> None:
+    """A ``warn`` callback that drops the warning."""
+
+
+def names(paths: list[tuple[str, ...]]) -> list[str]:
+    return ["/".join(p) for p in paths]
+
+
+# -- planning (no hf_xet) ------------------------------------------------------
+
+
+def test_a_single_directory_contributes_its_contents(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src")
+    plan = plan_pack([src], tmp_path / "store", ignore)
+    assert names([f.path for f in plan.files]) == [
+        "a.txt",
+        "empty.bin",
+        "sub/r.bin",
+        "sub/ünï cödé.txt",
+        "sub/deep/日本.bin",
+    ]
+    assert names(plan.directories) == ["sub", "sub/deep", "sub/nothing"]
+    assert all(f.local.is_absolute() and f.local.read_bytes() == CONTENT["/".join(f.path)] for f in plan.files)
+
+
+def test_several_sources_contribute_their_names(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src")
+    plan = plan_pack([src / "sub", src / "a.txt"], tmp_path / "store", ignore)
+    assert names([f.path for f in plan.files]) == [
+        "sub/r.bin",
+        "sub/ünï cödé.txt",
+        "sub/deep/日本.bin",
+        "a.txt",
+    ]
+    assert names(plan.directories) == ["sub", "sub/deep", "sub/nothing"]
+
+
+def test_dot_is_named_after_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_tree(tmp_path / "proj", {"x": b"1"}, ())
+    make_tree(tmp_path / "other", {"y": b"2"}, ())
+    monkeypatch.chdir(tmp_path / "proj")
+    plan = plan_pack([Path("."), Path("../other/")], tmp_path / "store", ignore)
+    assert names([f.path for f in plan.files]) == ["proj/x", "other/y"]
+
+
+def test_symlinks_and_special_files_are_skipped(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", {"real": b"r"}, ())
+    (src / "to-outside").symlink_to("/etc/hostname")
+    (src / "to-dir").symlink_to(tmp_path)
+    (src / "dangling").symlink_to(tmp_path / "nowhere")
+    os.mkfifo(src / "fifo")
+    warnings: list[str] = []
+    plan = plan_pack([src], tmp_path / "store", warnings.append)
+    assert names([f.path for f in plan.files]) == ["real"] and plan.directories == []
+    assert sorted(warnings) == sorted(
+        [
+            f"skipping symlink {src / 'dangling'}",
+            f"skipping {src / 'fifo'}: not a regular file",
+            f"skipping symlink {src / 'to-dir'}",
+            f"skipping symlink {src / 'to-outside'}",
+        ]
+    )
+
+
+def test_a_symlink_named_on_the_command_line_is_followed(tmp_path: Path) -> None:
+    make_tree(tmp_path, {"target.bin": b"t"}, ())
+    (tmp_path / "link.bin").symlink_to(tmp_path / "target.bin")
+    plan = plan_pack([tmp_path / "link.bin"], tmp_path / "store", ignore)
+    assert [f.path for f in plan.files] == [("link.bin",)]
+
+
+def test_names_that_are_not_utf8_are_skipped(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", {"ok": b"1"}, ())
+    with open(os.path.join(os.fsencode(src), b"bad\xff.bin"), "wb") as f:
+        f.write(b"2")
+    warnings: list[str] = []
+    plan = plan_pack([src], tmp_path / "store", warnings.append)
+    assert [f.path for f in plan.files] == [("ok",)]
+    assert len(warnings) == 1 and "not valid Unicode" in warnings[0]
+
+
+def test_the_store_inside_a_source_is_skipped(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", {"a": b"1", "store/xet/junk": b"2"}, ())
+    warnings: list[str] = []
+    plan = plan_pack([src], src / "store", warnings.append)
+    assert [f.path for f in plan.files] == [("a",)]
+    assert warnings == [f"skipping {src / 'store'}: it is the destination store"]
+    with pytest.raises(XetfsError, match="is the destination store"):
+        plan_pack([src / "store"], src / "store", ignore)
+
+
+def test_duplicate_names_are_an_error(tmp_path: Path) -> None:
+    make_tree(tmp_path / "one", {"x.bin": b"1"}, ())
+    make_tree(tmp_path / "two", {"x.bin": b"2"}, ())
+    with pytest.raises(XetfsError, match=r"two sources would both be named 'x\.bin'"):
+        plan_pack([tmp_path / "one" / "x.bin", tmp_path / "two" / "x.bin"], tmp_path / "store", ignore)
+    with pytest.raises(XetfsError, match="both be named"):
+        plan_pack([tmp_path / "one" / "x.bin", tmp_path / "one" / "x.bin"], tmp_path / "store", ignore)
+    make_tree(tmp_path / "a" / "one", {"y": b"1", "x.bin": b"3"}, ())
+    with pytest.raises(XetfsError, match=r"'one/x\.bin'"):
+        plan_pack([tmp_path / "one", tmp_path / "a" / "one"], tmp_path / "store", ignore)
+
+
+def test_a_file_and_a_directory_with_one_name_are_an_error(tmp_path: Path) -> None:
+    make_tree(tmp_path / "d" / "x", {"inner": b"1"}, ())
+    make_tree(tmp_path / "f", {"x": b"2"}, ())
+    with pytest.raises(XetfsError, match="would be both a file"):
+        plan_pack([tmp_path / "d" / "x", tmp_path / "f" / "x"], tmp_path / "store", ignore)
+
+
+def test_missing_source_and_nothing_to_pack(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        plan_pack([tmp_path / "missing"], tmp_path / "store", ignore)
+    (tmp_path / "empty" / "dir").mkdir(parents=True)
+    with pytest.raises(XetfsError, match="nothing to pack"):
+        plan_pack([tmp_path / "empty"], tmp_path / "store", ignore)
+
+
+def test_upload_without_hf_xet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "hf_xet", None)  # makes ``import hf_xet`` fail
+    with pytest.raises(XetfsError, match=r"install xetfs\[pack\]"):
+        upload([tmp_path / "x"], tmp_path / "store")
+
+
+# -- the manifest ----------------------------------------------------------------
+
+
+def test_find_manifest(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    (store / "xet" / "xorbs" / "shards").mkdir(parents=True)
+    assert find_manifest(store) is None
+    (store / MANIFEST_NAME).write_text("[]")
+    for given in (store, store / "xet", store / "xet" / "xorbs"):
+        assert find_manifest(given) == store / MANIFEST_NAME
+    assert find_manifest(store / "xet" / "xorbs" / "shards") is None
+    (store / "xet" / MANIFEST_NAME).write_text("[]")
+    assert find_manifest(store / "xet") == store / "xet" / MANIFEST_NAME
+
+
+def test_load_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / MANIFEST_NAME
+    path.write_text("[1]")
+    assert len(load_manifest(path).warnings) == 1
+    monkeypatch.setattr("xetfs.pack.MAX_MANIFEST_BYTES", 2)
+    with pytest.raises(ManifestError, match="3 bytes, the limit is 2"):
+        load_manifest(path)
+    with pytest.raises(FileNotFoundError):
+        load_manifest(tmp_path / "missing.json")
+
+
+H1, H2, H3 = (hashlib.sha256(bytes([i])).digest() for i in range(3))
+
+
+def test_merge_replaces_same_paths_and_drops_conflicts() -> None:
+    old = Manifest(
+        (
+            ManifestFile(("keep",), H1, 1, None),
+            ManifestFile(("same",), H1, 1, None),
+            ManifestFile(("x",), H1, 1, None),
+        ),
+        (("old-dir",), ("y",)),
+        (),
+    )
+    new: list[Entry] = [ManifestFile(("same",), H2, 2, None), ManifestFile(("x", "inner"), H3, 3, None), ("y",)]
+    merged, messages = merge(new, old, source=MANIFEST_NAME)
+    assert {f.name: f.xet_hash for f in merged.files} == {"same": H2, "x/inner": H3, "keep": H1}
+    assert set(merged.directories) == {("y",), ("old-dir",)}
+    assert messages[-1] == f"{MANIFEST_NAME}: replaced 1 existing path(s)"
+    assert any("'x'" in m and "dropped" in m for m in messages)
+    assert merge(new, None, source="m")[1] == []
+
+
+def test_pack_parser() -> None:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+
+    def add_common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--debug", action="store_true")
+
+    add_pack_parser(sub, add_common)
+    args = parser.parse_args(["pack", "a", "b/", "STORE", "--no-progress"])
+    assert args.sources == ["a", "b/"] and args.store == "STORE" and args.no_progress
+    assert args.func is cmd_pack and args.debug is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["pack", "STORE"])
+
+
+# -- real packs (hf_xet in a child process) ----------------------------------------
+
+
+def run_pack(tmp_path: Path, *args: object) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, HF_XET_CACHE=str(tmp_path / "hf_xet"), HF_HUB_DISABLE_TELEMETRY="1")
+    return subprocess.run(
+        [sys.executable, "-m", "xetfs", "pack", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+
+
+def read_manifest(store: Path) -> dict[str, dict[str, object]]:
+    return {e["path"]: e for e in json.loads((store / MANIFEST_NAME).read_bytes())}
+
+
+def test_pack_a_tree_then_list_it(tmp_path: Path, cli: CliRunner) -> None:
+    src = make_tree(tmp_path / "src")
+    (src / "link").symlink_to(src / "a.txt")
+    store = tmp_path / "store"
+    proc = run_pack(tmp_path, src, store)
+    assert proc.returncode == 0, proc.stderr
+    total = sum(map(len, CONTENT.values()))
+    n = len(CONTENT)
+    assert proc.stdout == f"packed {n} files ({total} bytes) into {store}; {store / MANIFEST_NAME} names {n} files\n"
+    assert proc.stderr == f"xetfs: warning: skipping symlink {src / 'link'}\n"
+
+    entries = read_manifest(store)
+    assert set(entries) == set(CONTENT) | {"sub", "sub/deep", "sub/nothing"}
+    index = load_index(Store.open(store)).index
+    for name, data in CONTENT.items():
+        e = entries[name]
+        sha = hashlib.sha256(data).hexdigest()
+        assert e["type"] == "file" and e["size"] == len(data) and e["lfs"] == {"oid": sha, "size": len(data)}
+        assert isinstance(e["xetHash"], str)
+        stored = index.get(hashes.from_hex(e["xetHash"]))
+        assert stored is not None and stored.size == len(data) and stored.sha256 == sha
+    assert entries["empty.bin"]["lfs"] == {"oid": EMPTY_SHA256, "size": 0}
+    assert entries["sub/nothing"] == {"type": "directory", "path": "sub/nothing"}
+
+    listed = cli("ls", store)
+    assert listed.returncode == 0
+    assert {line.split()[0] for line in listed.stdout.decode().splitlines()} == {
+        e["xetHash"] for e in entries.values() if e["type"] == "file"
+    }
+
+    tree, warnings = build_tree(index, load_manifest(store / MANIFEST_NAME))
+    assert warnings == []
+    sub = tree.lookup(ROOT_INODE, b"sub")
+    assert sub is not None
+    node = tree.lookup(sub.inode, "ünï cödé.txt".encode())
+    assert node is not None and node.entry is not None and node.entry.hex == entries["sub/ünï cödé.txt"]["xetHash"]
+    cat = cli("cat", store, node.entry.hex)
+    assert cat.stdout == CONTENT["sub/ünï cödé.txt"]
+
+
+def test_packing_again_merges_the_manifest(tmp_path: Path) -> None:
+    first = make_tree(tmp_path / "first", {"a": b"one", "b": b"bee"}, ())
+    second = make_tree(tmp_path / "second", {"a": b"two"}, ())
+    store = tmp_path / "store"
+    assert run_pack(tmp_path, first, store).returncode == 0
+    before = read_manifest(store)
+    proc = run_pack(tmp_path, second / "a", tmp_path / "first" / "b", store)
+    assert proc.returncode == 0, proc.stderr
+    assert "replaced 2 existing path(s)" in proc.stderr
+    after = read_manifest(store)
+    assert set(after) == {"a", "b"}
+    assert after["b"] == before["b"] and after["a"] != before["a"]
+    assert after["a"]["lfs"] == {"oid": hashlib.sha256(b"two").hexdigest(), "size": 3}
+    assert len(load_index(Store.open(store)).index) == 3  # both versions of "a" stay in the store
+
+
+def test_pack_errors_are_one_line(tmp_path: Path) -> None:
+    make_tree(tmp_path / "one", {"x": b"1"}, ())
+    make_tree(tmp_path / "two", {"x": b"2"}, ())
+    (tmp_path / "file").write_bytes(b"")
+    cases = [
+        ((tmp_path / "missing", tmp_path / "store"), f"{tmp_path / 'missing'}: No such file or directory"),
+        ((tmp_path / "one", tmp_path / "file"), "exists and is not a directory"),
+        ((tmp_path / "one" / "x", tmp_path / "two" / "x", tmp_path / "store"), "would both be named 'x'"),
+    ]
+    for args, message in cases:
+        proc = run_pack(tmp_path, *args)
+        assert proc.returncode == 1
+        assert proc.stdout == "" and proc.stderr.startswith("xetfs: error: ") and message in proc.stderr
+        assert proc.stderr.count("\n") == 1
+    assert not (tmp_path / "store").exists()  # nothing was uploaded
+
+
+def test_a_broken_manifest_stops_the_pack(tmp_path: Path) -> None:
+    make_tree(tmp_path / "one", {"x": b"1"}, ())
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / MANIFEST_NAME).write_text("{not json")
+    proc = run_pack(tmp_path, tmp_path / "one", tmp_path / "store")
+    assert proc.returncode == 1 and "not valid JSON" in proc.stderr
+    assert (tmp_path / "store" / MANIFEST_NAME).read_text() == "{not json"
+    assert not (tmp_path / "store" / "xet").exists()
+
+
+PROGRESS_SCRIPT = """
+import sys
+from pathlib import Path
+from xetfs.pack import upload
+[info] = upload([Path(sys.argv[1])], Path(sys.argv[2]), progress=True)
+print(info.size)
+"""
+
+
+def test_upload_progress_bar(tmp_path: Path) -> None:
+    data = make_tree(tmp_path / "src", {"r.bin": bytes(range(256)) * 400}, ()) / "r.bin"
+    env = dict(os.environ, HF_XET_CACHE=str(tmp_path / "hf_xet"))
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-c", PROGRESS_SCRIPT, str(data), str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "102400\n"
+    assert "pack: 100%" in proc.stderr and "100k/100k" in proc.stderr

@@ -1,0 +1,380 @@
+"""Reader (xetfs/reader.py) over stores written by the test writer.
+
+Every read is compared with the original bytes; store reads, cache hits and
+error counts are checked through ``Reader.stats``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import trio
+from helpers import writer
+from helpers.writer import FileSpec, StoreBuilder, TermSpec
+
+from xetfs import hashes, index
+from xetfs import reader as reader_module
+from xetfs.errors import IntegrityError, MissingObjectError, XorbFormatError
+from xetfs.format.shard import parse_shard
+from xetfs.index import Index
+from xetfs.reader import Reader
+from xetfs.store import Store
+
+
+@contextmanager
+def opened(root: Path, **options: object) -> Iterator[tuple[Index, Reader]]:
+    """Index every shard of the store at ``root`` and wrap it in a Reader."""
+    store = Store.open(root)
+    try:
+        shards = [parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()]
+        idx = index.build(shards)
+        yield idx, Reader(idx, store, **options)  # type: ignore[arg-type]
+    finally:
+        store.close()
+
+
+def read(idx: Index, reader: Reader, file_hash: bytes, offset: int = 0, size: int = 1 << 40) -> bytes:
+    entry = idx.get(file_hash)
+    assert entry is not None, hashes.to_hex(file_hash)
+    return bytes(trio.run(reader.read, entry, offset, size))
+
+
+def check_ranges(idx: Index, reader: Reader, file_hash: bytes, content: bytes, seed: int, count: int = 40) -> None:
+    """Whole file, boundary cases and random sub-ranges equal ``content``."""
+    assert read(idx, reader, file_hash) == content
+    n = len(content)
+    rng = random.Random(seed)
+    cases = [(0, 0), (0, 1), (n, 1), (n + 5, 10), (max(n - 1, 0), 10), (0, n)]
+    cases += [(rng.randint(0, n), rng.choice([1, 7, rng.randint(0, n + 3)])) for _ in range(count)]
+    for offset, size in cases:
+        assert read(idx, reader, file_hash, offset, size) == content[offset : offset + size], (offset, size)
+
+
+def _content(rng: random.Random, n: int) -> bytes:
+    """Half random, half compressible bytes, so all three schemes shrink some chunks."""
+    half = n // 2
+    return rng.randbytes(half) + bytes(rng.choice(b"ab\n") for _ in range(n - half))
+
+
+# -- round trips -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("layout", "suffix"), [("hf_xet", ""), ("flat", ""), ("flat", ".xorb")])
+def test_mixed_schemes(tmp_path: Path, layout: writer.Layout, suffix: str) -> None:
+    rng = random.Random(1)
+    b = StoreBuilder(tmp_path, layout, xorb_suffix=suffix)
+    files = {}
+    for size in [1, 2, 5, 4096, 70_000, 300_001]:
+        content = _content(rng, size)
+        files[b.add_file(content, chunk_size=rng.choice([1000, 4099, 65536]), scheme=[0, 1, 2])] = content
+    b.finish()
+    assert len(b.xorbs) == 1
+    assert set(b.xorbs[next(iter(b.xorbs))].schemes) == {0, 1, 2}
+    with opened(tmp_path) as (idx, reader):
+        assert len(idx) == len(files)
+        for i, (fh, content) in enumerate(files.items()):
+            check_ranges(idx, reader, fh, content, seed=i)
+        assert reader.stats.errors.integrity == reader.stats.errors.format == 0
+
+
+@pytest.mark.parametrize("scheme", [0, 1, 2])
+def test_bg4_all_remainders(tmp_path: Path, scheme: int) -> None:
+    rng = random.Random(2)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 4 * 1000 + 6)
+    fh = b.add_file(content, boundaries=[1001, 2003, 3006, 4006], scheme=scheme)  # chunk sizes mod 4 = 1, 2, 3, 0, 2
+    b.finish()
+    with opened(tmp_path) as (idx, reader):
+        check_ranges(idx, reader, fh, content, seed=3)
+
+
+def test_footerless_xorbs(tmp_path: Path) -> None:
+    rng = random.Random(4)
+    b = StoreBuilder(tmp_path, xorb_footer=False, max_xorb_chunks=7)
+    files = {}
+    for size in [1, 3000, 50_000]:
+        content = _content(rng, size)
+        files[b.add_file(content, chunk_size=2048, scheme=[2, 1, 0])] = content
+    b.finish()
+    assert len(b.xorbs) > 1 and not any(x.has_footer for x in b.xorbs.values())
+    with opened(tmp_path) as (idx, reader):
+        for i, (fh, content) in enumerate(files.items()):
+            check_ranges(idx, reader, fh, content, seed=i)
+
+
+def test_some_xorbs_with_footer_some_without(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    b = StoreBuilder(tmp_path)
+    a = _content(rng, 10_000)
+    fa = b.add_file(a, chunk_size=1000, scheme=1)
+    b.seal_xorb(footer=False)
+    c = _content(rng, 10_000)
+    fc = b.add_file(c, chunk_size=1000, scheme=2)
+    b.finish()
+    assert sorted(x.has_footer for x in b.xorbs.values()) == [False, True]
+    with opened(tmp_path) as (idx, reader):
+        check_ranges(idx, reader, fa, a, seed=1)
+        check_ranges(idx, reader, fc, c, seed=2)
+
+
+def test_terms_cross_xorbs(tmp_path: Path) -> None:
+    rng = random.Random(6)
+    b = StoreBuilder(tmp_path, max_xorb_chunks=5)
+    content = _content(rng, 23 * 1000 + 17)
+    fh = b.add_file(content, chunk_size=1000, scheme=[0, 1, 2, 1])
+    b.finish()
+    spec = b.files[fh]
+    assert len(spec.terms) == 5 and len({t.xorb_hash for t in spec.terms}) == 5
+    with opened(tmp_path) as (idx, reader):
+        check_ranges(idx, reader, fh, content, seed=6, count=80)
+
+
+def test_many_small_terms(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 5000)
+    fh = b.add_file(content, chunk_size=50, chunks_per_term=1, scheme=1)
+    b.finish()
+    assert len(b.files[fh].terms) == 100
+    with opened(tmp_path) as (idx, reader):
+        check_ranges(idx, reader, fh, content, seed=7, count=80)
+
+
+def test_terms_referencing_other_shards(tmp_path: Path) -> None:
+    rng = random.Random(8)
+    b = StoreBuilder(tmp_path)
+    a = _content(rng, 9000)
+    fa = b.add_file(a, chunk_size=1000, scheme=[0, 2])
+    b.flush_shard()  # shard 1: file a and its xorb
+    xa = b.files[fa].terms[0].xorb_hash
+    c = _content(rng, 3000)
+    fc = b.add_file(c, chunk_size=1000, scheme=1)
+    b.flush_shard(cas=False)  # shard 2: file c, its xorb's CAS record deferred
+    xc = b.files[fc].terms[0].xorb_hash
+    # a file made of pieces of both xorbs, backwards and overlapping, in shard 3
+    pieces = [(xc, 1, 3), (xa, 4, 9), (xa, 0, 5), (xc, 0, 1), (xa, 8, 9)]
+    fm = b.add_file_from_terms(pieces)
+    mixed = b.content_of_terms(pieces)
+    b.relist(fa)  # file a is listed again (a re-upload)
+    b.finish(cas=False)  # xorb c is described in no shard at all
+    assert len(b.shard_paths) == 3
+    with opened(tmp_path) as (idx, reader):
+        assert len(idx) == 3 and idx.shards == 3
+        assert xc not in idx.listed_xorbs and xa in idx.listed_xorbs
+        check_ranges(idx, reader, fa, a, seed=1)
+        check_ranges(idx, reader, fc, c, seed=2)
+        check_ranges(idx, reader, fm, mixed, seed=3, count=80)
+
+
+def test_empty_and_one_byte_files(tmp_path: Path) -> None:
+    b = StoreBuilder(tmp_path)
+    empty = b.add_file(b"")
+    one = b.add_file(b"A")
+    b.finish()
+    assert empty == hashes.ZERO_HASH
+    assert hashes.to_hex(one) == "ec75277e0d6c72c675f77d6c7385cd327acb970e20173d0fe7ece9466e3cb44d"
+    with opened(tmp_path) as (idx, reader):
+        assert read(idx, reader, empty) == b""
+        assert read(idx, reader, empty, 5, 5) == b""
+        check_ranges(idx, reader, one, b"A", seed=0)
+        entry = idx.get(empty)
+        assert entry is not None and entry.size == 0
+
+
+# -- store reads and the cache ----------------------------------------------------
+
+
+def test_adjacent_chunks_are_one_store_read(tmp_path: Path) -> None:
+    rng = random.Random(9)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 10_000)
+    fh = b.add_file(content, chunk_size=1000, scheme=[0, 1])
+    b.finish()
+    with opened(tmp_path) as (idx, reader):
+        s = reader.stats
+        assert read(idx, reader, fh) == content
+        assert s.store.reads == 1
+        assert s.store.layouts == 1
+        (built,) = b.xorbs.values()
+        assert s.store.bytes == built.phys_ends[-1]  # the chunk section, in one pread
+        assert (s.cache.misses, s.cache.hits) == (10, 0)
+        assert s.decode.chunks == 10 and s.decode.bytes == 10_000
+        assert read(idx, reader, fh) == content  # all from the cache
+        assert s.store.reads == 1
+        assert (s.cache.misses, s.cache.hits) == (10, 10)
+
+
+def test_partly_cached_range_needs_one_read_per_gap(tmp_path: Path) -> None:
+    rng = random.Random(10)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 10_000)
+    fh = b.add_file(content, chunk_size=1000)
+    b.finish()
+    with opened(tmp_path) as (idx, reader):
+        assert read(idx, reader, fh, 3500, 2000) == content[3500:5500]  # chunks 3, 4, 5
+        assert reader.stats.store.reads == 1
+        assert read(idx, reader, fh) == content  # chunks 0-2 and 6-9 are two runs
+        assert reader.stats.store.reads == 3
+        assert reader.stats.cache.hits == 3
+
+
+def test_long_runs_are_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # scheme 0 chunks of 1000 bytes take 1008 bytes on disk; allow two per pread
+    monkeypatch.setattr(reader_module, "MAX_RUN_BYTES", 2500)
+    content = random.Random(15).randbytes(10_000)
+    b = StoreBuilder(tmp_path)
+    fh = b.add_file(content, chunk_size=1000)
+    b.finish()
+    with opened(tmp_path) as (idx, reader):
+        assert read(idx, reader, fh) == content
+        assert reader.stats.store.reads == 5
+        assert reader.stats.store.bytes == 10 * 1008
+
+
+def test_small_cache_still_reads_correctly(tmp_path: Path) -> None:
+    rng = random.Random(11)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 20_000)
+    fh = b.add_file(content, chunk_size=1000, scheme=[1, 2])
+    b.finish()
+    with opened(tmp_path, cache_size=2500) as (idx, reader):
+        check_ranges(idx, reader, fh, content, seed=11)
+        assert reader.stats.cache.bytes <= 2500
+        assert reader.stats.cache.evictions > 0
+
+
+def test_prefetch_then_read(tmp_path: Path) -> None:
+    rng = random.Random(12)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 8000)
+    fh = b.add_file(content, chunk_size=1000)
+    b.finish()
+    with opened(tmp_path) as (idx, reader):
+        entry = idx.get(fh)
+        assert entry is not None
+        trio.run(reader.prefetch, entry, 0, 4000)
+        assert reader.stats.prefetch.requests == 1
+        assert reader.stats.prefetch.chunks == 4
+        assert read(idx, reader, fh, 0, 8000) == content
+        assert reader.stats.prefetch.hits == 4
+        assert reader.stats.store.reads == 2
+
+
+# -- errors -------------------------------------------------------------------------
+
+
+def _corrupt(path: Path, offset: int) -> None:
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("footer", [True, False])
+def test_corrupted_chunk(tmp_path: Path, footer: bool) -> None:
+    rng = random.Random(13)
+    b = StoreBuilder(tmp_path, xorb_footer=footer)
+    content = _content(rng, 10_000)
+    fh = b.add_file(content, chunk_size=1000)  # scheme 0: a flipped byte decodes fine, the hash catches it
+    b.finish()
+    ((xorb_hash, built),) = b.xorbs.items()
+    start, _ = built.payload_range(4)
+    _corrupt(b.xorb_paths[xorb_hash], start + 10)
+    with opened(tmp_path) as (idx, reader):
+        with pytest.raises(IntegrityError):
+            read(idx, reader, fh, 4000, 1000)
+        assert reader.stats.errors.integrity == 1
+        with pytest.raises(IntegrityError):
+            read(idx, reader, fh)
+        assert reader.stats.errors.integrity == 2
+        if footer:  # the footer's hashes are intact: only chunk 4 is unreadable
+            assert read(idx, reader, fh, 0, 4000) == content[:4000]
+            assert read(idx, reader, fh, 5000, 5000) == content[5000:]
+            assert (xorb_hash, 4) not in reader.cache and (xorb_hash, 3) in reader.cache
+        else:  # the xorb's name no longer matches its chunks: all of it is refused
+            with pytest.raises(IntegrityError):
+                read(idx, reader, fh, 0, 1)
+
+
+def test_unverified_read_returns_the_corruption(tmp_path: Path) -> None:
+    b = StoreBuilder(tmp_path)
+    fh = b.add_file(bytes(3000), chunk_size=1000)
+    b.finish()
+    ((xorb_hash, built),) = b.xorbs.items()
+    _corrupt(b.xorb_paths[xorb_hash], built.payload_range(1)[0])
+    with opened(tmp_path, verify=False) as (idx, reader):
+        got = read(idx, reader, fh)
+        assert got != bytes(3000) and len(got) == 3000
+        assert reader.stats.errors.integrity == 0
+
+
+def test_missing_xorb(tmp_path: Path) -> None:
+    b = StoreBuilder(tmp_path, max_xorb_chunks=2)
+    content = random.Random(14).randbytes(5000)
+    fh = b.add_file(content, chunk_size=1024)
+    b.finish()
+    second = b.files[fh].terms[1].xorb_hash
+    b.xorb_paths[second].unlink()
+    with opened(tmp_path) as (idx, reader):
+        assert read(idx, reader, fh, 0, 2048) == content[:2048]
+        with pytest.raises(MissingObjectError):
+            read(idx, reader, fh, 2048, 1)
+        assert reader.stats.errors.missing == 1
+
+
+def _store_with_terms(root: Path, terms_for: str) -> tuple[bytes, bytes]:
+    """A store with one 4-chunk xorb and one file whose term is deliberately wrong."""
+    b = StoreBuilder(root)
+    b.add_file(bytes(range(100)) * 40, chunk_size=1000)
+    b.finish()
+    (xorb_hash,) = b.xorbs
+    term = {
+        "size": TermSpec(xorb_hash, 0, 2, 2001),
+        "range": TermSpec(xorb_hash, 3, 5, 2000),
+    }[terms_for]
+    spec = FileSpec(hashes.chunk_hash(b"a file"), (term,))
+    shard_hash, data = writer.build_shard([spec], [], verification=False)
+    (b.shard_dir / f"{hashes.to_hex(shard_hash)}.mdb").write_bytes(data)
+    return spec.file_hash, xorb_hash
+
+
+def test_term_size_mismatch(tmp_path: Path) -> None:
+    fh, _ = _store_with_terms(tmp_path, "size")
+    with opened(tmp_path) as (idx, reader):
+        with pytest.raises(IntegrityError):
+            read(idx, reader, fh)
+        assert reader.stats.errors.integrity == 1
+
+
+def test_chunk_range_beyond_xorb(tmp_path: Path) -> None:
+    fh, _ = _store_with_terms(tmp_path, "range")
+    with opened(tmp_path) as (idx, reader):
+        with pytest.raises(MissingObjectError):
+            read(idx, reader, fh)
+        assert reader.stats.errors.missing == 1
+
+
+def test_chunk_header_disagreeing_with_footer_is_a_xorb_format_error(tmp_path: Path) -> None:
+    """FORMAT.md 8: header values must agree with the footer's deltas, else XorbFormatError.
+
+    reader.py ``_load_run`` raises the base ``FormatError`` here instead.
+    """
+    b = StoreBuilder(tmp_path)
+    fh = b.add_file(b"x" * 3000, chunk_size=1000, scheme=1)
+    b.finish()
+    ((xorb_hash, built),) = b.xorbs.items()
+    path = b.xorb_paths[xorb_hash]
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    header_at = built.phys_start(1)
+    data[header_at + 5 : header_at + 8] = (999).to_bytes(3, "little")  # uncompressed length 1000 -> 999
+    path.write_bytes(bytes(data))
+    with opened(tmp_path) as (idx, reader):
+        assert read(idx, reader, fh, 0, 1000) == b"x" * 1000
+        with pytest.raises(XorbFormatError):
+            read(idx, reader, fh, 1000, 1)
+        assert reader.stats.errors.format == 1

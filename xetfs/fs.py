@@ -1,0 +1,306 @@
+"""The pyfuse3 adapter: the only module that speaks FUSE and knows errno.
+
+Requests are translated to calls on the tree (names, attributes) and the
+reader (bytes).  Handlers never let an exception other than ``FUSEError``
+escape — pyfuse3 would take the mount down — so every handler runs under
+``_guard``, the one place that maps errors to errno: unknown names are
+``ENOENT``, corrupt or missing data ``EIO`` (logged once, counted in stats),
+every write ``EROFS``.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+import trio
+
+from xetfs.errors import XetfsError
+from xetfs.index import FileEntry
+from xetfs.readahead import Readahead
+from xetfs.reader import Reader
+from xetfs.tree import ROOT_INODE, Kind, Node, Tree
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+BLOCK_SIZE = 1024 * 1024  # st_blksize: tells tools to read in large pieces
+ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
+XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
+MIN_CACHE_FOR_PREFETCH = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class FsOptions:
+    uid: int = field(default_factory=os.getuid)
+    gid: int = field(default_factory=os.getgid)
+    direct_io: bool = False
+    mtime_ns: int = 0
+    prefetch: bool = True
+
+
+@dataclass
+class _Handle:
+    node: Node
+    readahead: Readahead = field(default_factory=Readahead)
+    prefetching: bool = False
+    snapshot: bytes = b""  # the stats document, for a stats handle
+
+
+def _guard(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Turn every exception into a FUSEError (the errno mapping lives here)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except XetfsError as exc:
+            log.error("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except OSError as exc:
+            log.error("%s: %s", fn.__name__, exc)
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception:
+            log.exception("unexpected error in %s", fn.__name__)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def _erofs(name: str) -> Callable[..., Awaitable[Any]]:
+    async def refuse(self: XetFS, *args: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    refuse.__name__ = name
+    return refuse
+
+
+class XetFS(pyfuse3.Operations):  # type: ignore[misc]
+    """A read-only view of one store: ``tree`` gives the names, ``reader`` the bytes."""
+
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(self, tree: Tree, reader: Reader, options: FsOptions | None = None) -> None:
+        super().__init__()
+        self.tree = tree
+        self.reader = reader
+        self.stats = reader.stats
+        self.options = options or FsOptions()
+        self._handles: dict[int, _Handle] = {}
+        self._next_fh = 1
+        self._nursery: trio.Nursery | None = None
+        self._prefetch = self.options.prefetch and reader.cache.capacity >= MIN_CACHE_FOR_PREFETCH
+
+    def start_background(self, nursery: trio.Nursery) -> None:
+        """Give the filesystem a nursery for readahead tasks."""
+        self._nursery = nursery
+
+    # -- names and attributes ---------------------------------------------
+
+    def _node(self, inode: int) -> Node:
+        node = self.tree.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.inode
+        a.generation = 0
+        a.entry_timeout = ENTRY_TIMEOUT
+        a.attr_timeout = ENTRY_TIMEOUT
+        if node.kind is Kind.DIR:
+            a.st_mode = stat.S_IFDIR | 0o555
+            size = 0
+        elif node.kind is Kind.STATS:
+            a.st_mode = stat.S_IFREG | 0o444
+            a.attr_timeout = 0
+            size = len(self.stats_document())
+        else:
+            a.st_mode = stat.S_IFREG | 0o444
+            size = node.entry.size if node.entry else 0
+        a.st_nlink = node.nlink
+        a.st_uid = self.options.uid
+        a.st_gid = self.options.gid
+        a.st_size = size
+        a.st_blksize = BLOCK_SIZE
+        a.st_blocks = (size + 511) // 512
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.options.mtime_ns
+        return a
+
+    @_guard
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        if name == b".":
+            return self._attrs(self._node(parent_inode))
+        if name == b"..":
+            return self._attrs(self._node(self.tree.parent_of(parent_inode)))
+        node = self.tree.lookup(parent_inode, name)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attrs(node)
+
+    @_guard
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self._attrs(self._node(inode))
+
+    async def forget(self, inode_list: Any) -> None:
+        pass  # every inode lives as long as the mount
+
+    @_guard
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        if self._node(inode).kind is not Kind.DIR:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    @_guard
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        children = self.tree.children(fh)
+        for i in range(start_id, len(children)):
+            name, node = children[i]
+            if not pyfuse3.readdir_reply(token, name, self._attrs(node), i + 1):
+                break
+
+    async def releasedir(self, fh: int) -> None:
+        pass
+
+    @_guard
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = BLOCK_SIZE
+        s.f_frsize = 4096
+        total = sum(e.size for e in self.reader.index)
+        s.f_blocks = (total + 4095) // 4096
+        s.f_bfree = s.f_bavail = 0
+        s.f_files = self.tree.inode_count
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = 255
+        return s
+
+    # -- extended attributes ---------------------------------------------
+
+    def _xattrs(self, node: Node) -> dict[bytes, bytes]:
+        entry = node.entry
+        if node.kind is not Kind.FILE or entry is None:
+            return {}
+        out = {b"user.xet.hash": entry.hex.encode(), b"user.xet.terms": str(entry.num_terms).encode()}
+        if entry.sha256:
+            out[b"user.xet.sha256"] = entry.sha256.encode()
+        return out
+
+    @_guard
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        value = self._xattrs(self._node(inode)).get(name)
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value
+
+    @_guard
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return list(self._xattrs(self._node(inode)))
+
+    # -- reading -------------------------------------------------------------
+
+    @_guard
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        node = self._node(inode)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if node.kind is Kind.DIR:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        fh = self._next_fh
+        self._next_fh += 1
+        handle = _Handle(node)
+        if node.kind is Kind.STATS:
+            handle.snapshot = self.stats_document()
+            self._handles[fh] = handle
+            return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
+        self._handles[fh] = handle
+        direct = self.options.direct_io
+        return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
+
+    @_guard
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        if handle.node.kind is Kind.STATS:
+            if off == 0:
+                handle.snapshot = self.stats_document()
+            return handle.snapshot[off : off + size]
+        entry = handle.node.entry
+        if entry is None:
+            raise pyfuse3.FUSEError(errno.EIO)
+        self.stats.reads.requests += 1
+        try:
+            data = await self.reader.read(entry, off, size)
+        except XetfsError as exc:
+            log.error("read of file %s at offset %d (%d bytes) failed: %s", entry.hex, off, size, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        self.stats.reads.bytes += len(data)
+        if self._prefetch:
+            self._maybe_prefetch(handle, entry, off, len(data))
+        return data
+
+    def _maybe_prefetch(self, handle: _Handle, entry: FileEntry, off: int, length: int) -> None:
+        ahead = handle.readahead.on_read(off, length, entry.size)
+        if ahead is None or handle.prefetching or self._nursery is None:
+            return
+        handle.prefetching = True
+        self._nursery.start_soon(self._prefetch_task, handle, entry, *ahead)
+
+    async def _prefetch_task(self, handle: _Handle, entry: FileEntry, offset: int, length: int) -> None:
+        try:
+            await self.reader.prefetch(entry, offset, length)
+        except Exception:
+            log.exception("prefetch of file %s failed", entry.hex)
+        finally:
+            handle.prefetching = False
+
+    async def release(self, fh: int) -> None:
+        self._handles.pop(fh, None)
+
+    async def flush(self, fh: int) -> None:
+        pass
+
+    @_guard
+    async def access(self, inode: int, mode: int, ctx: Any) -> bool:
+        self._node(inode)
+        return not mode & os.W_OK
+
+    def stats_document(self) -> bytes:
+        """The live counters as JSON (``.xetfs/stats``)."""
+        return (json.dumps(self.stats.snapshot().to_dict(), indent=2) + "\n").encode()
+
+    # -- every way of writing is refused --------------------------------------
+
+    setattr = _erofs("setattr")
+    mknod = _erofs("mknod")
+    mkdir = _erofs("mkdir")
+    unlink = _erofs("unlink")
+    rmdir = _erofs("rmdir")
+    symlink = _erofs("symlink")
+    rename = _erofs("rename")
+    link = _erofs("link")
+    create = _erofs("create")
+    write = _erofs("write")
+    setxattr = _erofs("setxattr")
+    removexattr = _erofs("removexattr")
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        pass  # nothing is ever dirty
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        pass

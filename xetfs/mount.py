@@ -1,0 +1,291 @@
+"""Mounting: checks, the daemon's life cycle, signals, and unmounting.
+
+``xetfs mount`` runs the filesystem in a child process (the daemon) and
+returns once the child says the mount answers; with ``--foreground`` the
+same code runs in this process.  The daemon unmounts cleanly on SIGINT or
+SIGTERM.  pyfuse3 keeps global state, so there is one mount per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from xetfs.errors import StoreError, XetfsError
+from xetfs.fs import FsOptions, XetFS
+from xetfs.indexer import load_index
+from xetfs.manifest import Manifest, parse_manifest
+from xetfs.pack import find_manifest
+from xetfs.reader import Reader, inline_io, threaded_io
+from xetfs.store import Store
+from xetfs.tree import build_tree
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report
+KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions"}
+
+
+class MountError(XetfsError):
+    """The filesystem could not be mounted (bad mountpoint, no FUSE, ...)."""
+
+
+@dataclass(frozen=True)
+class MountConfig:
+    store: Path
+    mountpoint: Path
+    options: frozenset[str] = frozenset()
+    uid: int | None = None
+    gid: int | None = None
+    direct_io: bool = False
+    cache_size: int = 512 * 1024 * 1024
+    names: Path | None = None
+    read_ahead_kb: int = 1024
+    strict: bool = False
+    prefetch: bool = True
+    io_timeout: float | None = None
+
+
+def parse_options(values: list[str]) -> frozenset[str]:
+    opts = {o.strip() for v in values for o in v.split(",") if o.strip()}
+    unknown = opts - KNOWN_OPTIONS
+    if unknown:
+        raise MountError(f"unknown mount option(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(KNOWN_OPTIONS))})")
+    return frozenset(opts)
+
+
+def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
+    """Refuse a mountpoint that is missing, not a directory, mounted or (by default) not empty."""
+    try:
+        if os.path.ismount(mountpoint):
+            raise MountError(f"{mountpoint}: already a mount point (unmount it first: xetfs umount {mountpoint})")
+        if not mountpoint.is_dir():
+            raise MountError(f"{mountpoint}: not a directory")
+        if not nonempty and any(os.scandir(mountpoint)):
+            raise MountError(f"{mountpoint}: directory is not empty (use -o nonempty to mount over it anyway)")
+    except OSError as exc:
+        if exc.errno in (107, 103):  # ENOTCONN / ECONNABORTED: a dead FUSE daemon's mount
+            raise MountError(
+                f"{mountpoint}: a stale FUSE mount is in the way (clean it with: xetfs umount {mountpoint})"
+            ) from None
+        raise MountError(f"{mountpoint}: {exc.strerror}") from None
+    if not os.path.exists("/dev/fuse"):
+        raise MountError("FUSE is not available on this machine (no /dev/fuse; install fuse3)")
+
+
+def _load_manifest(config: MountConfig) -> Manifest | None:
+    path = config.names or find_manifest(config.store)
+    if path is None:
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise StoreError(f"names file {path}: {exc.strerror}") from None
+    return parse_manifest(data, source=str(path))
+
+
+def build_fs(config: MountConfig) -> XetFS:
+    """Open the store, index it and assemble the filesystem (no FUSE yet)."""
+    store = Store.open(config.store)
+    loaded = load_index(store, strict=config.strict)
+    manifest = _load_manifest(config)
+    for warning in manifest.warnings if manifest else ():
+        log.warning("names: %s", warning)
+    tree, warnings = build_tree(loaded.index, manifest)
+    for warning in warnings:
+        log.warning("names: %s", warning)
+    io = inline_io if config.io_timeout is None else threaded_io(config.io_timeout)
+    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io)
+    counters = loaded.counters()
+    reader.stats.index = counters
+    log.info(
+        "indexed %d files, %d terms, %d xorbs from %d shards (%d skipped)",
+        counters.files, counters.terms, counters.xorbs, counters.shards, counters.shards_skipped,
+    )  # fmt: skip
+    options = FsOptions(
+        uid=os.getuid() if config.uid is None else config.uid,
+        gid=os.getgid() if config.gid is None else config.gid,
+        direct_io=config.direct_io,
+        mtime_ns=int(store.mtime * 1e9),
+        prefetch=config.prefetch,
+    )
+    return XetFS(tree, reader, options)
+
+
+def fuse_options(config: MountConfig) -> set[str]:
+    opts = set(pyfuse3.default_options) | {"ro", "fsname=xetfs", "subtype=xetfs"}
+    opts |= config.options & {"allow_other", "allow_root"}
+    return opts
+
+
+def set_read_ahead(mountpoint: Path, kb: int) -> None:
+    """Raise the kernel's read-ahead for this mount (bigger FUSE requests); root only.
+
+    The device number comes from /proc/self/mountinfo: a stat() of the
+    mountpoint (or a realpath() through it) would need the FUSE loop that is
+    not running yet, and would deadlock.  ``mountpoint`` must be absolute and
+    resolved already.
+    """
+    target = str(mountpoint)
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    device = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4 and fields[4].encode().decode("unicode_escape") == target:
+            device = fields[2]
+    if device is None:
+        log.debug("read-ahead: %s not found in mountinfo", target)
+        return
+    try:
+        Path(f"/sys/class/bdi/{device}/read_ahead_kb").write_text(f"{kb}\n")
+        log.debug("read-ahead of %s set to %d KiB", target, kb)
+    except OSError as exc:
+        log.info("could not set read-ahead to %d KiB: %s", kb, exc.strerror)
+
+
+def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
+    """Mount and serve until unmounted or signalled.  Reports readiness on ``ready_fd``."""
+    try:
+        check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
+        fs = build_fs(config)
+        pyfuse3.init(fs, str(config.mountpoint), fuse_options(config))
+    except (XetfsError, OSError, RuntimeError) as exc:
+        _report(ready_fd, f"error: {exc}")
+        raise
+    try:
+        set_read_ahead(config.mountpoint, config.read_ahead_kb)
+        trio.run(_serve, fs, ready_fd)
+    finally:
+        pyfuse3.close(unmount=True)
+        log.info("unmounted %s", config.mountpoint)
+    return 0
+
+
+async def _serve(fs: XetFS, ready_fd: int | None) -> None:
+    async with trio.open_nursery() as nursery:
+        fs.start_background(nursery)
+        nursery.start_soon(_watch_signals, nursery.cancel_scope)
+        _report(ready_fd, "ok")
+        log.info("serving")
+        await pyfuse3.main()
+        nursery.cancel_scope.cancel()
+
+
+async def _watch_signals(scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("received %s, unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            scope.cancel()
+            return
+
+
+def _report(fd: int | None, message: str) -> None:
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.write(fd, message.encode() + b"\n")
+        os.close(fd)
+
+
+def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> None:
+    """Start the daemon (``argv`` + ``--foreground --ready-fd N``) and wait until it serves.
+
+    Raises ``MountError`` with the daemon's own message when it fails.
+    """
+    read_fd, write_fd = os.pipe()
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log_out:
+        child = subprocess.Popen(
+            [*argv, "--foreground", "--ready-fd", str(write_fd), "--log-file", str(log_file)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_out,
+            stderr=log_out,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+            cwd="/",
+        )
+    os.close(write_fd)
+    message = _read_report(read_fd, child, READY_TIMEOUT)
+    if message != "ok":
+        with contextlib.suppress(ProcessLookupError):
+            child.terminate()
+        detail = message.removeprefix("error: ") if message else f"the daemon exited (see {log_file})"
+        raise MountError(detail)
+
+
+def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    chunks = []
+    with os.fdopen(fd, "rb", buffering=0) as pipe:
+        os.set_blocking(fd, False)
+        while time.monotonic() < deadline:
+            try:
+                data = pipe.read(4096)
+            except BlockingIOError:
+                data = None
+            if data:
+                chunks.append(data)
+                if b"\n" in data:
+                    break
+            elif data == b"":  # EOF: the daemon closed the pipe or died
+                break
+            if child.poll() is not None and not data:
+                break
+            _wait_readable(fd, 0.05)
+        else:
+            return f"error: the daemon did not report within {timeout:g} s"
+    return b"".join(chunks).decode(errors="replace").strip()
+
+
+def _wait_readable(fd: int, timeout: float) -> None:
+    import select
+
+    select.select([fd], [], [], timeout)
+
+
+def unmount(mountpoint: Path, *, lazy: bool = False) -> None:
+    """Unmount with fusermount3 (or umount), refusing paths that are not mounted."""
+    path = os.path.abspath(mountpoint)  # no syscalls: the mount may be hung
+    if not _is_mounted(path):
+        raise MountError(f"{mountpoint}: not mounted")
+    tool = shutil.which("fusermount3") or shutil.which("fusermount")
+    cmd = [tool, "-u", *(["-z"] if lazy else []), path] if tool else ["umount", *(["-l"] if lazy else []), path]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0 and os.geteuid() == 0 and tool:
+        result = subprocess.run(["umount", *(["-l"] if lazy else []), path], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise MountError(f"{mountpoint}: unmount failed: {result.stderr.strip() or result.returncode}")
+
+
+def _is_mounted(path: str) -> bool:
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            return any(line.split()[4].encode().decode("unicode_escape") == path for line in f)
+    except OSError:
+        return os.path.ismount(path)
+
+
+def default_log_file(mountpoint: Path) -> Path:
+    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "xetfs"
+    name = str(mountpoint.resolve()).strip("/").replace("/", "_") or "root"
+    return base / f"{name}.log"
+
+
+def python_argv() -> list[str]:
+    return [sys.executable, "-m", "xetfs"]

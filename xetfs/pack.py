@@ -1,0 +1,342 @@
+"""``xetfs pack SRC... STORE``: write files into a local Xet store with hf_xet, and name them.
+
+Owns the planning of a pack (which files, under which names), the upload
+through the official client (``hf_xet.upload_files`` with a ``local://``
+endpoint), and the names manifest beside the store
+(``STORE/xetfs-manifest.json``, Hub tree-listing JSON, merged with the one
+already there).  Also where a mount looks for that manifest.
+
+Naming: a directory that is the only SRC contributes its contents relative to
+itself; otherwise a directory contributes ``<its name>/...`` and a file its
+name.  Directories are walked in sorted order; only regular files are packed
+(symlinks and special files are skipped with a warning, so nothing outside
+the tree is read); every directory is recorded, so empty ones survive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xetfs import hashes
+from xetfs.errors import ManifestError, XetfsError
+from xetfs.index import EMPTY_SHA256
+from xetfs.manifest import (
+    MAX_MANIFEST_BYTES,
+    Entry,
+    Manifest,
+    ManifestFile,
+    PathParts,
+    combine,
+    dump_manifest,
+    parse_manifest,
+    path_problem,
+)
+
+MANIFEST_NAME = "xetfs-manifest.json"
+
+Warn = Callable[[str], None]
+
+
+def _print_warning(message: str) -> None:
+    print(f"xetfs: warning: {message}", file=sys.stderr)
+
+
+# -- finding and loading a manifest --------------------------------------------------
+
+
+def find_manifest(store_dir: Path) -> Path | None:
+    """The manifest of the store given as ``store_dir``, or None.
+
+    Looks in ``store_dir`` itself and, when ``store_dir`` is the inner
+    ``DIR/xet`` or ``DIR/xet/xorbs`` of an hf_xet layout, in ``DIR`` (where
+    ``pack`` writes it).
+    """
+    candidates = [store_dir]
+    if store_dir.name == "xet":
+        candidates.append(store_dir.parent)
+    elif store_dir.name == "xorbs" and store_dir.parent.name == "xet":
+        candidates.append(store_dir.parent.parent)
+    for directory in candidates:
+        path = directory / MANIFEST_NAME
+        if path.is_file():
+            return path
+    return None
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and parse a manifest file; refuses one over ``MAX_MANIFEST_BYTES`` before reading it.
+
+    Raises ``ManifestError`` (unusable content) or ``OSError``.
+    """
+    size = path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"manifest {path}: {size} bytes, the limit is {MAX_MANIFEST_BYTES}")
+    return parse_manifest(path.read_bytes(), source=str(path))
+
+
+# -- planning ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One file to upload: its name in the manifest and where it is on disk (absolute)."""
+
+    path: PathParts
+    local: Path
+
+
+@dataclass
+class Plan:
+    """What a pack will upload (``files``, in walk order) and which directories it records."""
+
+    files: list[Source] = field(default_factory=list)
+    directories: list[PathParts] = field(default_factory=list)
+
+
+def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = _print_warning) -> Plan:
+    """Walk ``sources`` and name what they hold (see the module docstring).
+
+    The store directory is skipped if a source contains it.  Raises
+    ``OSError`` for a missing or unreadable source and ``XetfsError`` for a
+    source that is neither a file nor a directory, for nothing to pack, and
+    for two sources that give the same name.
+    """
+    plan = Plan()
+    skip = store.resolve()
+    for src in sources:
+        where = src.resolve()
+        if where == skip or skip in where.parents:
+            raise XetfsError(f"{src}: is the destination store {store} or inside it")
+        st = os.stat(src)  # follows a symlink named on the command line: that one the user chose
+        if stat.S_ISDIR(st.st_mode):
+            prefix: PathParts = () if len(sources) == 1 else (_top_name(src),)
+            if prefix:
+                plan.directories.append(prefix)
+            _walk(src, prefix, plan, skip, warn)
+        elif stat.S_ISREG(st.st_mode):
+            plan.files.append(Source((_top_name(src),), src.absolute()))
+        else:
+            raise XetfsError(f"{src}: not a regular file or directory")
+    if not plan.files:
+        raise XetfsError(f"nothing to pack: no regular files in {', '.join(map(str, sources))}")
+    _check_unique(plan)
+    return plan
+
+
+def _top_name(src: Path) -> str:
+    name = src.name if src.name not in ("", ".", "..") else src.resolve().name
+    if not name:
+        raise XetfsError(f"{src}: has no name to use in the manifest")
+    problem = path_problem(name)
+    if problem is not None:
+        raise XetfsError(f"{src}: cannot be named {name!r} in the manifest: {problem}")
+    return name
+
+
+def _walk(top: Path, prefix: PathParts, plan: Plan, skip: Path, warn: Warn) -> None:
+    """Add the regular files and directories below ``top`` to ``plan``, depth first in name order."""
+    stack: list[tuple[Path, PathParts]] = [(top, prefix)]
+    while stack:
+        directory, parts = stack.pop()
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        below: list[tuple[Path, PathParts]] = []
+        for e in entries:
+            path = Path(e.path)
+            problem = path_problem(e.name)
+            if problem is not None:
+                warn(f"skipping {path}: cannot be named in the manifest: {problem}")
+            elif e.is_symlink():
+                warn(f"skipping symlink {path}")
+            elif e.is_dir(follow_symlinks=False):
+                if path.resolve() == skip:
+                    warn(f"skipping {path}: it is the destination store")
+                    continue
+                plan.directories.append((*parts, e.name))
+                below.append((path, (*parts, e.name)))
+            elif e.is_file(follow_symlinks=False):
+                plan.files.append(Source((*parts, e.name), path.absolute()))
+            else:
+                warn(f"skipping {path}: not a regular file")
+        stack.extend(reversed(below))
+
+
+def _check_unique(plan: Plan) -> None:
+    """Raise ``XetfsError`` when two sources give one name, or a name is both a file and a directory."""
+    seen: dict[PathParts, Path] = {}
+    for f in plan.files:
+        other = seen.setdefault(f.path, f.local)
+        if other is not f.local:
+            raise XetfsError(f"two sources would both be named {'/'.join(f.path)!r}: {other} and {f.local}")
+    dirs = set(plan.directories)
+    for f in plan.files:
+        dirs.update(f.path[:k] for k in range(1, len(f.path)))
+    for f in plan.files:
+        if f.path in dirs:
+            raise XetfsError(f"{'/'.join(f.path)!r} would be both a file ({f.local}) and a directory")
+
+
+# -- uploading -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Uploaded:
+    """What hf_xet reports for one uploaded file."""
+
+    xet_hash: bytes
+    size: int
+    sha256: str | None
+
+
+def upload(paths: Sequence[Path], store: Path, *, progress: bool = False) -> list[Uploaded]:
+    """Upload ``paths`` into the store at ``store`` with one ``hf_xet.upload_files`` call.
+
+    Results are in input order.  ``progress`` shows a byte progress bar on
+    stderr.  Raises ``XetfsError`` when hf_xet is missing or the upload fails.
+    """
+    try:
+        import hf_xet
+    except ImportError:
+        raise XetfsError("pack needs hf_xet, which is not installed: install xetfs[pack]") from None
+    from tqdm import tqdm
+
+    endpoint = f"local://{store.resolve()}"
+    with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress, desc="pack") as bar:
+        updater = _progress_updater(bar) if progress else None
+        try:
+            with warnings.catch_warnings():
+                # upload_files is deprecated in favour of XetSession, and still writes the same store.
+                warnings.simplefilter("ignore", DeprecationWarning)
+                infos = hf_xet.upload_files([str(p) for p in paths], endpoint, None, None, updater, None)
+        except Exception as exc:  # hf_xet raises plain RuntimeError/OSError subclasses
+            raise XetfsError(f"hf_xet could not write {store}: {exc}") from exc
+    if len(infos) != len(paths):
+        raise XetfsError(f"hf_xet reported {len(infos)} results for {len(paths)} files")
+    return [_uploaded(info, path) for info, path in zip(infos, paths, strict=True)]
+
+
+def _progress_updater(bar: Any) -> Callable[[Any, Any], None]:
+    """An hf_xet progress callback (``(total_update, item_updates)``, verified with hf_xet 1.8) feeding ``bar``."""
+
+    def update(total_update: Any, item_updates: Any) -> None:
+        if total_update.total_bytes_increment:
+            bar.total += total_update.total_bytes_increment
+            bar.refresh()
+        bar.update(total_update.total_bytes_completion_increment)
+
+    return update
+
+
+def _uploaded(info: Any, path: Path) -> Uploaded:
+    if not isinstance(info.hash, str) or not hashes.is_hex(info.hash):
+        raise XetfsError(f"hf_xet returned a bad hash for {path}: {info.hash!r}")
+    sha256 = info.sha256 if isinstance(info.sha256, str) and hashes.is_hex(info.sha256) else None
+    if info.file_size == 0 and sha256 == "0" * 64:
+        sha256 = EMPTY_SHA256  # hf_xet reports zeros for an empty file
+    return Uploaded(hashes.from_hex(info.hash), int(info.file_size), sha256)
+
+
+# -- the manifest --------------------------------------------------------------------
+
+
+def merge(new: Sequence[Entry], old: Manifest | None, *, source: str) -> tuple[Manifest, list[str]]:
+    """``new`` entries over an ``old`` manifest: same path replaced, conflicting old entries dropped.
+
+    Returns the merged manifest and messages about what changed in ``old``.
+    """
+    if old is None:
+        return combine(new, source=source), []
+    new_files = {e.path for e in new if isinstance(e, ManifestFile)}
+    replaced = sum(f.path in new_files for f in old.files)
+    kept: list[Entry] = [f for f in old.files if f.path not in new_files]
+    merged = combine([*new, *kept, *old.directories], source=source)
+    messages = [f"not kept from the existing manifest: {msg}" for msg in old.warnings]
+    messages += [f"merging: {msg}" for msg in merged.warnings]
+    if replaced:
+        messages.append(f"{source}: replaced {replaced} existing path(s)")
+    return Manifest(merged.files, merged.directories, ()), messages
+
+
+def write_manifest(path: Path, manifest: Manifest) -> None:
+    """Write ``manifest`` to ``path`` atomically (a temporary file, then rename)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(dump_manifest(manifest.files, manifest.directories))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# -- the command -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PackResult:
+    files: int  # files uploaded by this pack
+    bytes: int
+    store: Path
+    manifest: Path
+    manifest_files: int  # files named by the manifest after the merge
+
+
+def pack(
+    sources: Sequence[str | os.PathLike[str]],
+    store: str | os.PathLike[str],
+    *,
+    progress: bool = False,
+    warn: Warn = _print_warning,
+) -> PackResult:
+    """Upload ``sources`` into ``store`` and merge their names into its manifest.
+
+    Raises ``XetfsError`` or ``OSError`` with a message fit for one line.
+    """
+    store_dir = Path(store).absolute()
+    if store_dir.exists() and not store_dir.is_dir():
+        raise XetfsError(f"store {store_dir}: exists and is not a directory")
+    manifest_path = store_dir / MANIFEST_NAME
+    old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
+    plan = plan_pack([Path(s) for s in sources], store_dir, warn)
+    results = upload([f.local for f in plan.files], store_dir, progress=progress)
+    new: list[Entry] = [
+        ManifestFile(f.path, r.xet_hash, r.size, r.sha256) for f, r in zip(plan.files, results, strict=True)
+    ]
+    new.extend(plan.directories)
+    merged, messages = merge(new, old, source=MANIFEST_NAME)
+    for message in messages:
+        warn(message)
+    write_manifest(manifest_path, merged)
+    return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files))
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    """The ``pack`` sub-command: prints one summary line."""
+    show = sys.stderr.isatty() and not args.no_progress
+    result = pack(args.sources, args.store, progress=show)
+    print(
+        f"packed {result.files} files ({result.bytes} bytes) into {result.store}; "
+        f"{result.manifest} names {result.manifest_files} files"
+    )
+    return 0
+
+
+def add_pack_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register ``pack`` on the sub-parsers ``sub`` of the ``xetfs`` parser."""
+    p = sub.add_parser(
+        "pack",
+        help="write files into a local store with hf_xet, and name them",
+        description="Write files and directories into a local Xet store (with hf_xet) and record their "
+        f"names in STORE/{MANIFEST_NAME}, which mount uses.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SRC", help="files and directories to pack")
+    p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(func=cmd_pack)
+    add_common(p)
