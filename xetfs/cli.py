@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -45,11 +46,11 @@ def parse_size(text: str) -> int:
     unit = t[-1:] if t[-1:] in units else ""
     number = t[: len(t) - len(unit)]
     try:
-        value = float(number)
+        value = int(number) if number.isdigit() else float(number)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"size must not be negative: {text!r}")
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"not a usable size: {text!r} (try 512M or 2G)")
     return int(value * units[unit])
 
 
@@ -125,10 +126,7 @@ def _describe(exc: BaseException) -> str:
 
 def open_index(path: str) -> tuple[Store, Index]:
     store = Store.open(path)
-    result = load_index(store)
-    for message in result.skipped:
-        print(f"xetfs: warning: skipping {message}", file=sys.stderr)
-    return store, result.index
+    return store, load_index(store).index
 
 
 def find_file(index: Index, text: str) -> FileEntry:

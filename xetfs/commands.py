@@ -10,17 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from xetfs.mount import (
-    MountConfig,
-    check_mountpoint,
-    default_log_file,
-    parse_options,
-    python_argv,
-    run_daemon,
-    spawn_daemon,
-    unmount,
-)
+from typing import TYPE_CHECKING
+
 from xetfs.store import Store
+
+if TYPE_CHECKING:
+    from xetfs.mount import MountConfig
+
+# The FUSE modules (pyfuse3) are imported by the commands that need them, so
+# that ``xetfs ls`` and friends start fast and work without FUSE.
 
 STATS_PATH = ".xetfs/stats"
 
@@ -67,6 +65,8 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
 
 def _config(args: argparse.Namespace) -> MountConfig:
+    from xetfs.mount import MountConfig, parse_options
+
     return MountConfig(
         store=Path(args.store).resolve(),
         mountpoint=Path(args.mountpoint).resolve(),
@@ -84,6 +84,8 @@ def _config(args: argparse.Namespace) -> MountConfig:
 
 
 def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
+    from xetfs.mount import python_argv
+
     argv = [*python_argv(), "mount", str(config.store), str(config.mountpoint)]
     if config.options:
         argv += ["-o", ",".join(sorted(config.options))]
@@ -102,6 +104,8 @@ def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
+    from xetfs.mount import check_mountpoint, default_log_file, run_daemon, spawn_daemon
+
     config = _config(args)
     if args.foreground:
         if args.log_file:
@@ -119,6 +123,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
+    from xetfs.mount import unmount
+
     unmount(Path(args.mountpoint), lazy=args.lazy)
     return 0
 

@@ -167,9 +167,7 @@ class XetFS(pyfuse3.Operations):  # type: ignore[misc]
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        children = self.tree.children(fh)
-        for i in range(start_id, len(children)):
-            name, node = children[i]
+        for i, (name, node) in enumerate(self.tree.iter_children(fh, start_id), start_id):
             if not pyfuse3.readdir_reply(token, name, self._attrs(node), i + 1):
                 break
 

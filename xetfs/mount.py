@@ -22,11 +22,11 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from xetfs.errors import StoreError, XetfsError
+from xetfs.errors import XetfsError
 from xetfs.fs import FsOptions, XetFS
 from xetfs.indexer import load_index
-from xetfs.manifest import Manifest, parse_manifest
-from xetfs.pack import find_manifest
+from xetfs.manifest import Manifest
+from xetfs.pack import find_manifest, load_manifest
 from xetfs.reader import Reader, inline_io, threaded_io
 from xetfs.store import Store
 from xetfs.tree import build_tree
@@ -86,13 +86,7 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
 
 def _load_manifest(config: MountConfig) -> Manifest | None:
     path = config.names or find_manifest(config.store)
-    if path is None:
-        return None
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise StoreError(f"names file {path}: {exc.strerror}") from None
-    return parse_manifest(data, source=str(path))
+    return None if path is None else load_manifest(path)
 
 
 def build_fs(config: MountConfig) -> XetFS:

@@ -20,7 +20,7 @@ import trio
 
 from xetfs import hashes
 from xetfs.cache import LoadingCache
-from xetfs.errors import FormatError, IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError
+from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError, XorbFormatError
 from xetfs.format.chunk import HEADER_SIZE, decode_chunk, parse_chunk_header
 from xetfs.format.xorb import XorbLayout
 from xetfs.index import FileEntry, Index, chunk_span
@@ -170,7 +170,7 @@ class Reader:
             header = parse_chunk_header(view, at, where=f"{where} chunk {i}")
             size = layout.chunk_size(i)
             if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
-                raise FormatError(
+                raise XorbFormatError(
                     f"{where} chunk {i} at offset {base + at}: header says {header.compressed_length} -> "
                     f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
                 )
