@@ -28,8 +28,8 @@ for e in json.load(open(sys.argv[1])):
     if e.get("type") == "file":
         print(e["lfs"]["oid"] + "  " + e["path"])
 ' "$store/xetfs-manifest.json")" && sha256sum -c <<<"$xetfs_sums")
-run getfattr -d "$mnt/model/model.safetensors"
-run dd if="$mnt/data/random.bin" of=/dev/null bs=1M status=none
+run getfattr -d --absolute-names "$mnt/model/model.safetensors"
+run dd if="$mnt/data/random.bin" of=/dev/null bs=1M
 run xetfs stats "$mnt"
 printf '\n(to unmount a mount of your own: xetfs umount MOUNTPOINT)\n'
 run xetfs umount "$mnt"
