@@ -100,7 +100,7 @@ def build_fs(config: MountConfig) -> XetFS:
     for warning in warnings:
         log.warning("names: %s", warning)
     io = inline_io if config.io_timeout is None else threaded_io(config.io_timeout)
-    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io)
+    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, io_timeout=config.io_timeout)
     counters = loaded.counters()
     reader.stats.index = counters
     log.info(
@@ -162,22 +162,32 @@ def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
         _report(ready_fd, f"error: {exc}")
         raise
     try:
-        set_read_ahead(config.mountpoint, config.read_ahead_kb)
-        trio.run(_serve, fs, ready_fd)
+        trio.run(_serve, fs, config, ready_fd)
     finally:
         pyfuse3.close(unmount=True)
         log.info("unmounted %s", config.mountpoint)
     return 0
 
 
-async def _serve(fs: XetFS, ready_fd: int | None) -> None:
+async def _serve(fs: XetFS, config: MountConfig, ready_fd: int | None) -> None:
     async with trio.open_nursery() as nursery:
         fs.start_background(nursery)
         nursery.start_soon(_watch_signals, nursery.cancel_scope)
-        _report(ready_fd, "ok")
-        log.info("serving")
+        nursery.start_soon(_when_answering, config, ready_fd)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+
+
+async def _when_answering(config: MountConfig, ready_fd: int | None) -> None:
+    """Once the kernel has finished FUSE INIT, tune read-ahead and report readiness.
+
+    A stat() of the mountpoint from a worker thread is answered only after
+    INIT, which also resets the mount's read-ahead: setting it earlier is lost.
+    """
+    await trio.to_thread.run_sync(os.stat, config.mountpoint, abandon_on_cancel=True)
+    set_read_ahead(config.mountpoint, config.read_ahead_kb)
+    _report(ready_fd, "ok")
+    log.info("serving %s", config.mountpoint)
 
 
 async def _watch_signals(scope: trio.CancelScope) -> None:

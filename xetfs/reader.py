@@ -62,12 +62,14 @@ class Reader:
         stats: Stats | None = None,
         verify: bool = True,
         io: Io = inline_io,
+        io_timeout: float | None = None,
     ) -> None:
         self.index = index
         self.store = store
         self.stats = stats or Stats()
         self.verify = verify
         self._io = io
+        self._io_timeout = io_timeout
         self.cache: LoadingCache[ChunkKey, bytes] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE, CacheCounters())
 
@@ -106,6 +108,12 @@ class Reader:
 
     # -- internals ----------------------------------------------------------
 
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking work in a worker thread, bounded by ``io_timeout`` when set."""
+        if self._io_timeout is None:
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        return await threaded_io(self._io_timeout)(fn, *args)  # type: ignore[no-any-return]
+
     async def _collect(self, entry: FileEntry, offset: int, size: int, *, prefetch: bool) -> list[memoryview]:
         parts: list[memoryview] = []
         for piece in self.index.locate(entry, offset, size):
@@ -114,7 +122,7 @@ class Reader:
             keys = [(span.xorb_hash, i) for i in range(span.start, span.stop)]
 
             async def load(missing: Sequence[ChunkKey], layout: XorbLayout = layout) -> dict[ChunkKey, bytes]:
-                return await self._load_chunks(missing, layout)
+                return await self._load_chunks(missing, layout, background=prefetch)
 
             if prefetch:
                 await self.cache.prefetch(keys, load)
@@ -142,50 +150,46 @@ class Reader:
             out[xorb_hash] = _Sized(layout)
         return out
 
-    async def _load_chunks(self, keys: Sequence[ChunkKey], layout: XorbLayout) -> dict[ChunkKey, bytes]:
-        """Read and decode the given chunks of one xorb, one pread per run of adjacent chunks."""
+    async def _load_chunks(
+        self, keys: Sequence[ChunkKey], layout: XorbLayout, *, background: bool = False
+    ) -> dict[ChunkKey, bytes]:
+        """Read and decode the given chunks of one xorb, one pread per run of adjacent chunks.
+
+        ``background`` (prefetch) does the reading, decoding and hashing in a
+        worker thread, where it overlaps with the trio thread answering FUSE
+        requests; lz4 and blake3 release the GIL while they work.
+        """
         out: dict[ChunkKey, bytes] = {}
         xorb_hash = keys[0][0]
         indices = sorted(i for _, i in keys)
         run_start = prev = indices[0]
-        for i in indices[1:] + [-1]:
+        for i in [*indices[1:], -1]:
             too_big = i >= 0 and layout.phys_ends[i] - layout.phys_start(run_start) > MAX_RUN_BYTES
             if i != prev + 1 or too_big:
-                out.update(await self._load_run(xorb_hash, layout, run_start, prev + 1))
+                if background:
+                    run = await self._in_thread(self._fetch_run, xorb_hash, layout, run_start, prev + 1)
+                else:
+                    run = await self._load_run(xorb_hash, layout, run_start, prev + 1)
+                self._count_run(run)
+                out.update(((xorb_hash, k), chunk) for k, chunk in enumerate(run.chunks, run_start))
                 run_start = i
             prev = i
         return out
 
-    async def _load_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> dict[ChunkKey, bytes]:
-        base = layout.phys_start(start)
-        data = await self._io(self.store.read_xorb, xorb_hash, base, layout.phys_ends[stop - 1])
+    async def _load_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
+        data = await self._io(self.store.read_xorb, xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
+        return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
+
+    def _fetch_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
+        """Blocking read + decode of one run (called in a worker thread)."""
+        data = self.store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
+        return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
+
+    def _count_run(self, run: _Run) -> None:
         self.stats.store.reads += 1
-        self.stats.store.bytes += len(data)
-        view = memoryview(data)
-        where = f"xorb {hashes.to_hex(xorb_hash)}"
-        out: dict[ChunkKey, bytes] = {}
-        for i in range(start, stop):
-            at = layout.phys_start(i) - base
-            end = layout.phys_ends[i] - base
-            header = parse_chunk_header(view, at, where=f"{where} chunk {i}")
-            size = layout.chunk_size(i)
-            if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
-                raise XorbFormatError(
-                    f"{where} chunk {i} at offset {base + at}: header says {header.compressed_length} -> "
-                    f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
-                )
-            decoded = bytes(decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=f"{where} chunk {i}"))
-            self.stats.decode.chunks += 1
-            self.stats.decode.bytes += size
-            if self.verify and layout.chunk_hashes is not None:
-                found = hashes.chunk_hash(decoded)
-                if found != layout.chunk_hashes[i]:
-                    raise IntegrityError(
-                        f"{where} chunk {i} at offset {base + at}: decoded bytes hash to {hashes.to_hex(found)}, "
-                        f"footer says {hashes.to_hex(layout.chunk_hashes[i])}"
-                    )
-            out[(xorb_hash, i)] = decoded
-        return out
+        self.stats.store.bytes += run.read_bytes
+        self.stats.decode.chunks += len(run.chunks)
+        self.stats.decode.bytes += sum(len(c) for c in run.chunks)
 
     def _count_error(self, exc: XetfsError) -> None:
         errors = self.stats.errors
@@ -197,6 +201,48 @@ class Reader:
             errors.timeout += 1
         else:
             errors.format += 1
+
+
+class _Run:
+    """What reading one run of adjacent chunks produced."""
+
+    __slots__ = ("chunks", "read_bytes")
+
+    def __init__(self, read_bytes: int, chunks: list[bytes]) -> None:
+        self.read_bytes = read_bytes
+        self.chunks = chunks
+
+
+def decode_run(data: bytes, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool) -> list[bytes]:
+    """Decode chunks ``[start, stop)`` from ``data`` (their physical bytes, read in one piece).
+
+    Checks each header against the layout and, with ``verify``, each decoded
+    chunk against its hash.  Pure and thread-safe.
+    """
+    base = layout.phys_start(start)
+    view = memoryview(data)
+    where = f"xorb {hashes.to_hex(xorb_hash)}"
+    out: list[bytes] = []
+    for i in range(start, stop):
+        at = layout.phys_start(i) - base
+        end = layout.phys_ends[i] - base
+        header = parse_chunk_header(view, at, where=f"{where} chunk {i}")
+        size = layout.chunk_size(i)
+        if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
+            raise XorbFormatError(
+                f"{where} chunk {i} at offset {base + at}: header says {header.compressed_length} -> "
+                f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
+            )
+        decoded = bytes(decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=f"{where} chunk {i}"))
+        if verify and layout.chunk_hashes is not None:
+            found = hashes.chunk_hash(decoded)
+            if found != layout.chunk_hashes[i]:
+                raise IntegrityError(
+                    f"{where} chunk {i} at offset {base + at}: decoded bytes hash to {hashes.to_hex(found)}, "
+                    f"footer says {hashes.to_hex(layout.chunk_hashes[i])}"
+                )
+        out.append(decoded)
+    return out
 
 
 class _Sized:
