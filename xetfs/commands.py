@@ -43,8 +43,11 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="no readahead of chunks")
     p.add_argument("--names", type=Path, help="names manifest (Hub tree-listing JSON)")
     p.add_argument("--strict", action="store_true", help="refuse to mount if any shard is bad")
-    p.add_argument("--io-timeout", type=float, metavar="SECONDS",
-                   help="read the store in worker threads and fail a read that takes longer (EIO)")  # fmt: skip
+    p.add_argument("--io-mode", choices=["auto", "inline", "thread"], default="auto",
+                   help="read the store inline (fastest) or in worker threads with a time bound; "
+                        "auto: threads when the store is on a network or FUSE filesystem")  # fmt: skip
+    p.add_argument("--io-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="with threaded store reads, fail a read that takes longer with EIO (default 30)")  # fmt: skip
     p.add_argument("--log-file", type=Path, help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mount)
@@ -52,6 +55,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p = sub.add_parser("umount", help="unmount a xetfs mount")
     p.add_argument("mountpoint")
     p.add_argument("-z", "--lazy", action="store_true", help="lazy unmount (detach now, clean up when unused)")
+    p.add_argument("--force", action="store_true", help="abort the FUSE connection first (a hung daemon; root)")
     p.set_defaults(func=cmd_umount)
 
     p = sub.add_parser("stats", help="show the live counters of a mount")
@@ -79,6 +83,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         read_ahead_kb=max(4, args.read_ahead // 1024),
         strict=args.strict,
         prefetch=args.prefetch,
+        io_mode=args.io_mode,
         io_timeout=args.io_timeout,
     )
 
@@ -89,7 +94,8 @@ def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
     argv = [*python_argv(), "mount", str(config.store), str(config.mountpoint)]
     if config.options:
         argv += ["-o", ",".join(sorted(config.options))]
-    for flag, value in (("--uid", args.uid), ("--gid", args.gid), ("--io-timeout", args.io_timeout)):
+    argv += ["--io-mode", args.io_mode, "--io-timeout", str(args.io_timeout)]
+    for flag, value in (("--uid", args.uid), ("--gid", args.gid)):
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--cache-size", str(args.cache_size), "--read-ahead", str(args.read_ahead)]
@@ -125,7 +131,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
 def cmd_umount(args: argparse.Namespace) -> int:
     from xetfs.mount import unmount
 
-    unmount(Path(args.mountpoint), lazy=args.lazy)
+    unmount(Path(args.mountpoint), lazy=args.lazy, force=args.force)
     return 0
 
 

@@ -54,7 +54,8 @@ class MountConfig:
     read_ahead_kb: int = 1024
     strict: bool = False
     prefetch: bool = True
-    io_timeout: float | None = None
+    io_mode: str = "auto"  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
+    io_timeout: float = 30.0
 
 
 def parse_options(values: list[str]) -> frozenset[str]:
@@ -99,7 +100,9 @@ def build_fs(config: MountConfig) -> XetFS:
     tree, warnings = build_tree(loaded.index, manifest)
     for warning in warnings:
         log.warning("names: %s", warning)
-    io = inline_io if config.io_timeout is None else threaded_io(config.io_timeout)
+    threaded = choose_io_mode(config.io_mode, store.root) == "thread"
+    io = threaded_io(config.io_timeout) if threaded else inline_io
+    log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
     reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, io_timeout=config.io_timeout)
     counters = loaded.counters()
     reader.stats.index = counters
@@ -117,6 +120,36 @@ def build_fs(config: MountConfig) -> XetFS:
     return XetFS(tree, reader, options)
 
 
+# Filesystems whose reads can stall indefinitely (network, FUSE, cluster).
+REMOTE_FS_TYPES = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs", "lustre",
+                   "afs", "davfs", "sshfs", "gpfs", "beegfs", "fuse")  # fmt: skip
+
+
+def fs_type(path: Path) -> str:
+    """The type of the filesystem holding ``path`` (longest mountinfo prefix), or ""."""
+    target = str(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                point = left.split()[4].encode().decode("unicode_escape")
+                inside = target == point or target.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, right.split()[0]
+    except OSError:
+        pass
+    return kind
+
+
+def choose_io_mode(mode: str, store_root: Path) -> str:
+    """``inline`` for local disks (no thread hop per read); ``thread`` where reads may hang."""
+    if mode != "auto":
+        return mode
+    kind = fs_type(store_root)
+    return "thread" if kind.split(".")[0] in REMOTE_FS_TYPES else "inline"
+
+
 def fuse_options(config: MountConfig) -> set[str]:
     opts = set(pyfuse3.default_options) | {"ro", "fsname=xetfs", "subtype=xetfs"}
     opts |= config.options & {"allow_other", "allow_root"}
@@ -126,28 +159,16 @@ def fuse_options(config: MountConfig) -> set[str]:
 def set_read_ahead(mountpoint: Path, kb: int) -> None:
     """Raise the kernel's read-ahead for this mount (bigger FUSE requests); root only.
 
-    The device number comes from /proc/self/mountinfo: a stat() of the
-    mountpoint (or a realpath() through it) would need the FUSE loop that is
-    not running yet, and would deadlock.  ``mountpoint`` must be absolute and
-    resolved already.
+    Call it after FUSE INIT (which resets it).  The device number comes from
+    /proc/self/mountinfo, not from a stat() that would go through the mount.
     """
-    target = str(mountpoint)
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return
-    device = None
-    for line in lines:
-        fields = line.split()
-        if len(fields) > 4 and fields[4].encode().decode("unicode_escape") == target:
-            device = fields[2]
+    device = _mounted_device(str(mountpoint))
     if device is None:
-        log.debug("read-ahead: %s not found in mountinfo", target)
+        log.debug("read-ahead: %s not found in mountinfo", mountpoint)
         return
     try:
         Path(f"/sys/class/bdi/{device}/read_ahead_kb").write_text(f"{kb}\n")
-        log.debug("read-ahead of %s set to %d KiB", target, kb)
+        log.debug("read-ahead of %s set to %d KiB", mountpoint, kb)
     except OSError as exc:
         log.info("could not set read-ahead to %d KiB: %s", kb, exc.strerror)
 
@@ -263,26 +284,48 @@ def _wait_readable(fd: int, timeout: float) -> None:
     select.select([fd], [], [], timeout)
 
 
-def unmount(mountpoint: Path, *, lazy: bool = False) -> None:
-    """Unmount with fusermount3 (or umount), refusing paths that are not mounted."""
+def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> None:
+    """Unmount with fusermount3 (or umount), refusing paths that are not mounted.
+
+    ``force`` first aborts the FUSE connection (root only), which fails every
+    pending and future request at once: the way out of a hung daemon.
+    """
     path = os.path.abspath(mountpoint)  # no syscalls: the mount may be hung
-    if not _is_mounted(path):
+    device = _mounted_device(path)
+    if device is None:
         raise MountError(f"{mountpoint}: not mounted")
+    if force:
+        _abort_connection(device)
+        lazy = True
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     cmd = [tool, "-u", *(["-z"] if lazy else []), path] if tool else ["umount", *(["-l"] if lazy else []), path]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0 and os.geteuid() == 0 and tool:
         result = subprocess.run(["umount", *(["-l"] if lazy else []), path], capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise MountError(f"{mountpoint}: unmount failed: {result.stderr.strip() or result.returncode}")
+        hint = "" if lazy else f" (try: xetfs umount -z {mountpoint}, or --force for a hung daemon)"
+        raise MountError(f"{mountpoint}: unmount failed: {result.stderr.strip() or result.returncode}{hint}")
 
 
-def _is_mounted(path: str) -> bool:
+def _abort_connection(device: str) -> None:
+    minor = device.partition(":")[2]
+    try:
+        Path(f"/sys/fs/fuse/connections/{minor}/abort").write_text("1\n")
+    except OSError as exc:
+        raise MountError(f"cannot abort FUSE connection {minor}: {exc.strerror} (needs root and fusectl)") from None
+
+
+def _mounted_device(path: str) -> str | None:
+    """``major:minor`` of the mount at ``path`` (from /proc/self/mountinfo), or None."""
     try:
         with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            return any(line.split()[4].encode().decode("unicode_escape") == path for line in f)
+            for line in f:
+                fields = line.split()
+                if fields[4].encode().decode("unicode_escape") == path:
+                    return fields[2]
     except OSError:
-        return os.path.ismount(path)
+        pass
+    return None
 
 
 def default_log_file(mountpoint: Path) -> Path:
