@@ -12,7 +12,7 @@ Single-threaded: call only from the trio thread that owns it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence, Sized
 from typing import Generic, TypeVar
 
 import trio
@@ -21,7 +21,7 @@ from cachetools import LRUCache
 from xetfs.stats import CacheCounters, PrefetchCounters
 
 K = TypeVar("K", bound=Hashable)
-V = TypeVar("V", bytes, bytearray, memoryview)
+V = TypeVar("V", bound=Sized)
 
 Loader = Callable[[Sequence[K]], Awaitable[dict[K, V]]]
 
@@ -38,7 +38,7 @@ class _Flight(Generic[K, V]):
 class _Lru(LRUCache[K, V]):
     def __init__(self, capacity: int, on_evict: Callable[[K, V], None]) -> None:
         super().__init__(maxsize=capacity, getsizeof=len)
-        self._on_evict = on_evict
+        self._on_evict: Callable[[K, V], None] = on_evict
 
     def popitem(self) -> tuple[K, V]:
         key, value = super().popitem()

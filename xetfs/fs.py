@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
@@ -27,7 +27,7 @@ from xetfs.errors import XetfsError
 from xetfs.index import FileEntry
 from xetfs.readahead import Readahead
 from xetfs.reader import Reader
-from xetfs.tree import ROOT_INODE, Kind, Node, Tree
+from xetfs.tree import Kind, Node, Tree
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class _Handle:
     snapshot: bytes = b""  # the stats document, for a stats handle
 
 
-def _guard(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+def _guard(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
     """Turn every exception into a FUSEError (the errno mapping lives here)."""
 
     @functools.wraps(fn)
@@ -79,15 +79,7 @@ def _guard(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     return wrapper
 
 
-def _erofs(name: str) -> Callable[..., Awaitable[Any]]:
-    async def refuse(self: XetFS, *args: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    refuse.__name__ = name
-    return refuse
-
-
-class XetFS(pyfuse3.Operations):  # type: ignore[misc]
+class XetFS(pyfuse3.Operations):
     """A read-only view of one store: ``tree`` gives the names, ``reader`` the bytes."""
 
     supports_dot_lookup = True
@@ -229,8 +221,9 @@ class XetFS(pyfuse3.Operations):  # type: ignore[misc]
         direct = self.options.direct_io
         return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
 
+    # pyfuse3 replies with any buffer (PyObject_GetBuffer): a memoryview saves a copy.
     @_guard
-    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         handle = self._handles.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -284,18 +277,42 @@ class XetFS(pyfuse3.Operations):  # type: ignore[misc]
 
     # -- every way of writing is refused --------------------------------------
 
-    setattr = _erofs("setattr")
-    mknod = _erofs("mknod")
-    mkdir = _erofs("mkdir")
-    unlink = _erofs("unlink")
-    rmdir = _erofs("rmdir")
-    symlink = _erofs("symlink")
-    rename = _erofs("rename")
-    link = _erofs("link")
-    create = _erofs("create")
-    write = _erofs("write")
-    setxattr = _erofs("setxattr")
-    removexattr = _erofs("removexattr")
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int,
+                     ctx: Any) -> None:  # fmt: skip
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def link(self, inode: int, new_parent: int, new_name: bytes, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
         pass  # nothing is ever dirty

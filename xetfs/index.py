@@ -146,17 +146,8 @@ class Index:
             t_start = entry.term_start(i)
             t_end = entry.ends[i]
             take = min(end, t_end) - pos
-            out.append(
-                TermSlice(
-                    i,
-                    self.xorbs[entry.xorb_ids[i]],
-                    entry.starts[i],
-                    entry.stops[i],
-                    t_end - t_start,
-                    pos - t_start,
-                    take,
-                )  # fmt: skip
-            )
+            xorb = self.xorbs[entry.xorb_ids[i]]
+            out.append(TermSlice(i, xorb, entry.starts[i], entry.stops[i], t_end - t_start, pos - t_start, take))
             pos += take
             i += 1
         return out

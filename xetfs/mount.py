@@ -62,7 +62,9 @@ def parse_options(values: list[str]) -> frozenset[str]:
     opts = {o.strip() for v in values for o in v.split(",") if o.strip()}
     unknown = opts - KNOWN_OPTIONS
     if unknown:
-        raise MountError(f"unknown mount option(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(KNOWN_OPTIONS))})")
+        raise MountError(
+            f"unknown mount option(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(KNOWN_OPTIONS))})"
+        )
     return frozenset(opts)
 
 
@@ -301,7 +303,9 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
     cmd = [tool, "-u", *(["-z"] if lazy else []), path] if tool else ["umount", *(["-l"] if lazy else []), path]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0 and os.geteuid() == 0 and tool:
-        result = subprocess.run(["umount", *(["-l"] if lazy else []), path], capture_output=True, text=True, check=False)
+        result = subprocess.run(
+            ["umount", *(["-l"] if lazy else []), path], capture_output=True, text=True, check=False
+        )
     if result.returncode != 0:
         hint = "" if lazy else f" (try: xetfs umount -z {mountpoint}, or --force for a hung daemon)"
         raise MountError(f"{mountpoint}: unmount failed: {result.stderr.strip() or result.returncode}{hint}")

@@ -13,6 +13,7 @@ run them inline (fastest) or in a worker thread with a time bound.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -96,10 +97,8 @@ class Reader:
         They will be met, counted and reported by the read that needs the bytes.
         """
         self.stats.prefetch.requests += 1
-        try:
+        with contextlib.suppress(XetfsError):
             await self._collect(entry, offset, size, prefetch=True)
-        except XetfsError:
-            pass
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """The verified layout of a xorb (cached)."""
@@ -213,7 +212,9 @@ class _Run:
         self.chunks = chunks
 
 
-def decode_run(data: bytes, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool) -> list[bytes]:
+def decode_run(
+    data: bytes, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool
+) -> list[bytes]:
     """Decode chunks ``[start, stop)`` from ``data`` (their physical bytes, read in one piece).
 
     Checks each header against the layout and, with ``verify``, each decoded

@@ -141,7 +141,8 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
         a.report.chunks += 1
         if len(decoded) != layout.chunk_size(i):
             a.problem(
-                f"{where} chunk {i} at offset {start}: decodes to {len(decoded)} bytes, footer says {layout.chunk_size(i)}"
+                f"{where} chunk {i} at offset {start}: decodes to {len(decoded)} bytes, "
+                f"footer says {layout.chunk_size(i)}"
             )
             a.bad_xorbs.add(xorb_hash)
         found = hashes.chunk_hash(decoded)

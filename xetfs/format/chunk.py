@@ -105,7 +105,7 @@ def _lz4_frame(payload: Buffer, size: int, where: str) -> bytes:
         return fast
     try:
         dec = lz4.frame.LZ4FrameDecompressor()
-        out = dec.decompress(data, max_length=size + 1)
+        out: bytes = dec.decompress(data, max_length=size + 1)
         complete = dec.eof and not dec.unused_data
     except Exception as exc:  # python-lz4 raises bare RuntimeError
         raise XorbFormatError(f"{where}: corrupt LZ4 frame: {exc}") from None
@@ -134,7 +134,7 @@ def _lz4_single_block(data: bytes, size: int, where: str) -> bytes | None:
             raise XorbFormatError(f"{where}: stored LZ4 block has {length} bytes, header says {size}")
         return block
     try:
-        out = lz4.block.decompress(block, uncompressed_size=size)
+        out: bytes = lz4.block.decompress(block, uncompressed_size=size)
     except Exception as exc:
         raise XorbFormatError(f"{where}: corrupt LZ4 block: {exc}") from None
     if len(out) != size:

@@ -231,8 +231,9 @@ def _parse_cas(data: bytes, pos: int, end: int, where: str) -> tuple[tuple[CasRe
 
 def _parse_footer(data: bytes, cas_start: int, cas_end: int, where: str) -> ShardFooter:
     at = len(data) - FOOTER_SIZE
+    fields = FOOTER.unpack_from(data, at)
     (version, file_off, cas_off, flookup, fnum, xlookup, xnum, clookup, cnum,
-     hmac, created, expiry, _reserved, _on_disk, materialized, stored, footer_off) = FOOTER.unpack_from(data, at)  # fmt: skip
+     hmac, created, expiry, _reserved, _on_disk, materialized, stored, footer_off) = fields  # fmt: skip
     footer = ShardFooter(version, file_off, cas_off, flookup, fnum, xlookup, xnum, clookup, cnum,
                          hmac, created, expiry, materialized, stored, footer_off)  # fmt: skip
     if version != FOOTER_VERSION:
