@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from xetfs import __version__, hashes
-from xetfs.errors import XetfsError
+from xetfs.errors import XetfsError, describe
 from xetfs.index import FileEntry, Index
 from xetfs.indexer import load_index
 from xetfs.reader import Reader
@@ -105,20 +105,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(args.log_level, args.debug)
     try:
         result: int = args.func(args)
+        sys.stdout.flush()
         return result
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The consumer (e.g. ``head``) stopped reading: not an error.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except (XetfsError, OSError, UsageError) as exc:
         if args.debug:
             raise
-        print(f"xetfs: error: {_describe(exc)}", file=sys.stderr)
+        print(f"xetfs: error: {describe(exc)}", file=sys.stderr)
         return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
-    return str(exc)
 
 
 # -- store helpers -------------------------------------------------------------
@@ -175,12 +174,8 @@ def cmd_cat(args: argparse.Namespace) -> int:
         for offset in range(args.offset, end, CAT_BLOCK):
             out.write(await reader.read(entry, offset, min(CAT_BLOCK, end - offset)))
 
-    try:
-        trio.run(run)
-        out.flush()
-    except BrokenPipeError:
-        # The consumer (e.g. ``head``) stopped reading: not an error.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    trio.run(run)
+    out.flush()
     return EXIT_OK
 
 

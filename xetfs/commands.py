@@ -109,6 +109,7 @@ def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
 
 def cmd_mount(args: argparse.Namespace) -> int:
     from xetfs.mount import check_mountpoint, default_log_file, run_daemon, spawn_daemon
+    from xetfs.pack import load_manifest
 
     config = _config(args)
     if args.foreground:
@@ -119,6 +120,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         return run_daemon(config, args.ready_fd)
     # Check what can be checked here, so the usual mistakes fail fast and plainly.
     Store.open(config.store)
+    if config.names is not None:
+        load_manifest(config.names)
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
     spawn_daemon(_child_argv(args, config), config.mountpoint, log_file)

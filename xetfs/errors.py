@@ -44,3 +44,10 @@ class StoreError(XetfsError):
 
 class StoreTimeoutError(XetfsError):
     """A read from the store did not finish within the configured bound."""
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a user: ``path: reason`` for OS errors, the message otherwise."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    return str(exc)

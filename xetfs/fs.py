@@ -159,8 +159,15 @@ class XetFS(pyfuse3.Operations):
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        for i, (name, node) in enumerate(self.tree.iter_children(fh, start_id), start_id):
-            if not pyfuse3.readdir_reply(token, name, self._attrs(node), i + 1):
+        # Offsets 0 and 1 are "." and ".."; child k follows at offset k + 2.
+        dots = ((b".", fh), (b"..", self.tree.parent_of(fh)))
+        for i in range(start_id, 2):
+            name, inode = dots[i]
+            if not pyfuse3.readdir_reply(token, name, self._attrs(self._node(inode)), i + 1):
+                return
+        first = max(start_id - 2, 0)
+        for k, (name, node) in enumerate(self.tree.iter_children(fh, first), first):
+            if not pyfuse3.readdir_reply(token, name, self._attrs(node), k + 3):
                 break
 
     async def releasedir(self, fh: int) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from xetfs.errors import XetfsError
+from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
 from xetfs.indexer import load_index
 from xetfs.manifest import Manifest
@@ -182,7 +182,7 @@ def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
         fs = build_fs(config)
         pyfuse3.init(fs, str(config.mountpoint), fuse_options(config))
     except (XetfsError, OSError, RuntimeError) as exc:
-        _report(ready_fd, f"error: {exc}")
+        _report(ready_fd, f"error: {describe(exc)}")
         raise
     try:
         trio.run(_serve, fs, config, ready_fd)

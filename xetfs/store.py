@@ -41,6 +41,8 @@ class ShardFile:
 
 def find_root(path: Path) -> Path:
     """The directory that holds ``xorbs/`` and ``shards/`` for a store at ``path``."""
+    if not path.exists():
+        raise StoreError(f"store {path}: no such directory")
     if not path.is_dir():
         raise StoreError(f"store {path}: not a directory")
     for rel in _CANDIDATES:

@@ -1,0 +1,305 @@
+"""A mount's life: the background daemon, ``xetfs umount``, refusals, and signals.
+
+``xetfs mount`` without ``--foreground`` starts a daemon and returns once the
+mount answers; these tests run it as users do (``python -m xetfs``, a
+process of its own), find the daemon by its command line, and clean up in
+``finally`` (``mounting.force_unmount``, then the daemon's pid) whatever
+happens.  Signals are sent to a foreground daemon from ``mounting.mounted``
+and to a background one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mounting import EXIT_DEADLINE, force_unmount, is_mounted, mounted, wait_until
+from oracle import OracleStore, run_xetfs
+
+pytestmark = pytest.mark.fuse
+
+GONE_DEADLINE = 2.0  # seconds from a signal until the mount is gone
+
+
+def daemon_pids(mountpoint: Path) -> list[int]:
+    """Live ``xetfs mount`` processes serving ``mountpoint`` (found by command line)."""
+    target = str(mountpoint).encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"xetfs" in argv and b"mount" in argv and target in argv and alive(int(proc.name)):
+            pids.append(int(proc.name))
+    return pids
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting for a reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+@contextlib.contextmanager
+def cleanup(mountpoint: Path) -> Iterator[None]:
+    """On the way out, leave nothing mounted at ``mountpoint`` and no daemon serving it."""
+    try:
+        yield
+    finally:
+        if is_mounted(mountpoint):
+            force_unmount(mountpoint)
+        for pid in daemon_pids(mountpoint):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        assert not is_mounted(mountpoint), f"{mountpoint} is still mounted"
+
+
+def one_error_line(stderr: bytes, *needles: str) -> str:
+    """The single ``xetfs: error:`` line of ``stderr``; it must mention every needle."""
+    lines = stderr.decode(errors="replace").splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xetfs: error: "), lines
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def mnt(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "mnt"
+    path.mkdir()
+    with cleanup(path):
+        yield path
+
+
+# -- the background daemon ---------------------------------------------------------------------
+
+
+def test_background_mount_answers_at_once_then_umount(basic_store: OracleStore, mnt: Path, tmp_path: Path) -> None:
+    log = tmp_path / "daemon.log"
+    proc = run_xetfs("mount", basic_store.path, mnt, "--log-file", log, "--log-level", "info")
+    assert proc.returncode == 0, proc.stderr
+    # No polling: the command returned, so the mount must answer now.
+    assert sorted(os.listdir(mnt)) == sorted([".xetfs", *(f.hash for f in basic_store.unique())])
+    f = basic_store["text.txt"]
+    assert (mnt / f.hash).read_bytes() == f.read()
+    assert is_mounted(mnt)
+    (pid,) = daemon_pids(mnt)
+    assert proc.stdout == b""
+    assert str(mnt) in proc.stderr.decode() and str(log) in proc.stderr.decode()
+
+    umount = run_xetfs("umount", mnt)
+    assert (umount.returncode, umount.stderr) == (0, b"")
+    assert not is_mounted(mnt)
+    wait_until(lambda: not alive(pid), EXIT_DEADLINE, "the daemon to exit after umount")
+    assert not any(line.split()[1] == str(mnt) for line in Path("/proc/mounts").read_text().splitlines())
+    text = log.read_text()
+    assert "Traceback" not in text and " ERROR " not in text, text
+    assert os.listdir(mnt) == []
+
+
+def test_umount_of_a_busy_mount_fails_and_lazy_umount_detaches(basic_store: OracleStore, mnt: Path) -> None:
+    assert run_xetfs("mount", basic_store.path, mnt, "--log-file", mnt.parent / "log").returncode == 0
+    (pid,) = daemon_pids(mnt)
+    f = basic_store["one-byte"]
+    with open(mnt / f.hash, "rb") as busy:
+        proc = run_xetfs("umount", mnt)
+        assert proc.returncode != 0
+        one_error_line(proc.stderr, str(mnt), "busy")
+        assert is_mounted(mnt) and busy.read() == f.read()
+        lazy = run_xetfs("umount", "-z", mnt)
+        assert (lazy.returncode, lazy.stderr) == (0, b"")
+        assert not is_mounted(mnt)
+    wait_until(lambda: not alive(pid), EXIT_DEADLINE, "the daemon to exit after the last file closed")
+
+
+def test_umount_of_what_is_not_mounted(mnt: Path) -> None:
+    proc = run_xetfs("umount", mnt)
+    assert proc.returncode != 0
+    one_error_line(proc.stderr, str(mnt), "not mounted")
+
+
+def test_sigterm_to_the_background_daemon(basic_store: OracleStore, mnt: Path) -> None:
+    assert run_xetfs("mount", basic_store.path, mnt, "--log-file", mnt.parent / "log").returncode == 0
+    (pid,) = daemon_pids(mnt)
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not is_mounted(mnt), GONE_DEADLINE, "the mount to go after SIGTERM")
+    wait_until(lambda: not alive(pid), EXIT_DEADLINE, "the daemon to exit after SIGTERM")
+    assert os.listdir(mnt) == []
+
+
+def test_stale_mount_of_a_killed_daemon(basic_store: OracleStore, mnt: Path) -> None:
+    """A daemon killed outright leaves a dead mount: mount says how to clean it, umount cleans it."""
+    assert run_xetfs("mount", basic_store.path, mnt, "--log-file", mnt.parent / "log").returncode == 0
+    (pid,) = daemon_pids(mnt)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not alive(pid), EXIT_DEADLINE, "the killed daemon to die")
+    with pytest.raises(OSError) as exc:
+        os.listdir(mnt)
+    assert exc.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+
+    again = run_xetfs("mount", basic_store.path, mnt)
+    assert again.returncode != 0
+    one_error_line(again.stderr, str(mnt), f"xetfs umount {mnt}")
+
+    umount = run_xetfs("umount", mnt)
+    assert (umount.returncode, umount.stderr) == (0, b"")
+    assert not is_mounted(mnt) and os.listdir(mnt) == []
+    assert run_xetfs("mount", basic_store.path, mnt, "--log-file", mnt.parent / "log").returncode == 0
+    assert basic_store["one-byte"].hash in os.listdir(mnt)
+    assert run_xetfs("umount", mnt).returncode == 0
+
+
+# -- refusals: one clear line, nothing mounted --------------------------------------------------
+
+
+def test_missing_store(mnt: Path, tmp_path: Path) -> None:
+    proc = run_xetfs("mount", tmp_path / "no-such-store", mnt)
+    assert proc.returncode != 0
+    one_error_line(proc.stderr, "no-such-store")
+    assert not is_mounted(mnt) and not daemon_pids(mnt)
+
+
+def test_directory_that_is_no_store(mnt: Path, tmp_path: Path) -> None:
+    (tmp_path / "plain").mkdir()
+    proc = run_xetfs("mount", tmp_path / "plain", mnt)
+    assert proc.returncode != 0
+    one_error_line(proc.stderr, str(tmp_path / "plain"), "shards")
+    assert not is_mounted(mnt)
+
+
+@pytest.mark.parametrize("kind", ["file", "missing"])
+def test_mountpoint_not_a_directory(basic_store: OracleStore, tmp_path: Path, kind: str) -> None:
+    target = tmp_path / "target"
+    if kind == "file":
+        target.write_bytes(b"")
+    with cleanup(target):
+        proc = run_xetfs("mount", basic_store.path, target)
+        assert proc.returncode != 0
+        one_error_line(proc.stderr, str(target), "not a directory")
+        assert not is_mounted(target) and not daemon_pids(target)
+
+
+def test_mountpoint_already_mounted(basic_store: OracleStore, multi_store: OracleStore) -> None:
+    with mounted(basic_store.path) as m:
+        proc = run_xetfs("mount", multi_store.path, m.path)
+        assert proc.returncode != 0
+        one_error_line(proc.stderr, str(m.path), "already")
+        assert len(daemon_pids(m.path)) == 1  # only the first mount's daemon
+        assert basic_store["one-byte"].hash in os.listdir(m.path)
+
+
+def test_non_empty_mountpoint_and_nonempty_option(basic_store: OracleStore, mnt: Path) -> None:
+    (mnt / "hidden.txt").write_bytes(b"under the mount")
+    proc = run_xetfs("mount", basic_store.path, mnt)
+    assert proc.returncode != 0
+    one_error_line(proc.stderr, str(mnt), "not empty", "nonempty")
+    assert not is_mounted(mnt) and not daemon_pids(mnt)
+
+    proc = run_xetfs("mount", basic_store.path, mnt, "-o", "nonempty", "--log-file", mnt.parent / "log")
+    assert proc.returncode == 0, proc.stderr
+    names = os.listdir(mnt)
+    assert "hidden.txt" not in names and basic_store["one-byte"].hash in names
+    assert run_xetfs("umount", mnt).returncode == 0
+    assert os.listdir(mnt) == ["hidden.txt"]
+
+
+@pytest.mark.parametrize("option", ["bogus", "allow_other,bogus", "uid=0"])
+def test_unknown_mount_option(basic_store: OracleStore, mnt: Path, option: str) -> None:
+    proc = run_xetfs("mount", basic_store.path, mnt, "-o", option)
+    assert proc.returncode != 0
+    one_error_line(proc.stderr, option.split(",")[-1].split("=")[0])
+    assert not is_mounted(mnt) and not daemon_pids(mnt)
+
+
+def test_unusable_names_file_is_reported_by_the_daemon(basic_store: OracleStore, mnt: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "names.json"
+    bad.write_text("{not json")
+    proc = run_xetfs("mount", basic_store.path, mnt, "--names", bad, "--log-file", tmp_path / "log")
+    assert proc.returncode != 0
+    one_error_line(proc.stderr, str(bad), "JSON")
+    assert not is_mounted(mnt)
+    wait_until(lambda: not daemon_pids(mnt), EXIT_DEADLINE, "the failed daemon to exit")
+
+
+def test_missing_names_file(basic_store: OracleStore, mnt: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-names.json"
+    proc = run_xetfs("mount", basic_store.path, mnt, "--names", missing, "--log-file", tmp_path / "log")
+    assert proc.returncode != 0
+    line = one_error_line(proc.stderr, str(missing), "No such file or directory")
+    assert "[Errno" not in line, f"a raw exception text, unlike every other error line: {line}"
+    assert not is_mounted(mnt)
+    wait_until(lambda: not daemon_pids(mnt), EXIT_DEADLINE, "the failed daemon to exit")
+
+
+# -- signals during a long read -----------------------------------------------------------------
+
+BLOCK = 64 * 1024
+
+
+class Reader(threading.Thread):
+    """Reads a file in 64 KiB pieces until EOF or an error; keeps what it got."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = path
+        self.got = bytearray()
+        self.error: OSError | None = None
+        self.eof = False
+
+    def run(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                while block := os.read(fd, BLOCK):
+                    self.got += block
+                self.eof = True
+            finally:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        except OSError as exc:
+            self.error = exc
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_during_a_long_read(big_store: OracleStore, signum: signal.Signals) -> None:
+    f = big_store["big.bin"]
+    with mounted(big_store.path, "--direct-io") as m:
+        reader = Reader(m.path / f.hash)
+        try:
+            reader.start()
+            wait_until(lambda: len(reader.got) >= 4 * 1024 * 1024 or not reader.is_alive(), 30, "the read to run")
+            assert reader.is_alive(), "the read ended before the signal: nothing was tested"
+            m.proc.send_signal(signum)
+            start = time.monotonic()
+            wait_until(lambda: not is_mounted(m.path), GONE_DEADLINE, f"the mount to go after {signum.name}")
+            gone_after = time.monotonic() - start
+            reader.join(EXIT_DEADLINE)
+            assert not reader.is_alive(), "the reader is stuck after the mount went away"
+            assert m.proc.wait(EXIT_DEADLINE) == 0
+        finally:
+            if is_mounted(m.path):
+                force_unmount(m.path)
+            reader.join(EXIT_DEADLINE)
+        got = bytes(reader.got)
+        with open(f.path, "rb") as original:
+            assert original.read(len(got)) == got, "wrong bytes before the end of the mount"
+        assert len(got) < f.size, "the whole file was read: the signal did not interrupt anything"
+        assert reader.eof or (
+            reader.error is not None
+            and reader.error.errno in (errno.ENOTCONN, errno.EIO, errno.ECONNABORTED, errno.ENOENT)
+        )
+        assert gone_after < GONE_DEADLINE
+        assert signum.name in m.log()
