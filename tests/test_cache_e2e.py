@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,7 @@ from typing import Any
 import oracle
 import pytest
 from mounting import Mount, mounted, wait_until
-from oracle import ChunkLoc, OracleFile, OracleStore
+from oracle import ChunkLoc, CliRunner, OracleFile, OracleStore
 
 pytestmark = pytest.mark.fuse
 
@@ -101,7 +102,12 @@ def check_bounds(s: dict[str, Any]) -> None:
 
 
 def settled(mount: Mount) -> dict[str, Any]:
-    """The counters once background prefetch has stopped changing them (polled, with a deadline)."""
+    """The counters once background prefetch is done (polled, with a deadline).
+
+    Prefetch counts its misses when it starts a load and its decodes when the
+    worker thread is done, so "settled" is: every miss decoded, and nothing
+    changed since the previous poll.
+    """
     keys = ("cache", "decode", "prefetch", "store")
     last: list[dict[str, Any]] = [mount.stats()]
 
@@ -109,7 +115,7 @@ def settled(mount: Mount) -> dict[str, Any]:
         now = mount.stats()
         same = all(now[k] == last[0][k] for k in keys)
         last[0] = now
-        return same
+        return same and now["cache"]["misses"] == now["decode"]["chunks"]
 
     wait_until(quiet, SETTLE_DEADLINE, "the counters to settle", mount.proc, mount.log_path)
     return last[0]
@@ -334,15 +340,18 @@ def test_eviction_is_lru_and_bounded(cache_store: OracleStore) -> None:
             assert probe["delta"]["cache"]["misses"] == probe["delta"]["decode"]["chunks"] == 1, p
             assert probe["delta"]["cache"]["evictions"] >= 1
 
-        # 3. A range touched often survives a stream through the rest of the file.
+        # 3. A range touched often survives a stream through the rest of the file: chunk 0 was
+        # just loaded (probe above); re-reading it after every step keeps it the most recently
+        # used, so it is never evicted, although it is soon the oldest entry (FIFO would drop it).
         hot = (0, 4096)
         with step(m) as phase:
             fd = os.open(path, os.O_RDONLY)
             try:
                 for off, n in spans(MiB, f.size, 256 * 1024):
                     assert os.pread(fd, n, off) == data[off : off + n]
-                    assert os.pread(fd, hot[1], hot[0]) == data[: hot[1]]
-                    check_bounds(m.stats())
+                    with step(m) as touch:
+                        assert os.pread(fd, hot[1], hot[0]) == data[: hot[1]]
+                    assert touch["delta"]["cache"]["misses"] == touch["delta"]["decode"]["chunks"] == 0, off
             finally:
                 os.close(fd)
         assert phase["delta"]["cache"]["evictions"] > 0
@@ -391,8 +400,10 @@ def test_cache_size_zero_decodes_every_read(cache_store: OracleStore) -> None:
 READERS = 8
 
 
-@pytest.mark.parametrize("io", [[], ["--io-timeout", "30"]], ids=["inline-io", "threaded-io"])
-def test_concurrent_readers_decode_each_chunk_once(cache_store: OracleStore, io: list[str]) -> None:
+@pytest.mark.parametrize("io", ["inline", "thread"], ids=["inline-io", "threaded-io"])
+def test_concurrent_readers_decode_each_chunk_once(cache_store: OracleStore, io: str) -> None:
+    """Eight threads read the same 4 MB in lockstep.  With store reads in worker threads the
+    daemon serves several requests at once, so lookups meet loads in flight and must join them."""
     f = cache_store["base.bin"]
     data = f.read()
     chunks = chunks_of(cache_store, f)
@@ -408,7 +419,7 @@ def test_concurrent_readers_decode_each_chunk_once(cache_store: OracleStore, io:
         finally:
             os.close(fd)
 
-    with mounted(cache_store.path, "--direct-io", "--no-prefetch", *io) as m:
+    with mounted(cache_store.path, "--direct-io", "--no-prefetch", "--io-mode", io) as m:
         with step(m) as s, ThreadPoolExecutor(READERS) as pool:
             results = list(pool.map(reader, [m / f.hash] * READERS))
         expected = data[5_000_000:9_000_000]
@@ -420,25 +431,36 @@ def test_concurrent_readers_decode_each_chunk_once(cache_store: OracleStore, io:
         # Every lookup is one hit or one miss (a lookup that joined another's load is a hit).
         assert d["cache"]["hits"] + d["cache"]["misses"] == READERS * lookups(chunks, reads)
         assert d["cache"]["joined"] <= d["cache"]["hits"]
+        if io == "thread":
+            # Otherwise the single-flight path was not exercised at all (inline reads never overlap).
+            assert d["cache"]["joined"] > 0, d["cache"]
 
 
 # -- prefetch -------------------------------------------------------------------------
 
 
 def test_sequential_read_is_served_by_prefetch(big_store: OracleStore) -> None:
+    """A sequential reader (1 MiB reads) finds almost every chunk prefetched, and little is
+    prefetched in vain.
+
+    Only the first reads (before the window opens) may miss, so >= 90 % of the chunks must be
+    prefetch hits (99 % is typical).  A window that comes due while the handle's previous
+    prefetch is still running must be asked for later, not forgotten: forgetting it costs
+    20-40 % of the hits, depending on timing.
+    """
     f = big_store["big.bin"]
     n_chunks = len(pairs(chunks_of(big_store, f)))
     with mounted(big_store.path, "--direct-io", "--cache-size", "256M") as m:
         before = m.stats()
-        assert stream_sha256(m / f.hash) == f.sha256
+        assert stream_sha256(m / f.hash, MiB) == f.sha256
         after = settled(m)
         check_bounds(after)
         d = delta(before, after)
         p = d["prefetch"]
         assert d["decode"]["chunks"] == n_chunks  # the cache holds the whole file: each chunk once
-        assert p["hits"] >= n_chunks // 2, p  # most chunks were there before the read asked
         wasted = p["chunks"] - p["hits"]
         assert 0 <= wasted <= n_chunks // 20, p  # prefetched but never read: < 5 %
+        assert p["hits"] >= 0.9 * n_chunks, f"only {p['hits']} of {n_chunks} chunks were prefetch hits: {p}"
 
 
 def test_random_reads_do_not_prefetch(big_store: OracleStore) -> None:
@@ -487,6 +509,8 @@ def test_daemon_memory_stays_bounded(big_store: OracleStore, cache_size: int) ->
             check_bounds(s)
             samples.append(memory(pid))
         assert s["cache"]["evictions"] > 0
+        if cache_size >= 64:  # big enough for xetfs to prefetch: the prefetch path's memory is measured too
+            assert s["prefetch"]["requests"] > 0, s["prefetch"]
         peak = max(x["VmHWM"] for x in samples)
         assert peak <= limit, f"VmHWM {peak / MiB:.0f} MiB > {limit / MiB:.0f} MiB"
 
@@ -512,12 +536,12 @@ def parse_table(text: str) -> dict[str, dict[str, str]]:
         if line.endswith(":") and not line.startswith(" "):
             group = out.setdefault(line[:-1], {})
         elif line.startswith("  "):
-            key, value = line[2:24].strip(), line[24:].split("  (")[0].strip()
+            key, value, *_human = re.split(r"\s{2,}", line.strip())
             group[key] = value
     return out
 
 
-def test_stats_command_shows_required_keys(multi_store: OracleStore, cli: Any) -> None:
+def test_stats_command_shows_required_keys(multi_store: OracleStore, cli: CliRunner) -> None:
     f = multi_store["b.bin"]
     data = f.read()
     chunks = chunks_of(multi_store, f)
@@ -537,14 +561,16 @@ def test_stats_command_shows_required_keys(multi_store: OracleStore, cli: Any) -
         assert cache["hits"] + cache["misses"] == lookups(chunks, reads) + lookups(chunks, reads[:5])
         assert cache["misses"] == doc["decode"]["chunks"] == len(pairs(chunks))
         assert doc["reads"]["requests"] == len(reads) + 5
-        assert doc["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0}
-        assert doc["index"] == {
-            "files": len({x.hash for x in multi_store.files}),
-            "terms": sum(len(terms[h]) for h in {x.hash for x in multi_store.files}),
+        assert all(v == 0 for v in doc["errors"].values()), doc["errors"]
+        hashes = {x.hash for x in multi_store.files}
+        index = {
+            "files": len(hashes),
+            "terms": sum(len(terms[h]) for h in hashes),
             "xorbs": len(multi_store.xorb_paths()),
             "shards": len(multi_store.shard_paths()),
             "shards_skipped": 0,
         }
+        assert {k: doc["index"][k] for k in index} == index
         # The live file agrees with the command (nothing was read in between).
         live = m.stats()
         assert {g: live[g] for g in REQUIRED} == {g: doc[g] for g in REQUIRED}

@@ -95,6 +95,8 @@ class XetFS(pyfuse3.Operations):
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
         self._prefetch = self.options.prefetch and reader.cache.capacity >= MIN_CACHE_FOR_PREFETCH
+        if self.options.prefetch and not self._prefetch:
+            log.info("prefetch off: the chunk cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
 
     def start_background(self, nursery: trio.Nursery) -> None:
         """Give the filesystem a nursery for readahead tasks."""
@@ -253,8 +255,9 @@ class XetFS(pyfuse3.Operations):
         return data
 
     def _maybe_prefetch(self, handle: _Handle, entry: FileEntry, off: int, length: int) -> None:
-        ahead = handle.readahead.on_read(off, length, entry.size)
-        if ahead is None or handle.prefetching or self._nursery is None:
+        busy = handle.prefetching or self._nursery is None
+        ahead = handle.readahead.on_read(off, length, entry.size, busy=busy)
+        if ahead is None or self._nursery is None:
             return
         handle.prefetching = True
         self._nursery.start_soon(self._prefetch_task, handle, entry, *ahead)

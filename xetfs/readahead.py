@@ -22,8 +22,12 @@ class Readahead:
     window: int = 0
     ahead_end: int = 0  # everything before this has been asked for
 
-    def on_read(self, offset: int, length: int, file_size: int) -> tuple[int, int] | None:
-        """Record a read; return ``(offset, length)`` to prefetch, or None."""
+    def on_read(self, offset: int, length: int, file_size: int, *, busy: bool = False) -> tuple[int, int] | None:
+        """Record a read; return ``(offset, length)`` to prefetch, or None.
+
+        ``busy`` says a prefetch is still running: the read is recorded but
+        nothing new is handed out, so the next call asks for the whole gap.
+        """
         sequential = offset == self.next_offset
         self.next_offset = offset + length
         if not sequential or length == 0:
@@ -36,7 +40,7 @@ class Readahead:
         # Top the window up only once half of it has been consumed.
         if end - start < self.window // 2 and end < file_size:
             return None
-        if end <= start:
+        if end <= start or busy:
             return None
         self.ahead_end = end
         return start, end - start
