@@ -267,66 +267,36 @@ def test_single_flight_partial_overlap() -> None:
     trio.run(main)
 
 
-def test_failed_load_waiters_retry_and_succeed() -> None:
+def test_failed_load_is_shared_with_its_waiters_then_retried_later() -> None:
+    """Waiters of a failed load get its error at once (one load, not one per waiter)."""
+
     async def main() -> None:
         cache = _cache(1000)
         load = FakeLoader(gated=True)
         load.fail_next = 1
         outcome: dict[str, object] = {}
 
-        async def first() -> None:
+        async def attempt(name: str) -> None:
             try:
-                await cache.get_many([8], load)
+                outcome[name] = await cache.get_many([8], load)
             except Boom as exc:
-                outcome["first"] = exc
-
-        async def waiter(name: str) -> None:
-            outcome[name] = await cache.get_many([8], load)
+                outcome[name] = exc
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(first)
+            nursery.start_soon(attempt, "first")
             await load.started.wait()
-            nursery.start_soon(waiter, "w1")
+            for k in range(5):
+                nursery.start_soon(attempt, f"w{k}")
             await trio.testing.wait_all_tasks_blocked()
             load.release()
-        assert isinstance(outcome["first"], Boom)
-        assert outcome["w1"] == [value_of(8)]
+        assert all(isinstance(outcome[n], Boom) for n in ["first", *(f"w{k}" for k in range(5))])
+        assert load.calls == [[8]]
+        c = cache.counters
+        assert (c.hits, c.misses, c.joined) == (0, 6, 5)
+        assert 8 not in cache
+        load.release()
+        assert await cache.get_many([8], load) == [value_of(8)]  # nothing failed was kept
         assert load.calls == [[8], [8]]
-        assert 8 in cache
-
-    trio.run(main)
-
-
-def test_failed_load_retry_is_single_flight() -> None:
-    """After a failed load, its N waiters should retry with one load, not N.
-
-    Currently each waiter calls ``_load`` on its own account, bypassing both
-    the cache and the in-flight table (cache.py, the ``flight.failed`` branch
-    of ``get_many``).
-    """
-
-    async def main() -> None:
-        cache = _cache(1000)
-        load = FakeLoader(gated=True)
-        load.fail_next = 1
-        values: list[list[bytes]] = []
-
-        async def first() -> None:
-            with pytest.raises(Boom):
-                await cache.get_many([8], load)
-
-        async def waiter() -> None:
-            values.append(await cache.get_many([8], load))
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(first)
-            await load.started.wait()
-            for _ in range(5):
-                nursery.start_soon(waiter)
-            await trio.testing.wait_all_tasks_blocked()
-            load.release()
-        assert values == [[value_of(8)]] * 5
-        assert load.calls == [[8], [8]]  # the failed load and one retry
 
     trio.run(main)
 

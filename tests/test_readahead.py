@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 from xetfs.readahead import Readahead
@@ -27,7 +28,7 @@ def test_sequential_reads_prefetch_ahead_with_a_growing_window() -> None:
         if got:
             asked.append(got)
     # Contiguous, never overlapping, always ahead of the reader, bounded window.
-    for (a_off, a_len), (b_off, _) in zip(asked, asked[1:], strict=False):
+    for (a_off, a_len), (b_off, _) in itertools.pairwise(asked):
         assert a_off + a_len == b_off
     assert asked[0][0] == 2 * MiB
     assert max(length for _, length in asked) <= 16 * MiB

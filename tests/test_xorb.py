@@ -238,14 +238,17 @@ BAD_FOOTERS: dict[str, tuple[dict[str, Any], str]] = {
     "info_length": ({"info_length": 92 + 40 * 3 + 40}, "info_length"),
     "hashes offset": ({"hashes_off": 52 + 40 * 3 + 1}, "section offsets"),
     "boundary offset": ({"bound_off": 40 + 8 * 3 - 8}, "section offsets"),
-    "phys not increasing": ({"phys": [18, 18, 54]}, "physical end"),
-    "phys decreasing": ({"phys": [36, 18, 54]}, "physical end"),
-    "first phys too small": ({"phys": [8, 36, 54]}, "physical end"),
+    "phys not increasing": ({"phys": [18, 18, 54]}, "physical range"),
+    "phys decreasing": ({"phys": [36, 18, 54]}, "physical range"),
+    "first phys too small": ({"phys": [8, 36, 54]}, "physical range"),
     "last phys not footer start": ({"phys": [18, 36, 53]}, "footer starts"),
     "last phys past footer": ({"phys": [18, 36, 55]}, "footer starts"),
-    "empty chunk": ({"unpacked": [10, 10, 30]}, "may not be empty"),
-    "unpacked decreasing": ({"unpacked": [10, 20, 15]}, "may not be empty"),
-    "first unpacked zero": ({"unpacked": [0, 20, 30]}, "may not be empty"),
+    "empty chunk": ({"unpacked": [10, 10, 30]}, "a chunk holds"),
+    "unpacked decreasing": ({"unpacked": [10, 20, 15]}, "a chunk holds"),
+    "first unpacked zero": ({"unpacked": [0, 20, 30]}, "a chunk holds"),
+    # Physical offsets are not covered by any hash: no chunk may claim more than a header can declare.
+    "huge physical chunk": ({"phys": [18, 1 << 30, (1 << 30) + 18]}, "physical range"),
+    "huge decoded chunk": ({"unpacked": [10, 10 + 131073, 10 + 131083]}, "a chunk holds"),
 }
 
 
@@ -374,3 +377,4 @@ def test_walk_bad_header_in_the_middle() -> None:
     data[built.phys_ends[0] + 4] = 7  # scheme of chunk 1
     with pytest.raises(XorbFormatError, match="scheme 7"):
         walk_headers(bytes(data), where=W)
+

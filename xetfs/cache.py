@@ -12,7 +12,7 @@ Single-threaded: call only from the trio thread that owns it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable, Sequence, Sized
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence, Sized
 from typing import Generic, TypeVar
 
 import trio
@@ -23,7 +23,9 @@ from xetfs.stats import CacheCounters, PrefetchCounters
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Sized)
 
-Loader = Callable[[Sequence[K]], Awaitable[dict[K, V]]]
+# A loader returns, for each key it was given, the value or the exception
+# that stopped that key (so one bad chunk does not fail its neighbours).
+Loader = Callable[[Sequence[K]], Awaitable[Mapping[K, V | Exception]]]
 
 
 class _Flight(Generic[K, V]):
@@ -31,8 +33,14 @@ class _Flight(Generic[K, V]):
 
     def __init__(self) -> None:
         self.done = trio.Event()
-        self.values: dict[K, V] = {}
-        self.failed = False
+        self.values: Mapping[K, V | Exception] = {}
+        self.error: BaseException | None = None  # the loader itself raised
+
+
+def _value(outcome: V | Exception) -> V:
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 class _Lru(LRUCache[K, V]):
@@ -91,13 +99,14 @@ class LoadingCache(Generic[K, V]):
         """Values for ``keys`` in order; misses are loaded with one call of ``load``.
 
         ``load`` receives the missing keys (in the order given) and returns a
-        value for each.  An exception from ``load`` propagates to this caller;
-        lookups that were waiting for that load look again (one of them loads,
-        the others wait for it), so a cancelled or failed load is retried
-        once per waiter at most.
+        value or an exception for each.  The exception of a key (or one that
+        ``load`` raised) propagates to this caller and to every lookup that
+        was waiting for that key; when the loading task is cancelled instead,
+        the waiters look again (one of them loads, the others wait for it).
+        Nothing failed is cached: a later lookup loads afresh.
 
         A lookup that waits for another request's load counts as a hit (and
-        in ``joined``) once that load has succeeded.
+        in ``joined``) once that load has succeeded, as a miss if it failed.
         """
         found: dict[K, V] = {}
         missing: list[K] = []
@@ -118,15 +127,23 @@ class LoadingCache(Generic[K, V]):
                 c.misses += 1
                 missing.append(key)
         if missing:
-            found.update(await self._load(missing, load, prefetched=False))
+            loaded = await self._load(missing, load, prefetched=False)
+            for key in missing:
+                found[key] = _value(loaded[key])
         for key, flight in waits:
             await flight.done.wait()
-            if flight.failed or key not in flight.values:
-                # The load we waited for failed or was cancelled: look again.
+            outcome = flight.values.get(key, flight.error)
+            if isinstance(outcome, Exception):
+                # Waiters share the verdict rather than each trying again
+                # (against a stuck store that would be one timeout each).
+                c.misses += 1
+                raise outcome
+            if outcome is None or isinstance(outcome, BaseException):
+                # The loading task was cancelled: look again (one of us loads).
                 (found[key],) = await self.get_many([key], load)
             else:
                 c.hits += 1
-                found[key] = flight.values[key]
+                found[key] = outcome
                 if key in self._prefetched:
                     self._prefetched.discard(key)
                     self.prefetch_counters.hits += 1
@@ -145,7 +162,7 @@ class LoadingCache(Generic[K, V]):
         await self._load(missing, load, prefetched=True)
         return len(missing)
 
-    async def _load(self, keys: list[K], load: Loader[K, V], *, prefetched: bool) -> dict[K, V]:
+    async def _load(self, keys: list[K], load: Loader[K, V], *, prefetched: bool) -> Mapping[K, V | Exception]:
         flight: _Flight[K, V] = _Flight()
         for key in keys:
             self._flights[key] = flight
@@ -153,10 +170,12 @@ class LoadingCache(Generic[K, V]):
             values = await load(keys)
             flight.values = values
             for key in keys:
-                self._store(key, values[key], prefetched=prefetched)
+                value = values[key]
+                if not isinstance(value, Exception):
+                    self._store(key, value, prefetched=prefetched)
             return values
-        except BaseException:
-            flight.failed = True
+        except BaseException as exc:
+            flight.error = exc
             raise
         finally:
             for key in keys:

@@ -48,9 +48,17 @@ def threaded_io(timeout: float) -> Io:
     async def run(fn: Callable[..., T], *args: Any) -> T:
         with trio.move_on_after(timeout):
             return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-        raise StoreTimeoutError(f"store read {getattr(fn, '__name__', fn)}{args[1:]!r} took more than {timeout:g} s")
+        raise StoreTimeoutError(f"{_describe_call(args)}: store read took more than {timeout:g} s")
 
     return run
+
+
+def _describe_call(args: tuple[Any, ...]) -> str:
+    """``xorb <hex> chunks [a, b)`` from a store call's arguments, as far as they tell."""
+    xorb = next((a for a in args if isinstance(a, bytes) and len(a) == hashes.HASH_SIZE), None)
+    ints = [a for a in args if isinstance(a, int)]
+    where = f"xorb {hashes.to_hex(xorb)}" if xorb else "store"
+    return f"{where} chunks [{ints[-2]}, {ints[-1]})" if len(ints) >= 2 else where
 
 
 class Reader:
@@ -120,7 +128,9 @@ class Reader:
             span = chunk_span(piece, layout)
             keys = [(span.xorb_hash, i) for i in range(span.start, span.stop)]
 
-            async def load(missing: Sequence[ChunkKey], layout: XorbLayout = layout) -> dict[ChunkKey, bytes]:
+            async def load(
+                missing: Sequence[ChunkKey], layout: XorbLayout = layout
+            ) -> dict[ChunkKey, bytes | Exception]:
                 return await self._load_chunks(missing, layout, background=prefetch)
 
             if prefetch:
@@ -151,44 +161,52 @@ class Reader:
 
     async def _load_chunks(
         self, keys: Sequence[ChunkKey], layout: XorbLayout, *, background: bool = False
-    ) -> dict[ChunkKey, bytes]:
+    ) -> dict[ChunkKey, bytes | Exception]:
         """Read and decode the given chunks of one xorb, one pread per run of adjacent chunks.
+
+        Each key maps to its bytes or to the error that stopped it: a bad
+        chunk fails only itself, a failed read only its run.
 
         ``background`` (prefetch) does the reading, decoding and hashing in a
         worker thread, where it overlaps with the trio thread answering FUSE
         requests; lz4 and blake3 release the GIL while they work.
         """
-        out: dict[ChunkKey, bytes] = {}
+        out: dict[ChunkKey, bytes | Exception] = {}
         xorb_hash = keys[0][0]
         indices = sorted(i for _, i in keys)
         run_start = prev = indices[0]
         for i in [*indices[1:], -1]:
             too_big = i >= 0 and layout.phys_ends[i] - layout.phys_start(run_start) > MAX_RUN_BYTES
             if i != prev + 1 or too_big:
-                if background:
-                    run = await self._in_thread(self._fetch_run, xorb_hash, layout, run_start, prev + 1)
+                try:
+                    if background:
+                        run = await self._in_thread(self._fetch_run, xorb_hash, layout, run_start, prev + 1)
+                    else:
+                        run = await self._load_run(xorb_hash, layout, run_start, prev + 1)
+                except XetfsError as exc:
+                    out.update(((xorb_hash, k), exc) for k in range(run_start, prev + 1))
                 else:
-                    run = await self._load_run(xorb_hash, layout, run_start, prev + 1)
-                self._count_run(run)
-                out.update(((xorb_hash, k), chunk) for k, chunk in enumerate(run.chunks, run_start))
+                    self._count_run(run)
+                    out.update(((xorb_hash, k), chunk) for k, chunk in enumerate(run.chunks, run_start))
                 run_start = i
             prev = i
         return out
 
     async def _load_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
-        data = await self._io(self.store.read_xorb, xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
+        data = await self._io(_read_run, self.store, xorb_hash, layout, start, stop)
         return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
 
     def _fetch_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
         """Blocking read + decode of one run (called in a worker thread)."""
-        data = self.store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
+        data = _read_run(self.store, xorb_hash, layout, start, stop)
         return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
 
     def _count_run(self, run: _Run) -> None:
         self.stats.store.reads += 1
         self.stats.store.bytes += run.read_bytes
-        self.stats.decode.chunks += len(run.chunks)
-        self.stats.decode.bytes += sum(len(c) for c in run.chunks)
+        decoded = [c for c in run.chunks if not isinstance(c, Exception)]
+        self.stats.decode.chunks += len(decoded)
+        self.stats.decode.bytes += sum(len(c) for c in decoded)
 
     def _count_error(self, exc: XetfsError) -> None:
         errors = self.stats.errors
@@ -202,48 +220,65 @@ class Reader:
             errors.format += 1
 
 
+def _read_run(store: Store, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> bytes:
+    """The physical bytes of chunks ``[start, stop)``; a failure names the chunks."""
+    try:
+        return store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
+    except XorbFormatError as exc:
+        raise XorbFormatError(f"{exc} (reading chunks [{start}, {stop}))") from None
+
+
 class _Run:
     """What reading one run of adjacent chunks produced."""
 
     __slots__ = ("chunks", "read_bytes")
 
-    def __init__(self, read_bytes: int, chunks: list[bytes]) -> None:
+    def __init__(self, read_bytes: int, chunks: list[bytes | XetfsError]) -> None:
         self.read_bytes = read_bytes
         self.chunks = chunks
 
 
 def decode_run(
     data: bytes, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool
-) -> list[bytes]:
+) -> list[bytes | XetfsError]:
     """Decode chunks ``[start, stop)`` from ``data`` (their physical bytes, read in one piece).
 
     Checks each header against the layout and, with ``verify``, each decoded
-    chunk against its hash.  Pure and thread-safe.
+    chunk against its hash.  A chunk that fails becomes its error in the
+    result; the others still decode.  Pure and thread-safe.
     """
-    base = layout.phys_start(start)
     view = memoryview(data)
-    where = f"xorb {hashes.to_hex(xorb_hash)}"
-    out: list[bytes] = []
+    base = layout.phys_start(start)
+    out: list[bytes | XetfsError] = []
     for i in range(start, stop):
-        at = layout.phys_start(i) - base
-        end = layout.phys_ends[i] - base
-        header = parse_chunk_header(view, at, where=f"{where} chunk {i}")
-        size = layout.chunk_size(i)
-        if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
-            raise XorbFormatError(
-                f"{where} chunk {i} at offset {base + at}: header says {header.compressed_length} -> "
-                f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
-            )
-        decoded = bytes(decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=f"{where} chunk {i}"))
-        if verify and layout.chunk_hashes is not None:
-            found = hashes.chunk_hash(decoded)
-            if found != layout.chunk_hashes[i]:
-                raise IntegrityError(
-                    f"{where} chunk {i} at offset {base + at}: decoded bytes hash to {hashes.to_hex(found)}, "
-                    f"footer says {hashes.to_hex(layout.chunk_hashes[i])}"
-                )
-        out.append(decoded)
+        try:
+            out.append(_decode_chunk(view, base, xorb_hash, layout, i, verify=verify))
+        except XetfsError as exc:
+            out.append(exc)
     return out
+
+
+def _decode_chunk(view: memoryview, base: int, xorb_hash: bytes, layout: XorbLayout, i: int, *, verify: bool) -> bytes:
+    """Chunk ``i``, whose physical bytes start at ``view[layout.phys_start(i) - base]``."""
+    where = f"xorb {hashes.to_hex(xorb_hash)} chunk {i}"
+    at = layout.phys_start(i) - base
+    end = layout.phys_ends[i] - base
+    header = parse_chunk_header(view, at, where=where)
+    size = layout.chunk_size(i)
+    if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
+        raise XorbFormatError(
+            f"{where} at offset {base + at}: header says {header.compressed_length} -> "
+            f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
+        )
+    decoded = bytes(decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=where))
+    if verify and layout.chunk_hashes is not None:
+        found = hashes.chunk_hash(decoded)
+        if found != layout.chunk_hashes[i]:
+            raise IntegrityError(
+                f"{where} at offset {base + at}: decoded bytes hash to {hashes.to_hex(found)}, "
+                f"footer says {hashes.to_hex(layout.chunk_hashes[i])}"
+            )
+    return decoded
 
 
 class _Sized:

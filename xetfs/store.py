@@ -23,14 +23,16 @@ from pathlib import Path
 from cachetools import LRUCache
 
 from xetfs import hashes
-from xetfs.errors import IntegrityError, MissingObjectError, StoreError, XorbFormatError
+from xetfs.errors import IntegrityError, MissingObjectError, ShardFormatError, StoreError, XorbFormatError
 from xetfs.format import chunk as chunk_format
-from xetfs.format.xorb import XorbLayout, footer_length, parse_footer, walk_headers
+from xetfs.format.shard import MAGIC as SHARD_MAGIC
+from xetfs.format.xorb import MAX_CHUNKS, XorbLayout, footer_length, parse_footer
 
 _XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
 _SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
 _CANDIDATES = ("xet/xorbs", "xorbs", ".")
 MAX_OPEN_FILES = 64
+MAX_SHARD_BYTES = 1 << 30  # builders aim at 64 MiB
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +87,16 @@ class Store:
         return [ShardFile(name, shard_dir / name) for name in names]
 
     def read_shard(self, shard: ShardFile) -> bytes:
+        """A shard's bytes; refuses, before reading it all, a file too large or without the shard magic."""
         try:
-            return shard.path.read_bytes()
+            with open(shard.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > MAX_SHARD_BYTES:
+                    raise ShardFormatError(f"shard {shard.name}: {size} bytes, more than the {MAX_SHARD_BYTES} allowed")
+                head = f.read(len(SHARD_MAGIC))
+                if head != SHARD_MAGIC:
+                    raise ShardFormatError(f"shard {shard.name}: bad shard magic at offset 0")
+                return head + f.read()
         except OSError as exc:
             raise StoreError(f"shard {shard.name}: cannot read: {exc.strerror}") from None
 
@@ -155,18 +165,44 @@ class Store:
                         f"{hashes.to_hex(layout.xorb_hash or b'')}"
                     )
                 return _checked(layout, xorb_hash, where)
-        data = self.read_xorb(xorb_hash, 0, size)
-        bare = walk_headers(data, where=where)
-        chunk_hashes = []
-        for i in range(bare.num_chunks):
-            header = chunk_format.parse_chunk_header(data, bare.phys_start(i), where=where)
-            payload = data[bare.phys_start(i) + chunk_format.HEADER_SIZE : bare.phys_ends[i]]
+        return _checked(self._walk(xorb_hash, size, where), xorb_hash, where)
+
+    def _walk(self, xorb_hash: bytes, size: int, where: str) -> XorbLayout:
+        """Layout of a footer-less xorb: walk its headers, hash every chunk (FORMAT.md 2.5).
+
+        Reads one chunk at a time, so memory stays bounded by the chunk size
+        limit whatever the file claims.
+        """
+        phys: list[int] = []
+        unpacked: list[int] = []
+        chunk_hashes: list[bytes] = []
+        pos = total = 0
+        while pos < size:
+            if len(phys) >= MAX_CHUNKS:
+                raise XorbFormatError(f"{where}: more than {MAX_CHUNKS} chunks without a footer")
+            i = len(phys)
+            header = chunk_format.parse_chunk_header(
+                self.read_xorb(xorb_hash, pos, min(pos + chunk_format.HEADER_SIZE, size)), 0,
+                where=f"{where} chunk {i} at offset {pos}",
+            )  # fmt: skip
+            end = pos + chunk_format.HEADER_SIZE + header.compressed_length
+            if end > size:
+                raise XorbFormatError(
+                    f"{where}: chunk {i} at offset {pos} needs {header.compressed_length} payload bytes, "
+                    f"the file ends at {size}"
+                )
+            payload = self.read_xorb(xorb_hash, pos + chunk_format.HEADER_SIZE, end)
             decoded = chunk_format.decode_chunk(
                 header.scheme, payload, header.uncompressed_length, where=f"{where} chunk {i}"
             )
             chunk_hashes.append(hashes.chunk_hash(decoded))
-        layout = XorbLayout(xorb_hash, bare.phys_ends, bare.unpacked_ends, tuple(chunk_hashes))
-        return _checked(layout, xorb_hash, where)
+            total += header.uncompressed_length
+            phys.append(end)
+            unpacked.append(total)
+            pos = end
+        if not phys:
+            raise XorbFormatError(f"{where}: empty xorb")
+        return XorbLayout(xorb_hash, tuple(phys), tuple(unpacked), tuple(chunk_hashes))
 
     def close(self) -> None:
         with self._lock:

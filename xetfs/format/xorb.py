@@ -13,7 +13,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 
 from xetfs.errors import XorbFormatError
-from xetfs.format.chunk import HEADER_SIZE, parse_chunk_header
+from xetfs.format.chunk import HEADER_SIZE, MAX_COMPRESSED, MAX_UNCOMPRESSED, parse_chunk_header
 from xetfs.hashes import HASH_SIZE
 
 FOOTER_IDENT = b"XETBLOB"
@@ -136,17 +136,18 @@ def _check_ident(buf: bytes, at: int, ident: bytes, version: int, n: int, base: 
 
 
 def _check_offsets(phys: tuple[int, ...], unpacked: tuple[int, ...], base: int, where: str) -> None:
+    """Every chunk must have the size a chunk header can declare (FORMAT.md 2.2)."""
     prev_p = prev_u = 0
     for i, (p, u) in enumerate(zip(phys, unpacked, strict=True)):
-        if p < prev_p + HEADER_SIZE + 1:
+        if not HEADER_SIZE + 1 <= p - prev_p <= HEADER_SIZE + MAX_COMPRESSED:
             raise XorbFormatError(
-                f"{where}: footer (offset {base}) gives chunk {i} physical end {p} after {prev_p}: "
-                "boundaries must increase by at least a header and one byte"
+                f"{where}: footer (offset {base}) gives chunk {i} physical range [{prev_p}, {p}): "
+                f"a chunk takes {HEADER_SIZE + 1}..{HEADER_SIZE + MAX_COMPRESSED} bytes"
             )
-        if u <= prev_u:
+        if not 1 <= u - prev_u <= MAX_UNCOMPRESSED:
             raise XorbFormatError(
-                f"{where}: footer (offset {base}) gives chunk {i} uncompressed end {u} after {prev_u}: "
-                "chunks may not be empty"
+                f"{where}: footer (offset {base}) gives chunk {i} decoded range [{prev_u}, {u}): "
+                f"a chunk holds 1..{MAX_UNCOMPRESSED} bytes"
             )
         prev_p, prev_u = p, u
 
