@@ -107,7 +107,7 @@ def build_fs(config: MountConfig) -> XetFS:
     threaded = choose_io_mode(config.io_mode, store.root) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
-    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, io_timeout=config.io_timeout)
+    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io)
     counters = loaded.counters()
     reader.stats.index = counters
     log.info(

@@ -35,6 +35,7 @@ Io = Callable[..., Awaitable[Any]]
 DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
 LAYOUT_CACHE_SIZE = 32 * 1024 * 1024
 MAX_RUN_BYTES = 8 * 1024 * 1024  # one pread covers at most this much of a xorb
+PREFETCH_BATCH = 16  # chunks (about 1 MiB) decoded per prefetch step
 
 
 async def inline_io(fn: Callable[..., T], *args: Any) -> T:
@@ -71,14 +72,12 @@ class Reader:
         stats: Stats | None = None,
         verify: bool = True,
         io: Io = inline_io,
-        io_timeout: float | None = None,
     ) -> None:
         self.index = index
         self.store = store
         self.stats = stats or Stats()
         self.verify = verify
         self._io = io
-        self._io_timeout = io_timeout
         self.cache: LoadingCache[ChunkKey, bytes] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE, CacheCounters())
 
@@ -115,12 +114,6 @@ class Reader:
 
     # -- internals ----------------------------------------------------------
 
-    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run blocking work in a worker thread, bounded by ``io_timeout`` when set."""
-        if self._io_timeout is None:
-            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-        return await threaded_io(self._io_timeout)(fn, *args)  # type: ignore[no-any-return]
-
     async def _collect(self, entry: FileEntry, offset: int, size: int, *, prefetch: bool) -> list[memoryview]:
         parts: list[memoryview] = []
         for piece in self.index.locate(entry, offset, size):
@@ -131,11 +124,14 @@ class Reader:
             async def load(
                 missing: Sequence[ChunkKey], layout: XorbLayout = layout
             ) -> dict[ChunkKey, bytes | Exception]:
-                return await self._load_chunks(missing, layout, background=prefetch)
+                return await self._load_chunks(missing, layout)
 
             if prefetch:
-                await self.cache.prefetch(keys, load)
-                await trio.lowlevel.checkpoint()
+                # In small batches, each its own load: a reader that catches
+                # up waits for the batch holding its chunk, not the window.
+                for i in range(0, len(keys), PREFETCH_BATCH):
+                    await self.cache.prefetch(keys[i : i + PREFETCH_BATCH], load)
+                    await trio.lowlevel.checkpoint()
                 continue
             chunks = await self.cache.get_many(keys, load)
             skip, left = span.skip, span.length
@@ -159,17 +155,11 @@ class Reader:
             out[xorb_hash] = _Sized(layout)
         return out
 
-    async def _load_chunks(
-        self, keys: Sequence[ChunkKey], layout: XorbLayout, *, background: bool = False
-    ) -> dict[ChunkKey, bytes | Exception]:
+    async def _load_chunks(self, keys: Sequence[ChunkKey], layout: XorbLayout) -> dict[ChunkKey, bytes | Exception]:
         """Read and decode the given chunks of one xorb, one pread per run of adjacent chunks.
 
         Each key maps to its bytes or to the error that stopped it: a bad
         chunk fails only itself, a failed read only its run.
-
-        ``background`` (prefetch) does the reading, decoding and hashing in a
-        worker thread, where it overlaps with the trio thread answering FUSE
-        requests; lz4 and blake3 release the GIL while they work.
         """
         out: dict[ChunkKey, bytes | Exception] = {}
         xorb_hash = keys[0][0]
@@ -179,10 +169,7 @@ class Reader:
             too_big = i >= 0 and layout.phys_ends[i] - layout.phys_start(run_start) > MAX_RUN_BYTES
             if i != prev + 1 or too_big:
                 try:
-                    if background:
-                        run = await self._in_thread(self._fetch_run, xorb_hash, layout, run_start, prev + 1)
-                    else:
-                        run = await self._load_run(xorb_hash, layout, run_start, prev + 1)
+                    run = await self._load_run(xorb_hash, layout, run_start, prev + 1)
                 except XetfsError as exc:
                     out.update(((xorb_hash, k), exc) for k in range(run_start, prev + 1))
                 else:
@@ -194,11 +181,6 @@ class Reader:
 
     async def _load_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
         data = await self._io(_read_run, self.store, xorb_hash, layout, start, stop)
-        return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
-
-    def _fetch_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
-        """Blocking read + decode of one run (called in a worker thread)."""
-        data = _read_run(self.store, xorb_hash, layout, start, stop)
         return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
 
     def _count_run(self, run: _Run) -> None:
