@@ -14,8 +14,9 @@ It mounts with the same options as ``xetfs mount``: the same libfuse mount
 options (pyfuse3's defaults plus ``ro``), ``keep_cache`` on open (or
 ``direct_io`` with ``--direct-io``), 1 MiB ``st_blksize``, long attribute and
 entry timeouts, and the kernel read-ahead of the mount raised through
-``/sys/class/bdi/<dev>/read_ahead_kb`` right after mounting, found via
-``/proc/self/mountinfo`` (the same steps as ``xetfs.mount.set_read_ahead``).
+``/sys/class/bdi/<dev>/read_ahead_kb`` once FUSE INIT is done (INIT resets
+it), the device found via ``/proc/self/mountinfo`` (the same steps as
+``xetfs.mount``).
 
 It runs in the foreground until SIGINT/SIGTERM (then unmounts) and prints
 ``ready`` on stdout once it serves.  Standalone: it does not import xetfs.
@@ -41,7 +42,7 @@ TIMEOUT = 3600.0
 ROOT = pyfuse3.ROOT_INODE
 
 
-class CeilingFS(pyfuse3.Operations):  # type: ignore[misc]
+class CeilingFS(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
@@ -104,7 +105,7 @@ class CeilingFS(pyfuse3.Operations):  # type: ignore[misc]
             raise pyfuse3.FUSEError(errno.EROFS)
         return pyfuse3.FileInfo(fh=inode, direct_io=self.direct_io, keep_cache=not self.direct_io)
 
-    async def read(self, fh: int, off: int, size: int) -> memoryview:
+    async def read(self, fh: int, off: int, size: int) -> memoryview:  # type: ignore[override]
         return self.data[fh][off : off + size]
 
     async def release(self, fh: int) -> None:
@@ -120,8 +121,7 @@ class CeilingFS(pyfuse3.Operations):  # type: ignore[misc]
 def set_read_ahead(mountpoint: str, kb: int) -> str:
     """Raise the mount's kernel read-ahead; returns a note for the log.
 
-    The device number comes from /proc/self/mountinfo: a stat() of the mount
-    would need the FUSE loop, which is not running yet.
+    Call it after FUSE INIT.  The device number comes from /proc/self/mountinfo.
     """
     device = None
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
@@ -138,7 +138,7 @@ def set_read_ahead(mountpoint: str, kb: int) -> str:
     return f"read-ahead of {mountpoint} ({device}) set to {kb} KiB"
 
 
-async def serve() -> None:
+async def serve(mountpoint: str, read_ahead_kb: int) -> None:
     async with trio.open_nursery() as nursery:
 
         async def watch() -> None:
@@ -148,8 +148,15 @@ async def serve() -> None:
                     nursery.cancel_scope.cancel()
                     return
 
+        async def when_answering() -> None:
+            # A stat() from a worker thread is answered only after FUSE INIT,
+            # which resets the read-ahead: set it afterwards (as xetfs does).
+            await trio.to_thread.run_sync(os.stat, mountpoint, abandon_on_cancel=True)
+            print(set_read_ahead(mountpoint, read_ahead_kb), file=sys.stderr, flush=True)
+            print("ready", flush=True)
+
         nursery.start_soon(watch)
-        print("ready", flush=True)
+        nursery.start_soon(when_answering)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 
@@ -177,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     options = set(pyfuse3.default_options) | {"ro", "fsname=ceiling", "subtype=ceiling"}
     pyfuse3.init(fs, mountpoint, options)
     try:
-        print(set_read_ahead(mountpoint, args.read_ahead), file=sys.stderr, flush=True)
-        trio.run(serve)
+        trio.run(serve, mountpoint, args.read_ahead)
     finally:
         pyfuse3.close(unmount=True)
     return 0
