@@ -69,7 +69,7 @@ from bench_data import KINDS, Dataset, log
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
-from mounting import force_unmount, is_mounted  # noqa: E402
+from mounting import force_unmount, is_mounted, mount_device  # noqa: E402
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -125,16 +125,6 @@ def poll(
             raise BenchError(f"timed out after {deadline:g} s waiting for {what}")
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
-
-
-def mount_device(path: Path) -> str | None:
-    target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4].encode().decode("unicode_escape") == target:
-                return fields[2]
-    return None
 
 
 def read_ahead_kb(path: Path) -> int | None:

@@ -58,7 +58,8 @@ def is_mounted(path: Path) -> bool:
         return any(line.split()[4].encode().decode("unicode_escape") == target for line in f)
 
 
-def _mount_device(path: Path) -> str | None:
+def mount_device(path: Path) -> str | None:
+    """``major:minor`` of the mount at ``path``, or None."""
     target = os.path.abspath(path)
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         for line in f:
@@ -70,7 +71,7 @@ def _mount_device(path: Path) -> str | None:
 
 def force_unmount(path: Path) -> None:
     """Last resort: abort the FUSE connection (root) and detach the mount."""
-    device = _mount_device(path)
+    device = mount_device(path)
     if device is not None:
         minor = device.split(":")[1]
         with contextlib.suppress(OSError):
