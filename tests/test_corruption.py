@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import oracle
@@ -207,3 +208,26 @@ def test_xorb_without_footer_still_reads(cli: CliRunner, store: OracleStore) -> 
         assert_reads_back(cli, store, f)
     proc = run_xetfs("verify", store.path)
     assert proc.returncode == 0, proc.stdout.decode() + proc.stderr.decode()
+
+
+def test_verify_names_only_the_files_that_touch_the_damaged_chunk(tmp_path: Path) -> None:
+    """Files sharing a xorb with a damaged chunk, but not the chunk, are still checked in full."""
+    from xetfs.store import Store
+
+    sample = Path(__file__).resolve().parent.parent / "sample" / "store"
+    store = tmp_path / "store"
+    shutil.copytree(sample, store)
+    xorb = next((store / "xet" / "xorbs" / "xorbs").glob("default.*"))
+    s = Store.open(store)
+    (xorb_hash,) = list(s.xorb_hashes())
+    layout = s.load_layout(xorb_hash)
+    s.close()
+    chunk = layout.num_chunks // 2
+    oracle.flip_byte(xorb, layout.phys_start(chunk) + 8 + 100)  # inside the payload, past any frame header
+    result = oracle.run_xetfs("verify", store)
+    out = result.stdout.decode()
+    assert result.returncode == 3, out
+    assert f"chunk {chunk} " in out
+    unchecked = [line for line in out.splitlines() if "content not checked" in line]
+    assert len(unchecked) == 1, out  # one file uses that chunk; the other five are read and hashed
+    assert "6 files" in out.splitlines()[-1]

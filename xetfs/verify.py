@@ -67,7 +67,8 @@ class _Audit:
     progress: Progress
     report: Report = field(default_factory=Report)
     layouts: dict[bytes, XorbLayout] = field(default_factory=dict)
-    bad_xorbs: set[bytes] = field(default_factory=set)
+    bad_xorbs: set[bytes] = field(default_factory=set)  # unreadable as a whole
+    bad_chunks: dict[bytes, set[int]] = field(default_factory=dict)  # damaged chunks of readable xorbs
 
     def problem(self, message: str) -> None:
         self.report.problems.append(message)
@@ -134,7 +135,7 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
             )
         except XetfsError as exc:
             a.problem(f"{exc} (chunk at offset {start})")
-            a.bad_xorbs.add(xorb_hash)
+            a.bad_chunks.setdefault(xorb_hash, set()).add(i)
             continue
         finally:
             a.progress.update(end - start)
@@ -144,7 +145,7 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
                 f"{where} chunk {i} at offset {start}: decodes to {len(decoded)} bytes, "
                 f"footer says {layout.chunk_size(i)}"
             )
-            a.bad_xorbs.add(xorb_hash)
+            a.bad_chunks.setdefault(xorb_hash, set()).add(i)
         found = hashes.chunk_hash(decoded)
         expected = (layout.chunk_hashes or ())[i]
         if found != expected:
@@ -152,7 +153,7 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
                 f"{where} chunk {i} at offset {start}: hash mismatch, expected {hashes.to_hex(expected)}, "
                 f"found {hashes.to_hex(found)}"
             )
-            a.bad_xorbs.add(xorb_hash)
+            a.bad_chunks.setdefault(xorb_hash, set()).add(i)
 
 
 def _check_cas(a: _Audit, cas: CasRecord) -> None:
@@ -201,8 +202,8 @@ async def _check_file(a: _Audit, index: Index, reader: Reader, record: FileRecor
     found_hash = hashes.file_hash(pairs)
     if found_hash != record.file_hash:
         a.problem(f"{name}: chunks hash to {hashes.to_hex(found_hash)}")
-    if any(t.xorb_hash in a.bad_xorbs for t in record.terms):
-        a.problem(f"{name}: content not checked, it uses a damaged xorb")
+    if any(_touches_damage(a, t.xorb_hash, t.start, t.end) for t in record.terms):
+        a.problem(f"{name}: content not checked, it uses a damaged chunk")
         return
     entry = index.get(record.file_hash)
     if entry is None or record.sha256 is None:
@@ -222,3 +223,8 @@ async def _check_file(a: _Audit, index: Index, reader: Reader, record: FileRecor
         expected = EMPTY_SHA256
     if digest.hexdigest() != expected:
         a.problem(f"{name}: sha256 expected {expected}, found {digest.hexdigest()}")
+
+
+def _touches_damage(a: _Audit, xorb_hash: bytes, start: int, end: int) -> bool:
+    bad = a.bad_chunks.get(xorb_hash, ())
+    return xorb_hash in a.bad_xorbs or any(start <= i < end for i in bad)
