@@ -231,18 +231,19 @@ def decode_run(
     """
     view = memoryview(data)
     base = layout.phys_start(start)
+    xorb = f"xorb {hashes.to_hex(xorb_hash)}"  # for messages; built once per run, not per chunk
     out: list[bytes | XetfsError] = []
     for i in range(start, stop):
         try:
-            out.append(_decode_chunk(view, base, xorb_hash, layout, i, verify=verify))
+            out.append(_decode_chunk(view, base, xorb, layout, i, verify=verify))
         except XetfsError as exc:
             out.append(exc)
     return out
 
 
-def _decode_chunk(view: memoryview, base: int, xorb_hash: bytes, layout: XorbLayout, i: int, *, verify: bool) -> bytes:
-    """Chunk ``i``, whose physical bytes start at ``view[layout.phys_start(i) - base]``."""
-    where = f"xorb {hashes.to_hex(xorb_hash)} chunk {i}"
+def _decode_chunk(view: memoryview, base: int, xorb: str, layout: XorbLayout, i: int, *, verify: bool) -> bytes:
+    """Chunk ``i``, whose physical bytes start at ``view[layout.phys_start(i) - base]``; ``xorb`` names it."""
+    where = f"{xorb} chunk {i}"
     at = layout.phys_start(i) - base
     end = layout.phys_ends[i] - base
     header = parse_chunk_header(view, at, where=where)
