@@ -52,6 +52,17 @@ class Mount:
         return self.path / name
 
 
+def memory(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (peak) of a process, in bytes."""
+    out = {}
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
 def is_mounted(path: Path) -> bool:
     target = os.path.abspath(path)
     with open("/proc/self/mountinfo", encoding="utf-8") as f:

@@ -36,7 +36,7 @@ from typing import Any
 
 import oracle
 import pytest
-from mounting import Mount, mounted, wait_until
+from mounting import Mount, memory, mounted, wait_until
 from oracle import ChunkLoc, CliRunner, OracleFile, OracleStore
 
 pytestmark = pytest.mark.fuse
@@ -170,17 +170,6 @@ def stream_sha256(path: Path, block: int = MiB) -> str:
         while n := f.readinto(buf):
             h.update(memoryview(buf)[:n])
     return h.hexdigest()
-
-
-def memory(pid: int) -> dict[str, int]:
-    """VmRSS and VmHWM of a process, in bytes."""
-    out = {}
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) * 1024
-    return out
 
 
 # -- hits and misses ------------------------------------------------------------------

@@ -50,7 +50,7 @@ import oracle
 import pytest
 from helpers import writer
 from helpers.writer import StoreBuilder
-from mounting import Mount, force_unmount, is_mounted, mounted, wait_until
+from mounting import Mount, force_unmount, is_mounted, memory, mounted, wait_until
 from oracle import OracleStore, run_xetfs
 
 from xetfs import hashes
@@ -179,16 +179,6 @@ def call_with_deadline(fn: Callable[[], T], seconds: float, what: str) -> tuple[
     if "error" in box:
         raise box["error"]
     return box["value"], box["elapsed"]
-
-
-def memory(pid: int) -> dict[str, int]:
-    out = {}
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) * 1024
-    return out
 
 
 # -- shards damaged before the mount -----------------------------------------------------
