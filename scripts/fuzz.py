@@ -9,7 +9,7 @@ Targets and what may escape them (anything else is a failure):
   indexed (``xetfs.index``) and every term located.  Only ``FormatError``.
 * ``xorb``     ``footer_length`` (never raises), then ``parse_footer`` or
   ``walk_headers`` (what ``Store.load_layout`` does, minus the file), then
-  every chunk decoded and verified with ``reader.decode_run``.  Only
+  every chunk decoded and verified with ``format.xorb.decode_run``.  Only
   ``FormatError``, plus ``IntegrityError`` from the verification of a decoded
   chunk against its footer hash.
 * ``chunk``    ``parse_chunk_header`` + ``decode_chunk`` on the chunk's own
@@ -70,10 +70,9 @@ from xetfs import hashes  # noqa: E402
 from xetfs.errors import FormatError, IntegrityError, ManifestError  # noqa: E402
 from xetfs.format.chunk import HEADER_SIZE, MAX_UNCOMPRESSED, decode_chunk, parse_chunk_header  # noqa: E402
 from xetfs.format.shard import parse_shard  # noqa: E402
-from xetfs.format.xorb import XorbLayout, footer_length, parse_footer, walk_headers  # noqa: E402
+from xetfs.format.xorb import XorbLayout, decode_run, footer_length, parse_footer, walk_headers  # noqa: E402
 from xetfs.index import FileEntry, Index, TermSlice, chunk_span  # noqa: E402
 from xetfs.manifest import Manifest, dump_manifest, parse_manifest, path_problem  # noqa: E402
-from xetfs.reader import decode_run  # noqa: E402
 from xetfs.tree import build_tree  # noqa: E402
 
 MiB = 1024 * 1024

@@ -22,8 +22,7 @@ import trio
 from xetfs import hashes
 from xetfs.cache import LoadingCache
 from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError, XorbFormatError
-from xetfs.format.chunk import HEADER_SIZE, decode_chunk, parse_chunk_header
-from xetfs.format.xorb import XorbLayout
+from xetfs.format.xorb import XorbLayout, decode_run
 from xetfs.index import FileEntry, Index, chunk_span
 from xetfs.stats import CacheCounters, Stats
 from xetfs.store import Store
@@ -218,50 +217,6 @@ class _Run:
     def __init__(self, read_bytes: int, chunks: list[bytes | XetfsError]) -> None:
         self.read_bytes = read_bytes
         self.chunks = chunks
-
-
-def decode_run(
-    data: bytes, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool
-) -> list[bytes | XetfsError]:
-    """Decode chunks ``[start, stop)`` from ``data`` (their physical bytes, read in one piece).
-
-    Checks each header against the layout and, with ``verify``, each decoded
-    chunk against its hash.  A chunk that fails becomes its error in the
-    result; the others still decode.  Pure and thread-safe.
-    """
-    view = memoryview(data)
-    base = layout.phys_start(start)
-    xorb = f"xorb {hashes.to_hex(xorb_hash)}"  # for messages; built once per run, not per chunk
-    out: list[bytes | XetfsError] = []
-    for i in range(start, stop):
-        try:
-            out.append(_decode_chunk(view, base, xorb, layout, i, verify=verify))
-        except XetfsError as exc:
-            out.append(exc)
-    return out
-
-
-def _decode_chunk(view: memoryview, base: int, xorb: str, layout: XorbLayout, i: int, *, verify: bool) -> bytes:
-    """Chunk ``i``, whose physical bytes start at ``view[layout.phys_start(i) - base]``; ``xorb`` names it."""
-    where = f"{xorb} chunk {i}"
-    at = layout.phys_start(i) - base
-    end = layout.phys_ends[i] - base
-    header = parse_chunk_header(view, at, where=where)
-    size = layout.chunk_size(i)
-    if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
-        raise XorbFormatError(
-            f"{where} at offset {base + at}: header says {header.compressed_length} -> "
-            f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
-        )
-    decoded = bytes(decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=where))
-    if verify and layout.chunk_hashes is not None:
-        found = hashes.chunk_hash(decoded)
-        if found != layout.chunk_hashes[i]:
-            raise IntegrityError(
-                f"{where} at offset {base + at}: decoded bytes hash to {hashes.to_hex(found)}, "
-                f"footer says {hashes.to_hex(layout.chunk_hashes[i])}"
-            )
-    return decoded
 
 
 class _Sized:

@@ -23,10 +23,9 @@ from pathlib import Path
 from cachetools import LRUCache
 
 from xetfs import hashes
-from xetfs.errors import IntegrityError, MissingObjectError, ShardFormatError, StoreError, XorbFormatError
-from xetfs.format import chunk as chunk_format
+from xetfs.errors import IntegrityError, MissingObjectError, ShardFormatError, StoreError, XetfsError, XorbFormatError
 from xetfs.format.shard import MAGIC as SHARD_MAGIC
-from xetfs.format.xorb import MAX_CHUNKS, XorbLayout, footer_length, parse_footer
+from xetfs.format.xorb import XorbLayout, decode_run, footer_length, parse_footer, walk_headers_with
 
 _XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
 _SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
@@ -173,36 +172,15 @@ class Store:
         Reads one chunk at a time, so memory stays bounded by the chunk size
         limit whatever the file claims.
         """
-        phys: list[int] = []
-        unpacked: list[int] = []
-        chunk_hashes: list[bytes] = []
-        pos = total = 0
-        while pos < size:
-            if len(phys) >= MAX_CHUNKS:
-                raise XorbFormatError(f"{where}: more than {MAX_CHUNKS} chunks without a footer")
-            i = len(phys)
-            header = chunk_format.parse_chunk_header(
-                self.read_xorb(xorb_hash, pos, min(pos + chunk_format.HEADER_SIZE, size)), 0,
-                where=f"{where} chunk {i} at offset {pos}",
-            )  # fmt: skip
-            end = pos + chunk_format.HEADER_SIZE + header.compressed_length
-            if end > size:
-                raise XorbFormatError(
-                    f"{where}: chunk {i} at offset {pos} needs {header.compressed_length} payload bytes, "
-                    f"the file ends at {size}"
-                )
-            payload = self.read_xorb(xorb_hash, pos + chunk_format.HEADER_SIZE, end)
-            decoded = chunk_format.decode_chunk(
-                header.scheme, payload, header.uncompressed_length, where=f"{where} chunk {i}"
-            )
+        bare = walk_headers_with(lambda start, end: self.read_xorb(xorb_hash, start, end), size, where=where)
+        chunk_hashes = []
+        for i in range(bare.num_chunks):
+            data = self.read_xorb(xorb_hash, bare.phys_start(i), bare.phys_ends[i])
+            (decoded,) = decode_run(data, xorb_hash, bare, i, i + 1, verify=False)
+            if isinstance(decoded, XetfsError):
+                raise decoded
             chunk_hashes.append(hashes.chunk_hash(decoded))
-            total += header.uncompressed_length
-            phys.append(end)
-            unpacked.append(total)
-            pos = end
-        if not phys:
-            raise XorbFormatError(f"{where}: empty xorb")
-        return XorbLayout(xorb_hash, tuple(phys), tuple(unpacked), tuple(chunk_hashes))
+        return XorbLayout(xorb_hash, bare.phys_ends, bare.unpacked_ends, tuple(chunk_hashes))
 
     def close(self) -> None:
         with self._lock:

@@ -21,9 +21,8 @@ from typing import Protocol
 
 from xetfs import hashes
 from xetfs.errors import XetfsError
-from xetfs.format.chunk import HEADER_SIZE, decode_chunk, parse_chunk_header
 from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
-from xetfs.format.xorb import XorbLayout
+from xetfs.format.xorb import XorbLayout, decode_run
 from xetfs.index import EMPTY_SHA256, Index
 from xetfs.reader import Reader
 from xetfs.store import Store
@@ -116,7 +115,6 @@ def _check_shards(a: _Audit) -> list[Shard]:
 
 
 def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
-    where = f"xorb {hashes.to_hex(xorb_hash)}"
     try:
         layout = a.store.load_layout(xorb_hash)
     except XetfsError as exc:
@@ -128,32 +126,15 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
     for i in range(layout.num_chunks):
         start, end = layout.phys_start(i), layout.phys_ends[i]
         try:
-            data = a.store.read_xorb(xorb_hash, start, end)
-            header = parse_chunk_header(data, 0, where=f"{where} chunk {i}")
-            decoded = decode_chunk(
-                header.scheme, data[HEADER_SIZE:], header.uncompressed_length, where=f"{where} chunk {i}"
-            )
-        except XetfsError as exc:
-            a.problem(f"{exc} (chunk at offset {start})")
+            (outcome,) = decode_run(a.store.read_xorb(xorb_hash, start, end), xorb_hash, layout, i, i + 1, verify=True)
+        except XetfsError as exc:  # the read itself failed
+            outcome = exc
+        a.progress.update(end - start)
+        if isinstance(outcome, XetfsError):
+            a.problem(str(outcome))
             a.bad_chunks.setdefault(xorb_hash, set()).add(i)
-            continue
-        finally:
-            a.progress.update(end - start)
-        a.report.chunks += 1
-        if len(decoded) != layout.chunk_size(i):
-            a.problem(
-                f"{where} chunk {i} at offset {start}: decodes to {len(decoded)} bytes, "
-                f"footer says {layout.chunk_size(i)}"
-            )
-            a.bad_chunks.setdefault(xorb_hash, set()).add(i)
-        found = hashes.chunk_hash(decoded)
-        expected = (layout.chunk_hashes or ())[i]
-        if found != expected:
-            a.problem(
-                f"{where} chunk {i} at offset {start}: hash mismatch, expected {hashes.to_hex(expected)}, "
-                f"found {hashes.to_hex(found)}"
-            )
-            a.bad_chunks.setdefault(xorb_hash, set()).add(i)
+        else:
+            a.report.chunks += 1
 
 
 def _check_cas(a: _Audit, cas: CasRecord) -> None:

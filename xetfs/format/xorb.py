@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from xetfs.errors import XorbFormatError
-from xetfs.format.chunk import HEADER_SIZE, MAX_COMPRESSED, MAX_UNCOMPRESSED, parse_chunk_header
-from xetfs.hashes import HASH_SIZE
+from xetfs.errors import IntegrityError, XetfsError, XorbFormatError
+from xetfs.format.chunk import HEADER_SIZE, MAX_COMPRESSED, MAX_UNCOMPRESSED, Buffer, decode_chunk, parse_chunk_header
+from xetfs.hashes import HASH_SIZE, chunk_hash, to_hex
 
 FOOTER_IDENT = b"XETBLOB"
 HASHES_IDENT = b"XBLBHSH"
@@ -153,29 +154,80 @@ def _check_offsets(phys: tuple[int, ...], unpacked: tuple[int, ...], base: int, 
 
 
 def walk_headers(data: bytes, *, where: str) -> XorbLayout:
-    """Build a layout by walking the chunk headers of a footer-less xorb.
+    """Build a layout by walking the chunk headers of a footer-less xorb held in ``data``."""
+    return walk_headers_with(lambda start, end: data[start:end], len(data), where=where)
 
-    The walk must end exactly at the end of ``data``.  Chunk hashes are not
-    known (``chunk_hashes`` is None); the caller computes them from the
-    decoded chunks.
+
+def walk_headers_with(read: Callable[[int, int], bytes], size: int, *, where: str) -> XorbLayout:
+    """Build a layout by walking the chunk headers of a footer-less xorb of ``size`` bytes.
+
+    ``read(start, end)`` returns those bytes of the xorb; only the 8-byte
+    headers are read, so memory stays bounded whatever the file claims.  The
+    walk must end exactly at ``size``.  Chunk hashes are not known
+    (``chunk_hashes`` is None); the caller computes them from the decoded
+    chunks.
     """
     phys: list[int] = []
     unpacked: list[int] = []
     pos = total = 0
-    while pos < len(data):
-        header = parse_chunk_header(data, pos, where=where)
+    while pos < size:
+        if len(phys) >= MAX_CHUNKS:
+            raise XorbFormatError(f"{where}: more than {MAX_CHUNKS} chunks")
+        header = parse_chunk_header(read(pos, min(pos + HEADER_SIZE, size)), 0, where=f"{where} at offset {pos}")
         end = pos + HEADER_SIZE + header.compressed_length
-        if end > len(data):
+        if end > size:
             raise XorbFormatError(
                 f"{where}: chunk {len(phys)} at offset {pos} needs {header.compressed_length} payload bytes, "
-                f"only {len(data) - pos - HEADER_SIZE} present"
+                f"only {size - pos - HEADER_SIZE} present"
             )
         total += header.uncompressed_length
         phys.append(end)
         unpacked.append(total)
         pos = end
-        if len(phys) > MAX_CHUNKS:
-            raise XorbFormatError(f"{where}: more than {MAX_CHUNKS} chunks")
     if not phys:
         raise XorbFormatError(f"{where}: empty xorb")
     return XorbLayout(None, tuple(phys), tuple(unpacked), None)
+
+
+def decode_run(
+    data: Buffer, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool
+) -> list[bytes | XetfsError]:
+    """Decode chunks ``[start, stop)`` from ``data`` (their physical bytes, read in one piece).
+
+    Checks each header against the layout and, with ``verify``, each decoded
+    chunk against its hash in the layout.  A chunk that fails becomes its
+    error in the result; the others still decode.
+    """
+    view = memoryview(data)
+    base = layout.phys_start(start)
+    xorb = f"xorb {to_hex(xorb_hash)}"  # for messages; built once per run, not per chunk
+    out: list[bytes | XetfsError] = []
+    for i in range(start, stop):
+        try:
+            out.append(_decode_chunk(view, base, xorb, layout, i, verify=verify))
+        except XetfsError as exc:
+            out.append(exc)
+    return out
+
+
+def _decode_chunk(view: memoryview, base: int, xorb: str, layout: XorbLayout, i: int, *, verify: bool) -> bytes:
+    """Chunk ``i``, whose physical bytes start at ``view[layout.phys_start(i) - base]``; ``xorb`` names it."""
+    where = f"{xorb} chunk {i}"
+    at = layout.phys_start(i) - base
+    end = layout.phys_ends[i] - base
+    header = parse_chunk_header(view, at, where=where)
+    size = layout.chunk_size(i)
+    if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
+        raise XorbFormatError(
+            f"{where} at offset {base + at}: header says {header.compressed_length} -> "
+            f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
+        )
+    decoded = bytes(decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=where))
+    if verify and layout.chunk_hashes is not None:
+        found = chunk_hash(decoded)
+        if found != layout.chunk_hashes[i]:
+            raise IntegrityError(
+                f"{where} at offset {base + at}: decoded bytes hash to {to_hex(found)}, "
+                f"footer says {to_hex(layout.chunk_hashes[i])}"
+            )
+    return decoded
