@@ -28,6 +28,7 @@ import argparse
 import errno
 import mmap
 import os
+import re
 import signal
 import stat
 import sys
@@ -127,7 +128,8 @@ def set_read_ahead(mountpoint: str, kb: int) -> str:
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         for line in f:
             fields = line.split()
-            if len(fields) > 4 and fields[4].encode().decode("unicode_escape") == mountpoint:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4]) if len(fields) > 4 else ""
+            if point == mountpoint:
                 device = fields[2]
     if device is None:
         return f"read-ahead: {mountpoint} not in mountinfo"

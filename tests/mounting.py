@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -63,21 +64,31 @@ def memory(pid: int) -> dict[str, int]:
     return out
 
 
+def mountinfo() -> Iterator[tuple[str, str, list[str]]]:
+    """``(mount point, major:minor, options)`` of every mount (/proc/self/mountinfo).
+
+    The options are the mount's own and its filesystem's (``allow_other`` is one of those).
+    """
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        super_options = right.split()[2].split(",") if len(right.split()) > 2 else []
+        # Space, tab, newline and backslash appear as octal escapes (\\040 ...).
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        yield point, fields[2], fields[5].split(",") + super_options
+
+
 def is_mounted(path: Path) -> bool:
     target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        return any(line.split()[4].encode().decode("unicode_escape") == target for line in f)
+    return any(point == target for point, _, _ in mountinfo())
 
 
 def mount_device(path: Path) -> str | None:
     """``major:minor`` of the mount at ``path``, or None."""
     target = os.path.abspath(path)
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4].encode().decode("unicode_escape") == target:
-                return fields[2]
-    return None
+    return next((device for point, device, _ in mountinfo() if point == target), None)
 
 
 def force_unmount(path: Path) -> None:

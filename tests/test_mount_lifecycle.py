@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mounting import EXIT_DEADLINE, force_unmount, is_mounted, mounted, wait_until
+from mounting import EXIT_DEADLINE, force_unmount, is_mounted, mount_device, mounted, wait_until
 from oracle import OracleStore, run_xetfs
 
 pytestmark = pytest.mark.fuse
@@ -108,6 +108,23 @@ def test_background_mount_answers_at_once_then_umount(basic_store: OracleStore, 
     text = log.read_text()
     assert "Traceback" not in text and " ERROR " not in text, text
     assert os.listdir(mnt) == []
+
+
+def test_mountpoint_with_spaces_and_unicode(basic_store: OracleStore, tmp_path: Path) -> None:
+    """The mount table escapes spaces as octal and holds UTF-8: read-ahead and umount still find the mount."""
+    mnt = tmp_path / "ma monture é"
+    mnt.mkdir()
+    with cleanup(mnt):
+        proc = run_xetfs("mount", basic_store.path, mnt)
+        assert proc.returncode == 0, proc.stderr
+        device = mount_device(mnt)
+        assert device is not None
+        assert Path(f"/sys/class/bdi/{device}/read_ahead_kb").read_text().strip() == "1024"
+        f = basic_store["text.txt"]
+        assert (mnt / f.hash).read_bytes() == f.read()
+        umount = run_xetfs("umount", mnt)
+        assert (umount.returncode, umount.stderr) == (0, b"")
+        assert not is_mounted(mnt)
 
 
 def test_umount_of_a_busy_mount_fails_and_lazy_umount_detaches(basic_store: OracleStore, mnt: Path) -> None:

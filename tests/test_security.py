@@ -35,7 +35,7 @@ import oracle
 import pytest
 import trio
 from helpers.writer import StoreBuilder
-from mounting import Mount, force_unmount, is_mounted, mounted
+from mounting import Mount, force_unmount, is_mounted, mounted, mountinfo
 from oracle import OracleStore, run_xetfs
 
 from xetfs import hashes
@@ -270,12 +270,10 @@ def test_manifest_names_cannot_escape(named_store: NamedStore, tmp_path: Path, w
 
 
 def mount_options(mnt: Path) -> set[str]:
-    with open("/proc/mounts", encoding="utf-8") as f:
-        for line in f:
-            fields = line.split()
-            if fields[1].encode().decode("unicode_escape") == str(mnt):
-                return set(fields[3].split(","))
-    raise AssertionError(f"{mnt} not in /proc/mounts")
+    for point, _, options in mountinfo():
+        if point == str(mnt):
+            return set(options)
+    raise AssertionError(f"{mnt} not in /proc/self/mountinfo")
 
 
 @fuse

@@ -13,11 +13,14 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,16 +136,10 @@ def fs_type(path: Path) -> str:
     """The type of the filesystem holding ``path`` (longest mountinfo prefix), or ""."""
     target = str(path)
     best, kind = "", ""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                point = left.split()[4].encode().decode("unicode_escape")
-                inside = target == point or target.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, kind = point, right.split()[0]
-    except OSError:
-        pass
+    for point, _device, fstype in _mounts():
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fstype
     return kind
 
 
@@ -289,16 +286,10 @@ def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str
                 break
             if child.poll() is not None and not data:
                 break
-            _wait_readable(fd, 0.05)
+            select.select([fd], [], [], 0.05)
         else:
             return f"error: the daemon did not report within {timeout:g} s"
     return b"".join(chunks).decode(errors="replace").strip()
-
-
-def _wait_readable(fd: int, timeout: float) -> None:
-    import select
-
-    select.select([fd], [], [], timeout)
 
 
 def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> None:
@@ -335,16 +326,27 @@ def _abort_connection(device: str) -> None:
 
 
 def _mounted_device(path: str) -> str | None:
-    """``major:minor`` of the mount at ``path`` (from /proc/self/mountinfo), or None."""
+    """``major:minor`` of the mount at ``path``, or None."""
+    return next((device for point, device, _ in _mounts() if point == path), None)
+
+
+def _mounts() -> Iterator[tuple[str, str, str]]:
+    """``(mount point, major:minor, filesystem type)`` of every mount, from /proc/self/mountinfo.
+
+    Read from the kernel's table, never through a mount: a stat() of a FUSE
+    mountpoint whose loop is not running (or is hung) would block.
+    """
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if fields[4].encode().decode("unicode_escape") == path:
-                    return fields[2]
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.read().splitlines()
     except OSError:
-        pass
-    return None
+        return
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        # Space, tab, newline and backslash appear as octal escapes (\040 ...).
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+        yield point, fields[2], right.split()[0]
 
 
 def default_log_file(mountpoint: Path) -> Path:
