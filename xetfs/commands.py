@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xetfs.errors import XetfsError
 from xetfs.store import Store
 
 if TYPE_CHECKING:
@@ -141,8 +142,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     try:
         doc = json.loads(path.read_bytes())
     except FileNotFoundError:
-        from xetfs.errors import XetfsError
-
         raise XetfsError(f"{args.mountpoint}: not a xetfs mount (no {STATS_PATH})") from None
     if args.json:
         json.dump(doc, sys.stdout, indent=2)

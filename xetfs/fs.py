@@ -92,6 +92,7 @@ class XetFS(pyfuse3.Operations):
         self.stats = reader.stats
         self.options = options or FsOptions()
         self._handles: dict[int, _Handle] = {}
+        self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store never changes
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
         self._prefetch = self.options.prefetch and reader.cache.capacity >= MIN_CACHE_FOR_PREFETCH
@@ -180,8 +181,7 @@ class XetFS(pyfuse3.Operations):
         s = pyfuse3.StatvfsData()
         s.f_bsize = BLOCK_SIZE
         s.f_frsize = 4096
-        total = sum(e.size for e in self.reader.index)
-        s.f_blocks = (total + 4095) // 4096
+        s.f_blocks = (self._total_bytes + 4095) // 4096
         s.f_bfree = s.f_bavail = 0
         s.f_files = self.tree.inode_count
         s.f_ffree = s.f_favail = 0
