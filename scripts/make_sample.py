@@ -59,9 +59,9 @@ def make_files(root: Path) -> None:
     (root / "model" / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     vocab = {f"tok{i}_{rng.choice(['an', 'the', 'ing', 'er', 'tion'])}": i for i in range(4096)}
     (root / "model" / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}}, indent=1) + "\n")
-    tensors = {
-        f"layers.{i}.weight": ([256, 256], weights(rng, 256 * 256)) for i in range(4)
-    } | {"embed.weight": ([4096, 64], weights(rng, 4096 * 64))}
+    tensors = {f"layers.{i}.weight": ([256, 256], weights(rng, 256 * 256)) for i in range(4)} | {
+        "embed.weight": ([4096, 64], weights(rng, 4096 * 64))
+    }
     (root / "model" / "model.safetensors").write_bytes(safetensors(tensors))
     (root / "data" / "random.bin").write_bytes(rng.randbytes(768 * 1024))
     (root / "data" / "empty.txt").write_bytes(b"")

@@ -205,7 +205,7 @@ def test_first_read_misses_second_read_hits(cache_store: OracleStore) -> None:
         d = second["delta"]
         assert d["cache"]["hits"] == n_lookups
         assert d["cache"]["misses"] == 0
-        assert d["decode"] == {"chunks": 0, "bytes": 0}
+        assert (d["decode"]["chunks"], d["decode"]["bytes"]) == (0, 0)
         assert d["store"]["reads"] == 0 and d["store"]["bytes"] == 0
         assert second["after"]["cache"]["entries"] == len(want)
         assert second["after"]["errors"] == first["before"]["errors"]

@@ -1,7 +1,9 @@
 """Reader (xetfs/reader.py) over stores written by the test writer.
 
 Every read is compared with the original bytes; store reads, cache hits and
-error counts are checked through ``Reader.stats``.
+error counts are checked through ``Reader.stats``.  Every test runs twice:
+decoding in the reader's own thread, and in worker processes (a
+``DecodePool`` that takes every run, however small).
 """
 
 from __future__ import annotations
@@ -21,8 +23,27 @@ from xetfs import reader as reader_module
 from xetfs.errors import IntegrityError, MissingObjectError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.index import Index
+from xetfs.pool import DecodePool
 from xetfs.reader import Reader
 from xetfs.store import Store
+
+_pool: DecodePool | None = None  # set by the ``decoding`` fixture
+
+
+@pytest.fixture(scope="module")
+def shared_pool() -> Iterator[DecodePool]:
+    pool = DecodePool(2)
+    pool.min_job_bytes = 0  # every run goes to a worker
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(autouse=True, params=["daemon", "workers"])
+def decoding(request: pytest.FixtureRequest) -> Iterator[str]:
+    global _pool
+    _pool = request.getfixturevalue("shared_pool") if request.param == "workers" else None
+    yield request.param
+    _pool = None
 
 
 @contextmanager
@@ -32,15 +53,36 @@ def opened(root: Path, **options: object) -> Iterator[tuple[Index, Reader]]:
     try:
         shards = [parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()]
         idx = index.build(shards)
-        yield idx, Reader(idx, store, **options)  # type: ignore[arg-type]
+        yield idx, Reader(idx, store, pool=_pool, **options)  # type: ignore[arg-type]
     finally:
         store.close()
+
+
+def running(reader: Reader, call: str, *args: object) -> object:
+    """``reader.<call>(*args)`` in a trio run where the reader's workers (if any) are served."""
+
+    async def main() -> object:
+        async with trio.open_nursery() as nursery:
+            reader.start(nursery)
+            try:
+                return await getattr(reader, call)(*args)
+            except Exception as exc:
+                return exc  # raised outside the nursery, not wrapped in a group
+            finally:
+                nursery.cancel_scope.cancel()
+
+    result = trio.run(main)
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 def read(idx: Index, reader: Reader, file_hash: bytes, offset: int = 0, size: int = 1 << 40) -> bytes:
     entry = idx.get(file_hash)
     assert entry is not None, hashes.to_hex(file_hash)
-    return bytes(trio.run(reader.read, entry, offset, size))
+    data = running(reader, "read", entry, offset, size)
+    assert isinstance(data, bytes | memoryview)
+    return bytes(data)
 
 
 def check_ranges(idx: Index, reader: Reader, file_hash: bytes, content: bytes, seed: int, count: int = 40) -> None:
@@ -256,7 +298,7 @@ def test_prefetch_then_read(tmp_path: Path) -> None:
     with opened(tmp_path) as (idx, reader):
         entry = idx.get(fh)
         assert entry is not None
-        trio.run(reader.prefetch, entry, 0, 4000)
+        running(reader, "prefetch", entry, 0, 4000)
         assert reader.stats.prefetch.requests == 1
         assert reader.stats.prefetch.chunks == 4
         assert read(idx, reader, fh, 0, 8000) == content

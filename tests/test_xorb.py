@@ -377,4 +377,3 @@ def test_walk_bad_header_in_the_middle() -> None:
     data[built.phys_ends[0] + 4] = 7  # scheme of chunk 1
     with pytest.raises(XorbFormatError, match="scheme 7"):
         walk_headers(bytes(data), where=W)
-

@@ -47,6 +47,8 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                         "auto: threads when the store is on a network or FUSE filesystem")  # fmt: skip
     p.add_argument("--io-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="with threaded store reads, fail a read that takes longer with EIO (default 30)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="decode worker processes (default: one per CPU, up to 8; 0: decode in the daemon)")  # fmt: skip
     p.add_argument("--log-file", type=Path, help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log)")
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_mount)
@@ -84,6 +86,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         prefetch=args.prefetch,
         io_mode=args.io_mode,
         io_timeout=args.io_timeout,
+        workers=args.workers,
     )
 
 
@@ -98,6 +101,8 @@ def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--cache-size", str(args.cache_size), "--read-ahead", str(args.read_ahead)]
+    if args.workers is not None:
+        argv += ["--workers", str(args.workers)]
     argv += ["--log-level", args.log_level]
     if config.names:
         argv += ["--names", str(config.names)]

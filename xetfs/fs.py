@@ -53,7 +53,7 @@ class FsOptions:
 class _Handle:
     node: Node
     readahead: Readahead = field(default_factory=Readahead)
-    prefetching: bool = False
+    prefetching: int = 0  # prefetch tasks running for this handle
     snapshot: bytes = b""  # the stats document, for a stats handle
 
 
@@ -100,8 +100,9 @@ class XetFS(pyfuse3.Operations):
             log.info("prefetch off: the chunk cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
 
     def start_background(self, nursery: trio.Nursery) -> None:
-        """Give the filesystem a nursery for readahead tasks."""
+        """Give the filesystem a nursery for readahead tasks (and the reader its workers)."""
         self._nursery = nursery
+        self.reader.start(nursery)
 
     # -- names and attributes ---------------------------------------------
 
@@ -255,11 +256,11 @@ class XetFS(pyfuse3.Operations):
         return data
 
     def _maybe_prefetch(self, handle: _Handle, entry: FileEntry, off: int, length: int) -> None:
-        busy = handle.prefetching or self._nursery is None
+        busy = handle.prefetching >= self.reader.prefetch_tasks or self._nursery is None
         ahead = handle.readahead.on_read(off, length, entry.size, busy=busy)
         if ahead is None or self._nursery is None:
             return
-        handle.prefetching = True
+        handle.prefetching += 1
         self._nursery.start_soon(self._prefetch_task, handle, entry, *ahead)
 
     async def _prefetch_task(self, handle: _Handle, entry: FileEntry, offset: int, length: int) -> None:
@@ -268,7 +269,7 @@ class XetFS(pyfuse3.Operations):
         except Exception:
             log.exception("prefetch of file %s failed", entry.hex)
         finally:
-            handle.prefetching = False
+            handle.prefetching -= 1
 
     async def release(self, fh: int) -> None:
         self._handles.pop(fh, None)

@@ -32,6 +32,7 @@ from xetfs.fs import FsOptions, XetFS
 from xetfs.indexer import load_index
 from xetfs.manifest import Manifest
 from xetfs.pack import find_manifest, load_manifest
+from xetfs.pool import DecodePool, default_workers
 from xetfs.reader import Reader, inline_io, threaded_io
 from xetfs.store import Store
 from xetfs.tree import build_tree
@@ -61,6 +62,7 @@ class MountConfig:
     prefetch: bool = True
     io_mode: str = "auto"  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
     io_timeout: float = 30.0
+    workers: int | None = None  # decode worker processes; None: one per CPU
 
 
 def parse_options(values: list[str]) -> frozenset[str]:
@@ -110,7 +112,7 @@ def build_fs(config: MountConfig) -> XetFS:
     threaded = choose_io_mode(config.io_mode, store.root) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
-    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io)
+    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, pool=_decode_pool(config, threaded))
     counters = loaded.counters()
     reader.stats.index = counters
     log.info(
@@ -125,6 +127,20 @@ def build_fs(config: MountConfig) -> XetFS:
         prefetch=config.prefetch,
     )
     return XetFS(tree, reader, options)
+
+
+def _decode_pool(config: MountConfig, threaded: bool) -> DecodePool | None:
+    """Worker processes for decoding, unless asked for none or the store needs bounded reads.
+
+    Store reads that may stall (``threaded``) stay in the daemon, where each
+    one is bounded by ``--io-timeout``.
+    """
+    workers = default_workers() if config.workers is None else config.workers
+    if workers <= 0 or threaded:
+        log.info("decoding in the daemon")
+        return None
+    log.info("decoding in %d worker processes", workers)
+    return DecodePool(workers)
 
 
 # Filesystems whose reads can stall indefinitely (network, FUSE, cluster).
@@ -189,17 +205,21 @@ def _limit_malloc_arenas() -> None:
 def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
     """Mount and serve until unmounted or signalled.  Reports readiness on ``ready_fd``."""
     _limit_malloc_arenas()
+    fs: XetFS | None = None
     try:
         check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
         fs = build_fs(config)
         pyfuse3.init(fs, str(config.mountpoint), fuse_options(config))
     except (XetfsError, OSError, RuntimeError) as exc:
+        if fs is not None:
+            fs.reader.close()
         _report(ready_fd, f"error: {describe(exc)}")
         raise
     try:
         trio.run(_serve, fs, config, ready_fd)
     finally:
         pyfuse3.close(unmount=True)
+        fs.reader.close()
         log.info("unmounted %s", config.mountpoint)
     return 0
 

@@ -8,7 +8,9 @@ decoded chunk is checked against its hash from the xorb footer (which is
 itself tied to the xorb's name) before it is cached or returned.
 
 Runs on one trio thread.  Blocking store reads go through ``io``, which may
-run them inline (fastest) or in a worker thread with a time bound.
+run them inline (fastest) or in a worker thread with a time bound.  With a
+``DecodePool``, runs big enough to be worth a process round trip are read
+and decoded by worker processes instead, several at a time.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from typing import Any, TypeVar
 import trio
 
 from xetfs import hashes
-from xetfs.cache import LoadingCache
+from xetfs.cache import Loader, LoadingCache
 from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError, XorbFormatError
-from xetfs.format.xorb import XorbLayout, decode_run
+from xetfs.format.xorb import XorbLayout, chunk_specs, decode_run
 from xetfs.index import FileEntry, Index, chunk_span
+from xetfs.pool import DecodePool, WorkerLost
 from xetfs.stats import CacheCounters, Stats
 from xetfs.store import Store
 
@@ -71,16 +74,31 @@ class Reader:
         stats: Stats | None = None,
         verify: bool = True,
         io: Io = inline_io,
+        pool: DecodePool | None = None,
     ) -> None:
         self.index = index
         self.store = store
         self.stats = stats or Stats()
         self.verify = verify
         self._io = io
+        self._pool = pool
+        # A run must fit a worker's slot; without workers only MAX_RUN_BYTES bounds it.
+        self._max_run_decoded = pool.slot_size if pool else MAX_RUN_BYTES * 64
         self.cache: LoadingCache[ChunkKey, bytes] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE, CacheCounters())
 
     # -- public API ---------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start background work (collecting worker results) in ``nursery``."""
+        if self._pool is not None:
+            self._pool.start(nursery)
+
+    def close(self) -> None:
+        """Stop the decode workers, if any."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     async def read(self, entry: FileEntry, offset: int, size: int) -> bytes | memoryview:
         """Bytes ``[offset, offset + size)`` of ``entry``, clipped at end of file.
@@ -96,6 +114,16 @@ class Reader:
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)
+
+    @property
+    def prefetch_tasks(self) -> int:
+        """How many prefetches of one file may run at once.
+
+        Without workers one at a time (they would only take turns on this
+        thread); with workers a new window may start while the last one's
+        final batches are decoding, so the workers never run dry.
+        """
+        return 2 if self._pool is not None and self._pool.usable else 1
 
     async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
         """Load the chunks under ``[offset, offset + size)`` into the cache; errors are ignored.
@@ -126,11 +154,7 @@ class Reader:
                 return await self._load_chunks(missing, layout)
 
             if prefetch:
-                # In small batches, each its own load: a reader that catches
-                # up waits for the batch holding its chunk, not the window.
-                for i in range(0, len(keys), PREFETCH_BATCH):
-                    await self.cache.prefetch(keys[i : i + PREFETCH_BATCH], load)
-                    await trio.lowlevel.checkpoint()
+                await self._prefetch_batches(keys, load)
                 continue
             chunks = await self.cache.get_many(keys, load)
             skip, left = span.skip, span.length
@@ -145,6 +169,33 @@ class Reader:
                 if not left:
                     break
         return parts
+
+    async def _prefetch_batches(self, keys: list[ChunkKey], load: Loader[ChunkKey, bytes]) -> None:
+        """Load ``keys`` in small batches, each its own load, in order.
+
+        A reader that catches up waits for the batch holding its chunk, not
+        for the whole window.  With workers, as many batches are in flight
+        as the pool has slots, handed out in file order.
+        """
+        batches = [keys[i : i + PREFETCH_BATCH] for i in range(0, len(keys), PREFETCH_BATCH)]
+        if self._pool is None or not self._pool.usable:
+            for batch in batches:
+                await self.cache.prefetch(batch, load)
+                await trio.lowlevel.checkpoint()
+            return
+        in_flight = trio.Semaphore(self._pool.capacity)
+
+        async def one(batch: list[ChunkKey]) -> None:
+            try:
+                with contextlib.suppress(XetfsError):
+                    await self.cache.prefetch(batch, load)
+            finally:
+                in_flight.release()
+
+        async with trio.open_nursery() as nursery:
+            for batch in batches:
+                await in_flight.acquire()
+                nursery.start_soon(one, batch)
 
     async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
         out = {}
@@ -165,7 +216,10 @@ class Reader:
         indices = sorted(i for _, i in keys)
         run_start = prev = indices[0]
         for i in [*indices[1:], -1]:
-            too_big = i >= 0 and layout.phys_ends[i] - layout.phys_start(run_start) > MAX_RUN_BYTES
+            too_big = i >= 0 and (
+                layout.phys_ends[i] - layout.phys_start(run_start) > MAX_RUN_BYTES
+                or layout.range_size(run_start, i + 1) > self._max_run_decoded
+            )
             if i != prev + 1 or too_big:
                 try:
                     run = await self._load_run(xorb_hash, layout, run_start, prev + 1)
@@ -179,6 +233,16 @@ class Reader:
         return out
 
     async def _load_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
+        pool = self._pool
+        if pool is not None and pool.usable and layout.range_size(start, stop) >= pool.min_job_bytes:
+            specs = chunk_specs(layout, start, stop, verify=self.verify)
+            try:
+                read_bytes, chunks = await pool.decode(str(self.store.xorb_path(xorb_hash)), xorb_hash, specs)
+            except WorkerLost:
+                self.stats.decode.worker_fallbacks += 1
+            else:
+                self.stats.decode.in_workers += sum(not isinstance(c, XetfsError) for c in chunks)
+                return _Run(read_bytes, chunks)
         data = await self._io(_read_run, self.store, xorb_hash, layout, start, stop)
         return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
 

@@ -28,6 +28,8 @@ class CacheCounters:
 class DecodeCounters:
     chunks: int = 0
     bytes: int = 0
+    in_workers: int = 0  # of those chunks, decoded by a worker process
+    worker_fallbacks: int = 0  # runs decoded in the daemon because their worker was lost
 
 
 @dataclass

@@ -130,19 +130,7 @@ class Store:
 
     def read_xorb(self, xorb_hash: bytes, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a xorb file; a short read is a format error."""
-        fd = self._fd(xorb_hash)
-        try:
-            data = os.pread(fd, end - start, start)
-        except OSError as exc:
-            raise XorbFormatError(
-                f"xorb {hashes.to_hex(xorb_hash)}: read of [{start}, {end}) failed: {exc.strerror}"
-            ) from None
-        if len(data) != end - start:
-            raise XorbFormatError(
-                f"xorb {hashes.to_hex(xorb_hash)}: truncated: wanted bytes [{start}, {end}), "
-                f"file ends at {start + len(data)}"
-            )
-        return data
+        return read_range(self._fd(xorb_hash), start, end, where=f"xorb {hashes.to_hex(xorb_hash)}")
 
     def load_layout(self, xorb_hash: bytes) -> XorbLayout:
         """Read and check a xorb's layout; chunk hashes are tied to the xorb's name.
@@ -185,6 +173,17 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._fds.clear()
+
+
+def read_range(fd: int, start: int, end: int, *, where: str) -> bytes:
+    """Bytes ``[start, end)`` of an open object file; a failed or short read is a format error."""
+    try:
+        data = os.pread(fd, end - start, start)
+    except OSError as exc:
+        raise XorbFormatError(f"{where}: read of [{start}, {end}) failed: {exc.strerror}") from None
+    if len(data) != end - start:
+        raise XorbFormatError(f"{where}: truncated: wanted bytes [{start}, {end}), file ends at {start + len(data)}")
+    return data
 
 
 def _checked(layout: XorbLayout, xorb_hash: bytes, where: str) -> XorbLayout:

@@ -189,6 +189,21 @@ def walk_headers_with(read: Callable[[int, int], bytes], size: int, *, where: st
     return XorbLayout(None, tuple(phys), tuple(unpacked), None)
 
 
+# What decoding one chunk needs to know: its index in the xorb, where its
+# header starts and its payload ends in the xorb file, its decoded size and
+# (to verify it) the hash its decoded bytes must have.
+ChunkSpec = tuple[int, int, int, int, bytes | None]
+
+
+def chunk_specs(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> list[ChunkSpec]:
+    """Specs of chunks ``[start, stop)``; hashes only with ``verify`` and when the layout has them."""
+    hashes = layout.chunk_hashes if verify else None
+    return [
+        (i, layout.phys_start(i), layout.phys_ends[i], layout.chunk_size(i), hashes[i] if hashes else None)
+        for i in range(start, stop)
+    ]
+
+
 def decode_run(
     data: Buffer, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool
 ) -> list[bytes | XetfsError]:
@@ -198,36 +213,46 @@ def decode_run(
     chunk against its hash in the layout.  A chunk that fails becomes its
     error in the result; the others still decode.
     """
+    specs = chunk_specs(layout, start, stop, verify=verify)
+    return [c if isinstance(c, XetfsError) else bytes(c) for c in decode_chunks(data, xorb_hash, specs)]
+
+
+def decode_chunks(data: Buffer, xorb_hash: bytes, specs: list[ChunkSpec]) -> list[Buffer | XetfsError]:
+    """Decode the chunks ``specs`` describes from ``data``, their physical bytes read in one piece.
+
+    ``data`` starts at the first spec's header.  A raw chunk comes back as a
+    view into ``data`` (no copy).  A chunk that fails becomes its error; the
+    others still decode.
+    """
     view = memoryview(data)
-    base = layout.phys_start(start)
+    base = specs[0][1] if specs else 0
     xorb = f"xorb {to_hex(xorb_hash)}"  # for messages; built once per run, not per chunk
-    out: list[bytes | XetfsError] = []
-    for i in range(start, stop):
+    out: list[Buffer | XetfsError] = []
+    for spec in specs:
         try:
-            out.append(_decode_chunk(view, base, xorb, layout, i, verify=verify))
+            out.append(_decode_chunk(view, base, xorb, spec))
         except XetfsError as exc:
             out.append(exc)
     return out
 
 
-def _decode_chunk(view: memoryview, base: int, xorb: str, layout: XorbLayout, i: int, *, verify: bool) -> bytes:
-    """Chunk ``i``, whose physical bytes start at ``view[layout.phys_start(i) - base]``; ``xorb`` names it."""
+def _decode_chunk(view: memoryview, base: int, xorb: str, spec: ChunkSpec) -> Buffer:
+    """The chunk ``spec`` describes; its header is at ``view[spec start - base]``; ``xorb`` names it."""
+    i, phys_start, phys_end, size, expected = spec
     where = f"{xorb} chunk {i}"
-    at = layout.phys_start(i) - base
-    end = layout.phys_ends[i] - base
+    at = phys_start - base
+    end = phys_end - base
     header = parse_chunk_header(view, at, where=where)
-    size = layout.chunk_size(i)
     if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
         raise XorbFormatError(
-            f"{where} at offset {base + at}: header says {header.compressed_length} -> "
+            f"{where} at offset {phys_start}: header says {header.compressed_length} -> "
             f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
         )
-    decoded = bytes(decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=where))
-    if verify and layout.chunk_hashes is not None:
+    decoded = decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=where)
+    if expected is not None:
         found = chunk_hash(decoded)
-        if found != layout.chunk_hashes[i]:
+        if found != expected:
             raise IntegrityError(
-                f"{where} at offset {base + at}: decoded bytes hash to {to_hex(found)}, "
-                f"footer says {to_hex(layout.chunk_hashes[i])}"
+                f"{where} at offset {phys_start}: decoded bytes hash to {to_hex(found)}, footer says {to_hex(expected)}"
             )
     return decoded

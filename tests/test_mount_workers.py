@@ -1,0 +1,82 @@
+"""Decode worker processes behind a real mount.
+
+The daemon starts its workers at mount, sends them the runs worth sending,
+keeps serving correct bytes when one dies, and takes them down with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+from pathlib import Path
+
+from mounting import Mount, mounted, wait_until
+from oracle import OracleStore
+
+
+def _workers(m: Mount) -> list[int]:
+    """Process ids of the daemon's decode workers."""
+    pid = m.proc.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [int(c) for c in children if b"xetfs.decode_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_reads_are_decoded_in_workers(basic_store: OracleStore) -> None:
+    with mounted(basic_store.path, "--workers", "2", "--direct-io") as m:
+        assert len(_workers(m)) == 2
+        for f in basic_store.unique():
+            assert _sha256(m / f".xetfs/by-hash/{f.hash}") == f.sha256, f.name
+        decode = m.stats()["decode"]
+        assert decode["in_workers"] > 0
+        assert decode["worker_fallbacks"] == 0
+        assert "decoding in 2 worker processes" in m.log()
+
+
+def test_workers_0_decodes_in_the_daemon(basic_store: OracleStore) -> None:
+    with mounted(basic_store.path, "--workers", "0", "--direct-io") as m:
+        assert _workers(m) == []
+        for f in basic_store.unique():
+            assert _sha256(m / f".xetfs/by-hash/{f.hash}") == f.sha256, f.name
+        decode = m.stats()["decode"]
+        assert decode["in_workers"] == 0 and decode["chunks"] > 0
+
+
+def test_a_killed_worker_costs_no_read(big_store: OracleStore) -> None:
+    f = big_store["big.bin"]
+    with mounted(big_store.path, "--workers", "2", "--direct-io", allow_errors=True) as m:
+        path = m / f".xetfs/by-hash/{f.hash}"
+        with open(path, "rb") as src:
+            src.read(8 << 20)  # the workers are busy with prefetch now
+            for pid in _workers(m):
+                os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: not _workers(m), 10, "the killed workers to be reaped", m.proc, m.log_path)
+            rest = src.read()
+        assert len(rest) == f.size - (8 << 20)
+        assert _sha256(path) == f.sha256
+        assert m.log().count("decode worker") == 2
+        assert "decoding in the daemon" in m.log()
+        assert m.stats()["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0}
+
+
+def test_unmount_ends_the_workers(basic_store: OracleStore) -> None:
+    with mounted(basic_store.path, "--workers", "2") as m:
+        pids = _workers(m)
+        assert len(pids) == 2
+    # mounted() has unmounted and waited for the daemon
+    wait_until(lambda: not any(_alive(p) for p in pids), 10, "the workers to exit")

@@ -1,0 +1,177 @@
+"""Decode worker processes (xetfs/pool.py, xetfs/decode_worker.py).
+
+The pool must give exactly what decoding in the daemon gives (bytes and
+errors, message for message), hand its slots back whatever happens to the
+job's caller, and cost speed, never a read, when a worker dies.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from helpers.writer import StoreBuilder
+
+from xetfs import index
+from xetfs.errors import IntegrityError, XetfsError
+from xetfs.format.shard import parse_shard
+from xetfs.format.xorb import ChunkSpec, chunk_specs, decode_run
+from xetfs.pool import DecodePool, WorkerLost
+from xetfs.reader import Reader
+from xetfs.store import Store
+
+
+@pytest.fixture
+def pool() -> Iterator[DecodePool]:
+    p = DecodePool(2, slots_per_worker=2, slot_size=64 * 1024)
+    p.min_job_bytes = 0
+    yield p
+    p.close()
+
+
+def _store(root: Path, size: int = 40_000) -> tuple[Store, bytes, bytes]:
+    """A one-xorb store holding one file of raw, LZ4 and BG4 chunks of 1000 bytes."""
+    rng = random.Random(7)
+    content = rng.randbytes(size // 2) + bytes(rng.choice(b"xy") for _ in range(size - size // 2))
+    b = StoreBuilder(root)
+    file_hash = b.add_file(content, chunk_size=1000, scheme=[0, 1, 2])
+    b.finish()
+    (xorb_hash,) = b.xorbs
+    return Store.open(root), file_hash, xorb_hash
+
+
+def _run(pool: DecodePool, body: Callable[[], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        async with trio.open_nursery() as nursery:
+            pool.start(nursery)
+            try:
+                return await body()
+            except Exception as exc:
+                return exc  # raised outside the nursery, not wrapped in a group
+            finally:
+                nursery.cancel_scope.cancel()
+
+    result = trio.run(main)
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def test_workers_decode_what_the_daemon_decodes(tmp_path: Path, pool: DecodePool) -> None:
+    store, _, xorb_hash = _store(tmp_path)
+    layout = store.load_layout(xorb_hash)
+    path = str(store.xorb_path(xorb_hash))
+    for start, stop in [(0, 1), (0, 40), (5, 37), (39, 40)]:
+        data = store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
+        expected = decode_run(data, xorb_hash, layout, start, stop, verify=True)
+        specs = chunk_specs(layout, start, stop, verify=True)
+
+        async def decode(specs: list[ChunkSpec] = specs) -> tuple[int, list[bytes | XetfsError]]:
+            return await pool.decode(path, xorb_hash, specs)
+
+        read_bytes, got = _run(pool, decode)
+        assert read_bytes == len(data)
+        assert got == expected
+
+
+def test_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, pool: DecodePool) -> None:
+    store, _, xorb_hash = _store(tmp_path)
+    layout = store.load_layout(xorb_hash)
+    path = store.xorb_path(xorb_hash)
+    path.chmod(0o644)
+    raw = bytearray(path.read_bytes())
+    raw[layout.phys_start(3) + 20] ^= 0xFF  # chunk 3's payload
+    path.write_bytes(bytes(raw))
+    data = store.read_xorb(xorb_hash, 0, layout.phys_ends[5])
+    expected = decode_run(data, xorb_hash, layout, 0, 6, verify=True)
+    specs = chunk_specs(layout, 0, 6, verify=True)
+    _, got = _run(pool, lambda: pool.decode(str(path), xorb_hash, specs))
+    assert [type(c) for c in got] == [type(c) for c in expected]
+    assert isinstance(got[3], XetfsError) and type(got[3]) is type(expected[3])
+    assert str(got[3]) == str(expected[3])
+    assert got[:3] == expected[:3] and got[4:] == expected[4:]
+
+    os.truncate(path, layout.phys_ends[2])
+    _, got = _run(pool, lambda: pool.decode(str(path), xorb_hash, specs))
+    assert all(isinstance(c, XetfsError) for c in got)
+    assert "truncated" in str(got[0]) and "reading chunks [0, 6)" in str(got[0])
+
+
+def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodePool) -> None:
+    store, _, xorb_hash = _store(tmp_path)
+    layout = store.load_layout(xorb_hash)
+    path = str(store.xorb_path(xorb_hash))
+    specs = chunk_specs(layout, 0, 40, verify=True)
+
+    async def body() -> None:
+        for _ in range(3):
+            async with trio.open_nursery() as nursery:
+                for _ in range(pool.capacity):
+                    nursery.start_soon(pool.decode, path, xorb_hash, specs)
+                while pool._free:  # every slot lent out, its job sent
+                    await trio.sleep(0)
+                nursery.cancel_scope.cancel()  # every caller gives up while the workers decode
+        with trio.fail_after(20):
+            _, got = await pool.decode(path, xorb_hash, specs)  # would hang if slots leaked
+        assert not any(isinstance(c, Exception) for c in got)
+
+    _run(pool, body)
+
+
+def test_a_dead_worker_costs_speed_not_reads(tmp_path: Path, pool: DecodePool) -> None:
+    store, file_hash, xorb_hash = _store(tmp_path)
+    shards = [parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()]
+    idx = index.build(shards)
+    entry = idx.get(file_hash)
+    assert entry is not None
+    expected = b"".join(bytes(c) for c in _whole_file(store, idx, file_hash))
+
+    for worker in pool._workers:
+        os.kill(worker.process.pid, signal.SIGKILL)
+        worker.process.wait()
+
+    reader = Reader(idx, store, pool=pool, cache_size=0)
+
+    async def body() -> bytes:
+        first = bytes(await reader.read(entry, 0, entry.size))  # the jobs meet the dead workers
+        await trio.sleep(0)
+        second = bytes(await reader.read(entry, 0, entry.size))  # the pool is known dead now
+        assert first == second
+        return first
+
+    assert _run(pool, body) == expected
+    assert reader.stats.decode.worker_fallbacks >= 1
+    assert reader.stats.decode.in_workers == 0
+    assert not pool.usable
+    specs = chunk_specs(store.load_layout(xorb_hash), 0, 1, verify=True)
+    with pytest.raises(WorkerLost):
+        _run(pool, lambda: pool.decode(str(store.xorb_path(xorb_hash)), xorb_hash, specs))
+
+
+def _whole_file(store: Store, idx: index.Index, file_hash: bytes) -> list[bytes | memoryview]:
+    entry = idx.get(file_hash)
+    assert entry is not None
+    reader = Reader(idx, store)
+    return [trio.run(reader.read, entry, 0, entry.size)]
+
+
+def test_close_ends_the_workers() -> None:
+    pool = DecodePool(2)
+    processes = [w.process for w in pool._workers]
+    pool.close()
+    assert all(p.poll() is not None for p in processes)
+
+
+def test_integrity_errors_keep_their_class(tmp_path: Path, pool: DecodePool) -> None:
+    store, _, xorb_hash = _store(tmp_path, size=5000)
+    layout = store.load_layout(xorb_hash)
+    specs: list[ChunkSpec] = [(i, a, b, n, b"\x01" * 32) for (i, a, b, n, _) in chunk_specs(layout, 0, 5, verify=True)]
+    _, got = _run(pool, lambda: pool.decode(str(store.xorb_path(xorb_hash)), xorb_hash, specs))
+    assert all(isinstance(c, IntegrityError) for c in got)
+    assert "chunk 0 at offset 0" in str(got[0]) and "footer says 0101" in str(got[0])

@@ -1,0 +1,134 @@
+"""A decode worker process: reads, decodes and verifies chunk runs for the mount daemon.
+
+The daemon (``pool.DecodePool``) starts workers with ``python -m
+xetfs.decode_worker SHM_FD SLOTS SLOT_SIZE``.  ``SHM_FD`` is a shared memory
+file of ``SLOTS * SLOT_SIZE`` bytes, split into slots; the daemon lends one
+slot per job.  Jobs arrive on stdin and results leave on stdout as
+length-prefixed pickles (both ends are this package).
+
+A job is ``(job_id, slot, path, xorb_hash, specs)``: read the chunks
+``specs`` describes (``format.xorb.ChunkSpec``, one run of adjacent chunks)
+from the xorb file at ``path``, decode and verify each, and write the decoded
+bytes one after another into the slot.  The result is ``(job_id, outcomes,
+read_bytes)`` with, per chunk, its decoded length or ``(error class name,
+message)``.  The worker exits when stdin closes, that is when the daemon
+goes away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import pickle
+import signal
+import struct
+import sys
+from typing import Any
+
+from cachetools import LRUCache
+
+from xetfs import errors
+from xetfs.errors import MissingObjectError, XetfsError
+from xetfs.format.xorb import ChunkSpec, decode_chunks
+from xetfs.hashes import to_hex
+from xetfs.store import read_range
+
+FRAME = struct.Struct("<I")
+MAX_OPEN_FILES = 64
+
+# What a worker may name in a result, mapped back to the class the daemon raises.
+ERROR_CLASSES: dict[str, type[XetfsError]] = {
+    cls.__name__: cls
+    for cls in (errors.XorbFormatError, errors.FormatError, errors.IntegrityError, errors.MissingObjectError)
+}
+
+Outcome = int | tuple[str, str]
+
+
+def encode_frame(message: Any) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return FRAME.pack(len(body)) + body
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    """``n`` bytes from ``fd``, or None at end of input."""
+    parts = []
+    while n:
+        part = os.read(fd, n)
+        if not part:
+            return None
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+class _Files(LRUCache[str, int]):
+    """Open xorb files by path; the least recently used are closed."""
+
+    def popitem(self) -> tuple[str, int]:
+        path, fd = super().popitem()
+        os.close(fd)
+        return path, fd
+
+    def fd(self, path: str, xorb_hash: bytes) -> int:
+        fd = self.get(path)
+        if fd is None:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise MissingObjectError(f"xorb {to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
+            self[path] = fd
+        return fd
+
+
+def run_job(
+    files: _Files, out: memoryview, path: str, xorb_hash: bytes, specs: list[ChunkSpec]
+) -> tuple[list[Outcome], int]:
+    """Decode one run into ``out``; the outcomes and the bytes read from the store."""
+    start, end = specs[0][1], specs[-1][2]
+    try:
+        data = read_range(files.fd(path, xorb_hash), start, end, where=f"xorb {to_hex(xorb_hash)}")
+    except XetfsError as exc:
+        return [(type(exc).__name__, f"{exc} (reading chunks [{specs[0][0]}, {specs[-1][0] + 1}))")] * len(specs), 0
+    outcomes: list[Outcome] = []
+    pos = 0
+    for chunk in decode_chunks(data, xorb_hash, specs):
+        if isinstance(chunk, XetfsError):
+            outcomes.append((type(chunk).__name__, str(chunk)))
+            continue
+        size = len(chunk)
+        out[pos : pos + size] = chunk
+        pos += size
+        outcomes.append(size)
+    return outcomes, len(data)
+
+
+def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> None:
+    """Answer jobs until ``jobs_fd`` closes."""
+    files = _Files(MAX_OPEN_FILES)
+    while True:
+        head = _read_exactly(jobs_fd, FRAME.size)
+        if head is None:
+            return
+        body = _read_exactly(jobs_fd, FRAME.unpack(head)[0])
+        if body is None:
+            return
+        job_id, slot, path, xorb_hash, specs = pickle.loads(body)
+        out = shared[slot * slot_size : (slot + 1) * slot_size]
+        outcomes, read_bytes = run_job(files, out, path, xorb_hash, specs)
+        os.write(results_fd, encode_frame((job_id, outcomes, read_bytes)))
+
+
+def main() -> None:
+    # Ctrl-C in a terminal reaches the whole process group; the daemon
+    # decides when workers stop (by closing their input).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    shm_fd, slots, slot_size = (int(a) for a in sys.argv[1:4])
+    shared = mmap.mmap(shm_fd, slots * slot_size)
+    with contextlib.suppress(BrokenPipeError):
+        serve(sys.stdin.fileno(), sys.stdout.fileno(), memoryview(shared), slot_size)
+
+
+if __name__ == "__main__":
+    main()

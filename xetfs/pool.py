@@ -1,0 +1,234 @@
+"""Decode worker processes for the mount daemon (trio side).
+
+Decoding and hashing chunks is CPU work, and in the daemon it would share
+one core (and the GIL) with answering FUSE.  ``DecodePool`` hands runs of
+chunks to worker processes (``decode_worker``) instead: each job gets a slot
+of a shared memory file, the worker writes the decoded, verified bytes
+there, and the daemon copies them out into the cache.  Threads would not
+help here: python-lz4, pyfuse3's reply and most of the decode path hold the
+GIL, and a thread hop costs more than decoding a chunk.
+
+A job costs a process round trip, so the reader only sends runs worth it
+(``min_job_bytes``) and decodes small ones itself.  A worker that dies fails
+its pending jobs with ``WorkerLost``; the reader then decodes in the daemon,
+so a lost worker costs speed, never a read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import pickle
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import trio
+
+from xetfs.decode_worker import ERROR_CLASSES, FRAME, Outcome, encode_frame
+from xetfs.errors import XetfsError, XorbFormatError
+from xetfs.format.xorb import ChunkSpec
+
+log = logging.getLogger(__name__)
+
+SLOT_SIZE = 2 * 1024 * 1024  # decoded bytes per job at most
+SLOTS_PER_WORKER = 3  # one decoding, the next ones queued behind it
+MIN_JOB_BYTES = 256 * 1024  # smaller runs are decoded in the daemon
+MAX_WORKERS = 8
+
+
+def default_workers() -> int:
+    """One worker per CPU the daemon may use, at most ``MAX_WORKERS``."""
+    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+
+
+def _worker_env() -> dict[str, str]:
+    """The daemon's environment, with glibc told to keep freed memory.
+
+    A worker allocates and frees megabytes per job; by default glibc returns
+    them to the kernel each time and faults fresh pages in for the next job.
+    """
+    env = dict(os.environ)
+    env.setdefault("MALLOC_TRIM_THRESHOLD_", str(256 * 1024 * 1024))
+    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 * 1024 * 1024))
+    return env
+
+
+class WorkerLost(Exception):
+    """The worker holding a job exited; the caller should decode it itself."""
+
+
+@dataclass(eq=False)
+class _Job:
+    slot: int
+    done: trio.Event = field(default_factory=trio.Event)
+    result: tuple[int, list[bytes | XetfsError]] | None = None
+
+
+@dataclass(eq=False)
+class _Worker:
+    number: int
+    process: subprocess.Popen[bytes]
+    jobs_fd: int
+    results_fd: int
+    pending: dict[int, _Job] = field(default_factory=dict)
+    unread: bytearray = field(default_factory=bytearray)  # results received in part
+    alive: bool = True
+    collecting: bool = False  # a task is reading its results
+
+
+class DecodePool:
+    def __init__(self, workers: int, *, slots_per_worker: int = SLOTS_PER_WORKER, slot_size: int = SLOT_SIZE) -> None:
+        if workers < 1:
+            raise ValueError("a decode pool needs at least one worker")
+        self.slot_size = slot_size
+        self.min_job_bytes = MIN_JOB_BYTES
+        slots = workers * slots_per_worker
+        self._memfd = os.memfd_create("xetfs-decode", os.MFD_CLOEXEC)
+        os.ftruncate(self._memfd, slots * slot_size)
+        self._shared = mmap.mmap(self._memfd, slots * slot_size)
+        self._view = memoryview(self._shared)
+        self._capacity = slots
+        self._free = list(range(slots))
+        self._slots = trio.Semaphore(slots)
+        self._next_id = 0
+        self._workers = [self._spawn(n, slots) for n in range(workers)]
+
+    @property
+    def capacity(self) -> int:
+        """How many jobs can be in flight at once."""
+        return self._capacity
+
+    @property
+    def usable(self) -> bool:
+        """Jobs can be sent: some worker is alive and its results are being collected."""
+        return any(w.alive and w.collecting for w in self._workers)
+
+    def _spawn(self, number: int, slots: int) -> _Worker:
+        argv = [sys.executable, "-m", "xetfs.decode_worker", str(self._memfd), str(slots), str(self.slot_size)]
+        process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._memfd,), env=_worker_env()
+        )
+        assert process.stdin is not None and process.stdout is not None
+        # Keep raw descriptors: the results side is read by trio (non-blocking).
+        jobs_fd, results_fd = os.dup(process.stdin.fileno()), os.dup(process.stdout.fileno())
+        process.stdin.close()
+        process.stdout.close()
+        os.set_blocking(results_fd, False)
+        return _Worker(number, process, jobs_fd, results_fd)
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Collect results in ``nursery``; jobs can be sent while it runs.
+
+        A later trio run (a test, say) may start the same pool again.
+        """
+        for worker in self._workers:
+            if worker.alive and not worker.collecting:
+                worker.collecting = True
+                nursery.start_soon(self._collect, worker)
+
+    async def decode(self, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> tuple[int, list[bytes | XetfsError]]:
+        """Read, decode and verify one run of adjacent chunks of the xorb at ``path``.
+
+        Returns the bytes read from the store and, per chunk, its bytes or
+        its error.  Raises ``WorkerLost`` if no worker could finish the job.
+        The run must decode to at most ``slot_size`` bytes.
+        """
+        await self._slots.acquire()
+        slot = self._free.pop()
+        job = _Job(slot)
+        workers = [w for w in self._workers if w.alive and w.collecting]
+        if not workers:
+            self._release(slot)
+            raise WorkerLost("no decode worker is running")
+        worker = min(workers, key=lambda w: len(w.pending))
+        job_id = self._next_id = self._next_id + 1
+        worker.pending[job_id] = job
+        try:
+            os.write(worker.jobs_fd, encode_frame((job_id, slot, path, xorb_hash, specs)))
+        except OSError:
+            self._lose(worker)
+        # The slot goes back when the result is in, even if this wait is
+        # cancelled: the worker may still be writing into it.
+        await job.done.wait()
+        if job.result is None:
+            raise WorkerLost(f"decode worker {worker.number} exited")
+        return job.result
+
+    def _release(self, slot: int) -> None:
+        self._free.append(slot)
+        self._slots.release()
+
+    async def _collect(self, worker: _Worker) -> None:
+        """Finish ``worker``'s jobs as their results arrive, until it exits (or this is cancelled)."""
+        try:
+            await self._collect_until_exit(worker)
+        finally:
+            worker.collecting = False
+
+    async def _collect_until_exit(self, worker: _Worker) -> None:
+        buffer = worker.unread
+        while worker.alive:
+            await trio.lowlevel.wait_readable(worker.results_fd)
+            try:
+                data = os.read(worker.results_fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._lose(worker)
+                return
+            buffer += data
+            while len(buffer) >= FRAME.size:
+                (length,) = FRAME.unpack_from(buffer)
+                if len(buffer) < FRAME.size + length:
+                    break
+                body = bytes(buffer[FRAME.size : FRAME.size + length])
+                del buffer[: FRAME.size + length]
+                self._finish(worker, *pickle.loads(body))
+
+    def _finish(self, worker: _Worker, job_id: int, outcomes: list[Outcome], read_bytes: int) -> None:
+        job = worker.pending.pop(job_id)
+        base = job.slot * self.slot_size
+        values: list[bytes | XetfsError] = []
+        for outcome in outcomes:
+            if isinstance(outcome, int):
+                values.append(bytes(self._view[base : base + outcome]))
+                base += outcome
+            else:
+                name, message = outcome
+                values.append(ERROR_CLASSES.get(name, XorbFormatError)(message))
+        job.result = (read_bytes, values)
+        self._release(job.slot)
+        job.done.set()
+
+    def _lose(self, worker: _Worker) -> None:
+        if worker.alive:
+            worker.alive = False
+            code = worker.process.poll()
+            log.error("decode worker %d stopped (exit status %s); decoding in the daemon", worker.number, code)
+        for job in worker.pending.values():
+            self._release(job.slot)
+            job.done.set()
+        worker.pending.clear()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the workers (closing their input ends them) and free the shared memory."""
+        for worker in self._workers:
+            worker.alive = False
+            with contextlib.suppress(OSError):
+                os.close(worker.jobs_fd)
+            with contextlib.suppress(OSError):
+                os.close(worker.results_fd)
+        for worker in self._workers:
+            try:
+                worker.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                worker.process.wait()
+        self._view.release()
+        self._shared.close()
+        os.close(self._memfd)
