@@ -399,3 +399,47 @@ def test_join_on_a_prefetch_counts_a_prefetch_hit() -> None:
         assert cache.counters.joined == 1
 
     trio.run(main)
+
+
+def test_discard_lets_go_without_counting_evictions() -> None:
+    async def main() -> None:
+        cache = _cache(1000)
+        load = FakeLoader()
+        await cache.get_many([1, 2, 3], load)
+        cache.discard([1, 2, 99])  # 99 was never there
+        assert 1 not in cache and 2 not in cache and 3 in cache
+        c = cache.counters
+        assert (c.dropped, c.evictions, c.entries, c.bytes) == (2, 0, 1, len(value_of(3)))
+
+    trio.run(main)
+
+
+def test_prefetch_skips_what_a_reader_has_passed_but_a_read_loads_it() -> None:
+    async def main() -> None:
+        cache = _cache(1000)
+        load = FakeLoader()
+        await cache.get_many([1, 2], load)
+        cache.discard([1, 2])
+        assert await cache.prefetch([1, 2, 3], load) == 1  # only 3: the reader is past 1 and 2
+        assert load.loaded == [1, 2, 3]
+        assert await cache.get_many([1], load) == [value_of(1)]  # a seek back reads it again
+        cache.discard([3])
+        assert await cache.prefetch([1, 3], load) == 0  # 1 is cached again, 3 was passed
+        assert load.loaded == [1, 2, 3, 1]
+
+    trio.run(main)
+
+
+def test_the_memory_of_passed_keys_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from xetfs import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "PASSED_MEMORY", 3)
+
+    async def main() -> None:
+        cache = _cache(1000)
+        load = FakeLoader()
+        cache.discard([1, 2, 3, 4, 5])
+        assert await cache.prefetch([1, 2, 3, 4, 5], load) == 2  # the two oldest are forgotten
+        assert load.loaded == [1, 2]
+
+    trio.run(main)

@@ -452,6 +452,34 @@ def test_sequential_read_is_served_by_prefetch(big_store: OracleStore) -> None:
         assert p["hits"] >= 0.9 * n_chunks, f"only {p['hits']} of {n_chunks} chunks were prefetch hits: {p}"
 
 
+def test_streaming_through_the_page_cache_recycles_the_chunk_cache(big_store: OracleStore) -> None:
+    """Without --direct-io the kernel keeps what a sequential reader got (keep_cache): chunks
+    read to their end leave the chunk cache at once, so a 144 MB stream holds a few MiB of it,
+    not the whole file, and prefetch never decodes a chunk twice.
+    """
+    f = big_store["big.bin"]
+    n_chunks = len(pairs(chunks_of(big_store, f)))
+    with mounted(big_store.path, "--cache-size", "512M") as m:
+        before = m.stats()
+        assert stream_sha256(m / f.hash, MiB) == f.sha256
+        after = settled(m)
+        d = delta(before, after)
+        assert d["cache"]["dropped"] >= 0.9 * n_chunks, d["cache"]
+        assert d["cache"]["evictions"] == 0
+        assert after["cache"]["bytes"] <= 48 * MiB, after["cache"]
+        assert d["decode"]["chunks"] == n_chunks  # nothing decoded twice
+        assert stream_sha256(m / f.hash, MiB) == f.sha256  # the re-read comes from the page cache
+
+
+def test_direct_io_keeps_everything_in_the_chunk_cache(big_store: OracleStore) -> None:
+    f = big_store["big.bin"]
+    with mounted(big_store.path, "--direct-io", "--cache-size", "512M") as m:
+        assert stream_sha256(m / f.hash, MiB) == f.sha256
+        s = settled(m)
+        assert s["cache"]["dropped"] == 0
+        assert s["cache"]["bytes"] == f.size
+
+
 def test_random_reads_do_not_prefetch(big_store: OracleStore) -> None:
     f = big_store["big.bin"]
     chunks = chunks_of(big_store, f)

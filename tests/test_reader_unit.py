@@ -58,14 +58,14 @@ def opened(root: Path, **options: object) -> Iterator[tuple[Index, Reader]]:
         store.close()
 
 
-def running(reader: Reader, call: str, *args: object) -> object:
+def running(reader: Reader, call: str, *args: object, **kwargs: object) -> object:
     """``reader.<call>(*args)`` in a trio run where the reader's workers (if any) are served."""
 
     async def main() -> object:
         async with trio.open_nursery() as nursery:
             reader.start(nursery)
             try:
-                return await getattr(reader, call)(*args)
+                return await getattr(reader, call)(*args, **kwargs)
             except Exception as exc:
                 return exc  # raised outside the nursery, not wrapped in a group
             finally:
@@ -420,3 +420,25 @@ def test_chunk_header_disagreeing_with_footer_is_a_xorb_format_error(tmp_path: P
         with pytest.raises(XorbFormatError):
             read(idx, reader, fh, 1000, 1)
         assert reader.stats.errors.format == 1
+
+
+def test_drop_behind_keeps_only_the_chunk_a_reader_is_inside(tmp_path: Path) -> None:
+    rng = random.Random(16)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 10_000)
+    fh = b.add_file(content, chunk_size=1000, scheme=[0, 1, 2])
+    b.finish()
+    ((xorb_hash, _),) = b.xorbs.items()
+    with opened(tmp_path) as (idx, reader):
+        entry = idx.get(fh)
+        assert entry is not None
+        got = b""
+        for offset in range(0, 10_000, 1500):  # requests end inside chunks 1, 2, 4, 5, 7, 8
+            got += bytes(running(reader, "read", entry, offset, 1500, drop_behind=True))
+            end = min(offset + 1500, 10_000)
+            inside = {(xorb_hash, end // 1000)} if end % 1000 else set()
+            assert set(reader.cache.keys()) == inside, offset
+        assert got == content
+        assert reader.stats.cache.dropped == 10
+        assert reader.stats.cache.evictions == 0
+        assert read(idx, reader, fh) == content  # nothing lost: dropped chunks are read again

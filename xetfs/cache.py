@@ -12,6 +12,7 @@ Single-threaded: call only from the trio thread that owns it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence, Sized
 from typing import Generic, TypeVar
 
@@ -25,6 +26,8 @@ V = TypeVar("V", bound=Sized)
 
 # A loader returns, for each key it was given, the value or the exception
 # that stopped that key (so one bad chunk does not fail its neighbours).
+PASSED_MEMORY = 4096  # discarded keys that prefetch skips (a few hundred MiB of chunks)
+
 Loader = Callable[[Sequence[K]], Awaitable[Mapping[K, V | Exception]]]
 
 
@@ -68,6 +71,7 @@ class LoadingCache(Generic[K, V]):
         self._lru: _Lru[K, V] = _Lru(max(1, self.capacity), self._evicted)
         self._flights: dict[K, _Flight[K, V]] = {}
         self._prefetched: set[K] = set()
+        self._passed: OrderedDict[K, None] = OrderedDict()  # recently discarded keys, oldest first
 
     def _evicted(self, key: K, value: V) -> None:
         self.counters.evictions += 1
@@ -80,11 +84,27 @@ class LoadingCache(Generic[K, V]):
         """The cached keys (in no particular order)."""
         return list(self._lru.keys())
 
+    def discard(self, keys: Sequence[K]) -> None:
+        """Let go of ``keys`` (those present); counted as ``dropped``, not as evictions.
+
+        ``prefetch`` then leaves them alone for a while: a prefetch that fell
+        behind its reader must not decode again what the reader has passed.
+        """
+        for key in keys:
+            if self._lru.pop(key, None) is not None:
+                self.counters.dropped += 1
+                self._prefetched.discard(key)
+            self._passed[key] = None
+        while len(self._passed) > PASSED_MEMORY:
+            self._passed.popitem(last=False)
+        self._sync()
+
     @property
     def size(self) -> int:
         return int(self._lru.currsize)
 
     def _store(self, key: K, value: V, *, prefetched: bool) -> None:
+        self._passed.pop(key, None)
         if self.capacity and len(value) <= self.capacity:
             self._lru[key] = value
             if prefetched:
@@ -154,7 +174,7 @@ class LoadingCache(Generic[K, V]):
 
         Keys already present are not counted as lookups.
         """
-        missing = [k for k in keys if k not in self._lru and k not in self._flights]
+        missing = [k for k in keys if k not in self._lru and k not in self._flights and k not in self._passed]
         if not missing:
             return 0
         self.counters.misses += len(missing)

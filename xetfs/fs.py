@@ -245,8 +245,11 @@ class XetFS(pyfuse3.Operations):
         if entry is None:
             raise pyfuse3.FUSEError(errno.EIO)
         self.stats.reads.requests += 1
+        # A sequential reader's bytes stay in the kernel's page cache (keep_cache).
+        ahead = handle.readahead
+        streaming = not self.options.direct_io and (off == ahead.next_offset or ahead.window > 0)
         try:
-            data = await self.reader.read(entry, off, size)
+            data = await self.reader.read(entry, off, size, drop_behind=streaming)
         except XetfsError as exc:
             log.error("read of file %s at offset %d (%d bytes) failed: %s", entry.hex, off, size, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None

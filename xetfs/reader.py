@@ -100,20 +100,27 @@ class Reader:
             self._pool.close()
             self._pool = None
 
-    async def read(self, entry: FileEntry, offset: int, size: int) -> bytes | memoryview:
+    async def read(self, entry: FileEntry, offset: int, size: int, *, drop_behind: bool = False) -> bytes | memoryview:
         """Bytes ``[offset, offset + size)`` of ``entry``, clipped at end of file.
+
+        With ``drop_behind`` (a sequential reader whose bytes the kernel
+        keeps in its page cache), chunks read to their end leave the cache
+        at once: a streamed file then recycles a few MiB of memory instead
+        of filling the whole cache with bytes nobody asks for again.
 
         Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError`` or
         ``StoreTimeoutError``; each is counted in ``stats.errors``.
         """
+        finished: list[ChunkKey] | None = [] if drop_behind else None
         try:
-            parts = await self._collect(entry, offset, size, prefetch=False)
+            parts = await self._collect(entry, offset, size, prefetch=False, finished=finished)
         except XetfsError as exc:
             self._count_error(exc)
             raise
-        if len(parts) == 1:
-            return parts[0]
-        return b"".join(parts)
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        if finished:
+            self.cache.discard(finished)
+        return data
 
     @property
     def prefetch_tasks(self) -> int:
@@ -141,7 +148,13 @@ class Reader:
 
     # -- internals ----------------------------------------------------------
 
-    async def _collect(self, entry: FileEntry, offset: int, size: int, *, prefetch: bool) -> list[memoryview]:
+    async def _collect(
+        self, entry: FileEntry, offset: int, size: int, *, prefetch: bool, finished: list[ChunkKey] | None = None
+    ) -> list[memoryview]:
+        """The pieces of ``[offset, offset + size)`` (or, with ``prefetch``, just load them).
+
+        ``finished`` collects the keys of the chunks this range reads up to their end.
+        """
         parts: list[memoryview] = []
         for piece in self.index.locate(entry, offset, size):
             layout = await self.layout(piece.xorb_hash)
@@ -158,12 +171,14 @@ class Reader:
                 continue
             chunks = await self.cache.get_many(keys, load)
             skip, left = span.skip, span.length
-            for chunk in chunks:
+            for key, chunk in zip(keys, chunks, strict=True):
                 if skip >= len(chunk):
                     skip -= len(chunk)
                     continue
                 view = memoryview(chunk)[skip : skip + left]
                 parts.append(view)
+                if finished is not None and skip + len(view) == len(chunk):
+                    finished.append(key)
                 left -= len(view)
                 skip = 0
                 if not left:

@@ -22,6 +22,7 @@ class CacheCounters:
     misses: int = 0
     evictions: int = 0
     joined: int = 0  # lookups that waited for another request's load (counted as hits too)
+    dropped: int = 0  # entries let go once a sequential read had passed them (not evictions)
 
 
 @dataclass
