@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import trio
+from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
 from xetfs import index
@@ -47,20 +48,7 @@ def _store(root: Path, size: int = 40_000) -> tuple[Store, bytes, bytes]:
 
 
 def _run(pool: DecodePool, body: Callable[[], Awaitable[Any]]) -> Any:
-    async def main() -> Any:
-        async with trio.open_nursery() as nursery:
-            pool.start(nursery)
-            try:
-                return await body()
-            except Exception as exc:
-                return exc  # raised outside the nursery, not wrapped in a group
-            finally:
-                nursery.cancel_scope.cancel()
-
-    result = trio.run(main)
-    if isinstance(result, Exception):
-        raise result
-    return result
+    return run_served(pool.start, body)
 
 
 def test_workers_decode_what_the_daemon_decodes(tmp_path: Path, pool: DecodePool) -> None:

@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import trio
 from helpers import writer
+from helpers.served import run_served
 from helpers.writer import FileSpec, StoreBuilder, TermSpec
 
 from xetfs import hashes, index
@@ -60,21 +60,7 @@ def opened(root: Path, **options: object) -> Iterator[tuple[Index, Reader]]:
 
 def running(reader: Reader, call: str, *args: object, **kwargs: object) -> object:
     """``reader.<call>(*args)`` in a trio run where the reader's workers (if any) are served."""
-
-    async def main() -> object:
-        async with trio.open_nursery() as nursery:
-            reader.start(nursery)
-            try:
-                return await getattr(reader, call)(*args, **kwargs)
-            except Exception as exc:
-                return exc  # raised outside the nursery, not wrapped in a group
-            finally:
-                nursery.cancel_scope.cancel()
-
-    result = trio.run(main)
-    if isinstance(result, Exception):
-        raise result
-    return result
+    return run_served(reader.start, lambda: getattr(reader, call)(*args, **kwargs))
 
 
 def read(idx: Index, reader: Reader, file_hash: bytes, offset: int = 0, size: int = 1 << 40) -> bytes:

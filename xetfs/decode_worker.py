@@ -29,10 +29,10 @@ from typing import Any
 from cachetools import LRUCache
 
 from xetfs import errors
-from xetfs.errors import MissingObjectError, XetfsError
+from xetfs.errors import XetfsError
 from xetfs.format.xorb import ChunkSpec, decode_chunks
 from xetfs.hashes import to_hex
-from xetfs.store import read_range
+from xetfs.store import open_xorb, read_range
 
 FRAME = struct.Struct("<I")
 MAX_OPEN_FILES = 64
@@ -74,11 +74,7 @@ class _Files(LRUCache[str, int]):
     def fd(self, path: str, xorb_hash: bytes) -> int:
         fd = self.get(path)
         if fd is None:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as exc:
-                raise MissingObjectError(f"xorb {to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
-            self[path] = fd
+            fd = self[path] = open_xorb(path, xorb_hash)
         return fd
 
 

@@ -117,11 +117,7 @@ class Store:
         with self._lock:
             fd = self._fds.get(xorb_hash)
             if fd is None:
-                path = self.xorb_path(xorb_hash)
-                try:
-                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError as exc:
-                    raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
+                fd = open_xorb(self.xorb_path(xorb_hash), xorb_hash)
                 self._fds[xorb_hash] = fd
             return fd
 
@@ -173,6 +169,14 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._fds.clear()
+
+
+def open_xorb(path: str | os.PathLike[str], xorb_hash: bytes) -> int:
+    """A read-only descriptor of the xorb file at ``path``; failing to open it means the xorb is missing."""
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
 
 
 def read_range(fd: int, start: int, end: int, *, where: str) -> bytes:
