@@ -32,6 +32,8 @@ from xetfs.store import Store
 def pool() -> Iterator[DecodePool]:
     p = DecodePool(2, slots_per_worker=2, slot_size=64 * 1024)
     p.min_job_bytes = 0
+    run_served(p.start, p.wait_ready)
+    assert p.usable is False  # nobody collects results outside a trio run
     yield p
     p.close()
 
@@ -99,12 +101,14 @@ def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodeP
 
     async def body() -> None:
         for _ in range(3):
+            first = pool._next_id
             async with trio.open_nursery() as nursery:
                 for _ in range(pool.capacity):
                     nursery.start_soon(pool.decode, path, xorb_hash, specs)
-                while pool._free:  # every slot lent out, its job sent
-                    await trio.sleep(0)
-                nursery.cancel_scope.cancel()  # every caller gives up while the workers decode
+                with trio.fail_after(20):
+                    while pool._next_id < first + pool.capacity:  # until every job is sent
+                        await trio.sleep(0)
+                nursery.cancel_scope.cancel()  # the callers give up, most while their job is decoding
         with trio.fail_after(20):
             _, got = await pool.decode(path, xorb_hash, specs)  # would hang if slots leaked
         assert not any(isinstance(c, Exception) for c in got)
@@ -149,8 +153,26 @@ def _whole_file(store: Store, idx: index.Index, file_hash: bytes) -> list[bytes 
     return [trio.run(reader.read, entry, 0, entry.size)]
 
 
+def test_workers_start_with_the_first_run_and_say_when_ready() -> None:
+    pool = DecodePool(2)
+    try:
+        assert pool._workers == [] and not pool.usable
+
+        async def body() -> bool:
+            await pool.wait_ready()
+            return pool.usable
+
+        assert run_served(pool.start, body)
+        assert len(pool._workers) == 2
+        run_served(pool.start, pool.wait_ready)  # a second run: no new workers
+        assert len(pool._workers) == 2
+    finally:
+        pool.close()
+
+
 def test_close_ends_the_workers() -> None:
     pool = DecodePool(2)
+    run_served(pool.start, pool.wait_ready)
     processes = [w.process for w in pool._workers]
     pool.close()
     assert all(p.poll() is not None for p in processes)

@@ -34,6 +34,7 @@ _pool: DecodePool | None = None  # set by the ``decoding`` fixture
 def shared_pool() -> Iterator[DecodePool]:
     pool = DecodePool(2)
     pool.min_job_bytes = 0  # every run goes to a worker
+    run_served(pool.start, pool.wait_ready)
     yield pool
     pool.close()
 

@@ -11,8 +11,8 @@ A job is ``(job_id, slot, path, xorb_hash, specs)``: read the chunks
 from the xorb file at ``path``, decode and verify each, and write the decoded
 bytes one after another into the slot.  The result is ``(job_id, outcomes,
 read_bytes)`` with, per chunk, its decoded length or ``(error class name,
-message)``.  The worker exits when stdin closes, that is when the daemon
-goes away.
+message)``.  Before the first job the worker sends ``READY``.  It exits when
+stdin closes, that is when the daemon goes away.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from xetfs.hashes import to_hex
 from xetfs.store import open_xorb, read_range
 
 FRAME = struct.Struct("<I")
+READY: tuple[int, list[Any], int] = (0, [], 0)  # the result a worker sends once it can take jobs (job ids start at 1)
 MAX_OPEN_FILES = 64
 
 # What a worker may name in a result, mapped back to the class the daemon raises.
@@ -123,6 +124,7 @@ def main() -> None:
     shm_fd, slots, slot_size = (int(a) for a in sys.argv[1:4])
     shared = mmap.mmap(shm_fd, slots * slot_size)
     with contextlib.suppress(BrokenPipeError):
+        os.write(sys.stdout.fileno(), encode_frame(READY))
         serve(sys.stdin.fileno(), sys.stdout.fileno(), memoryview(shared), slot_size)
 
 

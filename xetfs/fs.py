@@ -100,9 +100,8 @@ class XetFS(pyfuse3.Operations):
             log.info("prefetch off: the chunk cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
 
     def start_background(self, nursery: trio.Nursery) -> None:
-        """Give the filesystem a nursery for readahead tasks (and the reader its workers)."""
+        """Give the filesystem a nursery for readahead tasks."""
         self._nursery = nursery
-        self.reader.start(nursery)
 
     # -- names and attributes ---------------------------------------------
 

@@ -233,21 +233,24 @@ async def _serve(fs: XetFS, config: MountConfig, ready_fd: int | None) -> None:
     async with trio.open_nursery() as nursery:
         fs.start_background(nursery)
         nursery.start_soon(_watch_signals, nursery.cancel_scope)
-        nursery.start_soon(_when_answering, config, ready_fd)
+        nursery.start_soon(_when_answering, fs, config, ready_fd, nursery)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
 
 
-async def _when_answering(config: MountConfig, ready_fd: int | None) -> None:
-    """Once the kernel has finished FUSE INIT, tune read-ahead and report readiness.
+async def _when_answering(fs: XetFS, config: MountConfig, ready_fd: int | None, nursery: trio.Nursery) -> None:
+    """Once the kernel has finished FUSE INIT, tune read-ahead, report readiness, start the decode workers.
 
     A stat() of the mountpoint from a worker thread is answered only after
     INIT, which also resets the mount's read-ahead: setting it earlier is lost.
+    The workers start last so that their start-up does not delay the mount;
+    until they are ready the daemon decodes by itself.
     """
     await trio.to_thread.run_sync(os.stat, config.mountpoint, abandon_on_cancel=True)
     set_read_ahead(config.mountpoint, config.read_ahead_kb)
     _report(ready_fd, "ok")
     log.info("serving %s", config.mountpoint)
+    fs.reader.start(nursery)
 
 
 async def _watch_signals(scope: trio.CancelScope) -> None:

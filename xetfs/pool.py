@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from xetfs.decode_worker import ERROR_CLASSES, FRAME, Outcome, encode_frame
+from xetfs.decode_worker import ERROR_CLASSES, FRAME, READY, Outcome, encode_frame
 from xetfs.errors import XetfsError, XorbFormatError
 from xetfs.format.xorb import ChunkSpec
 
@@ -77,6 +77,7 @@ class _Worker:
     unread: bytearray = field(default_factory=bytearray)  # results received in part
     alive: bool = True
     collecting: bool = False  # a task is reading its results
+    ready: bool = False  # it has said it can take jobs
 
 
 class DecodePool:
@@ -94,7 +95,9 @@ class DecodePool:
         self._free = list(range(slots))
         self._slots = trio.Semaphore(slots)
         self._next_id = 0
-        self._workers = [self._spawn(n, slots) for n in range(workers)]
+        self._count = workers
+        self._workers: list[_Worker] = []
+        self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
 
     @property
     def capacity(self) -> int:
@@ -103,8 +106,16 @@ class DecodePool:
 
     @property
     def usable(self) -> bool:
-        """Jobs can be sent: some worker is alive and its results are being collected."""
-        return any(w.alive and w.collecting for w in self._workers)
+        """Jobs can be sent: a worker is ready, alive, and its results are being collected."""
+        return any(self._takes_jobs(w) for w in self._workers)
+
+    @staticmethod
+    def _takes_jobs(worker: _Worker) -> bool:
+        return worker.alive and worker.collecting and worker.ready
+
+    async def wait_ready(self) -> None:
+        """Wait until a worker can take jobs, or none ever will (after ``start``)."""
+        await self._some_ready.wait()
 
     def _spawn(self, number: int, slots: int) -> _Worker:
         argv = [sys.executable, "-m", "xetfs.decode_worker", str(self._memfd), str(slots), str(self.slot_size)]
@@ -120,10 +131,15 @@ class DecodePool:
         return _Worker(number, process, jobs_fd, results_fd)
 
     def start(self, nursery: trio.Nursery) -> None:
-        """Collect results in ``nursery``; jobs can be sent while it runs.
+        """Start the workers (the first time) and collect their results in ``nursery``.
 
-        A later trio run (a test, say) may start the same pool again.
+        Until a worker has imported what it needs and said so, ``usable`` is
+        false and the reader decodes by itself.  A later trio run (a test,
+        say) may start the same pool again.
         """
+        if not self._workers:
+            self._workers = [self._spawn(n, self.capacity) for n in range(self._count)]
+            log.info("started %d decode worker processes", self._count)
         for worker in self._workers:
             if worker.alive and not worker.collecting:
                 worker.collecting = True
@@ -139,7 +155,7 @@ class DecodePool:
         await self._slots.acquire()
         slot = self._free.pop()
         job = _Job(slot)
-        workers = [w for w in self._workers if w.alive and w.collecting]
+        workers = [w for w in self._workers if self._takes_jobs(w)]
         if not workers:
             self._release(slot)
             raise WorkerLost("no decode worker is running")
@@ -188,7 +204,13 @@ class DecodePool:
                     break
                 body = bytes(buffer[FRAME.size : FRAME.size + length])
                 del buffer[: FRAME.size + length]
-                self._finish(worker, *pickle.loads(body))
+                message = pickle.loads(body)
+                if message == READY:
+                    log.info("decode worker %d ready", worker.number)
+                    worker.ready = True
+                    self._some_ready.set()
+                else:
+                    self._finish(worker, *message)
 
     def _finish(self, worker: _Worker, job_id: int, outcomes: list[Outcome], read_bytes: int) -> None:
         job = worker.pending.pop(job_id)
@@ -210,6 +232,8 @@ class DecodePool:
             worker.alive = False
             code = worker.process.poll()
             log.error("decode worker %d stopped (exit status %s); decoding in the daemon", worker.number, code)
+        if not any(w.alive for w in self._workers):
+            self._some_ready.set()  # nobody is left to wait for
         for job in worker.pending.values():
             self._release(job.slot)
             job.done.set()
