@@ -407,6 +407,21 @@ class Bench:
         d.mkdir()
         return d
 
+    def xetfs_mount_cmd(
+        self, prefix: str, store: Path, *options: str, after: Sequence[str] = ()
+    ) -> tuple[Path, Path, Path, list[str]]:
+        """A fresh work directory, its mountpoint and log, and ``xetfs mount`` for them.
+
+        The arguments are ``options``, then --mount-opt, then ``after`` (the last one given wins).
+        """
+        work = self._new_dir(prefix)
+        mnt = work / "mnt"
+        mnt.mkdir()
+        log_path = work / "daemon.log"
+        cmd = [sys.executable, "-m", "xetfs", "mount", str(store), str(mnt), "--log-file", str(log_path),
+               *options, *self.args.mount_opt, *after]  # fmt: skip
+        return work, mnt, log_path, cmd
+
     def _wait_ready(self, d: Daemon, probe: Path, reported: Callable[[], bool] | None = None) -> None:
         poll(lambda: is_mounted(d.mountpoint) and probe.exists(), READY_DEADLINE, f"{d.name} to answer", d.dead)
         if reported is not None:
@@ -420,27 +435,16 @@ class Bench:
     @contextlib.contextmanager
     def xetfs(self, store: Path, *options: str) -> Iterator[Daemon]:
         """``xetfs mount --foreground`` in a child process (so its pid is known); always unmounted."""
-        work = self._new_dir("xetfs")
-        mnt = work / "mnt"
-        mnt.mkdir()
-        log_path = work / "daemon.log"
-        cmd = [
-            sys.executable,
-            "-m",
+        work, mnt, log_path, cmd = self.xetfs_mount_cmd(
             "xetfs",
-            "mount",
+            store,
             "--foreground",
-            str(store),
-            str(mnt),
-            "--log-file",
-            str(log_path),
             "--log-level",
             "warning",
             "--read-ahead",
             f"{self.args.read_ahead}K",
-            *self.args.mount_opt,
-            *options,
-        ]
+            after=options,
+        )
         with open(work / "daemon.out", "wb") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=REPO)
         d = Daemon("xetfs daemon", proc, mnt, work / "daemon.out", (log_path,))
@@ -792,21 +796,7 @@ class Runner:
 
     def time_mount(self, store: Path) -> tuple[float, int | None]:
         """`xetfs mount STORE MNT` as a user runs it: seconds until it returns and the mount answers."""
-        work = self.bench._new_dir("mount")
-        mnt = work / "mnt"
-        mnt.mkdir()
-        log_path = work / "daemon.log"
-        cmd = [
-            sys.executable,
-            "-m",
-            "xetfs",
-            "mount",
-            str(store),
-            str(mnt),
-            "--log-file",
-            str(log_path),
-            *self.args.mount_opt,
-        ]
+        _, mnt, log_path, cmd = self.bench.xetfs_mount_cmd("mount", store)
         self.bench.daemon_logs.append(("xetfs mount (background)", log_path))
         pid = None
         try:

@@ -24,10 +24,10 @@ from xetfs.stats import CacheCounters, PrefetchCounters
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Sized)
 
-# A loader returns, for each key it was given, the value or the exception
-# that stopped that key (so one bad chunk does not fail its neighbours).
 PASSED_MEMORY = 4096  # discarded keys that prefetch skips (a few hundred MiB of chunks)
 
+# A loader returns, for each key it was given, the value or the exception
+# that stopped that key (so one bad chunk does not fail its neighbours).
 Loader = Callable[[Sequence[K]], Awaitable[Mapping[K, V | Exception]]]
 
 

@@ -32,7 +32,8 @@ from xetfs import errors
 from xetfs.errors import XetfsError
 from xetfs.format.xorb import ChunkSpec, decode_chunks
 from xetfs.hashes import to_hex
-from xetfs.store import open_xorb, read_range
+from xetfs.malloc import keep_freed_memory
+from xetfs.store import open_xorb, read_chunk_run
 
 FRAME = struct.Struct("<I")
 READY: tuple[int, list[Any], int] = (0, [], 0)  # the result a worker sends once it can take jobs (job ids start at 1)
@@ -83,11 +84,11 @@ def run_job(
     files: _Files, out: memoryview, path: str, xorb_hash: bytes, specs: list[ChunkSpec]
 ) -> tuple[list[Outcome], int]:
     """Decode one run into ``out``; the outcomes and the bytes read from the store."""
-    start, end = specs[0][1], specs[-1][2]
+    (first, start, _, _, _), (last, _, end, _, _) = specs[0], specs[-1]
     try:
-        data = read_range(files.fd(path, xorb_hash), start, end, where=f"xorb {to_hex(xorb_hash)}")
+        data = read_chunk_run(files.fd(path, xorb_hash), start, end, first, last + 1, where=f"xorb {to_hex(xorb_hash)}")
     except XetfsError as exc:
-        return [(type(exc).__name__, f"{exc} (reading chunks [{specs[0][0]}, {specs[-1][0] + 1}))")] * len(specs), 0
+        return [(type(exc).__name__, str(exc))] * len(specs), 0
     outcomes: list[Outcome] = []
     pos = 0
     for chunk in decode_chunks(data, xorb_hash, specs):
@@ -121,6 +122,7 @@ def main() -> None:
     # Ctrl-C in a terminal reaches the whole process group; the daemon
     # decides when workers stop (by closing their input).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_freed_memory()  # a job allocates and frees megabytes
     shm_fd, slots, slot_size = (int(a) for a in sys.argv[1:4])
     shared = mmap.mmap(shm_fd, slots * slot_size)
     with contextlib.suppress(BrokenPipeError):

@@ -9,8 +9,6 @@ SIGTERM.  pyfuse3 keeps global state, so there is one mount per process.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import os
 import re
@@ -30,6 +28,7 @@ import trio
 from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
 from xetfs.indexer import load_index
+from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import Manifest
 from xetfs.pack import find_manifest, load_manifest
 from xetfs.pool import DecodePool, default_workers
@@ -190,26 +189,9 @@ def set_read_ahead(mountpoint: Path, kb: int) -> None:
         log.info("could not set read-ahead to %d KiB: %s", kb, exc.strerror)
 
 
-def _tune_malloc() -> None:
-    """Have glibc keep and reuse the daemon's freed memory.
-
-    One arena per process instead of one per thread: chunks decoded in
-    threads otherwise leave freed memory scattered over several arenas, and
-    RSS drifts tens of MiB above the cache's byte bound.  No trimming of the
-    heap and no mmap for buffers up to a few MiB: the read path allocates
-    and frees ~1 MiB buffers all the time, and memory handed back to the
-    kernel costs a page fault per 4 KiB when it is taken again.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-8, 1)  # M_ARENA_MAX
-        libc.mallopt(-1, 64 * 1024 * 1024)  # M_TRIM_THRESHOLD
-        libc.mallopt(-3, 8 * 1024 * 1024)  # M_MMAP_THRESHOLD
-
-
 def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
     """Mount and serve until unmounted or signalled.  Reports readiness on ``ready_fd``."""
-    _tune_malloc()
+    keep_freed_memory()
     fs: XetFS | None = None
     try:
         check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)

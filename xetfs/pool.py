@@ -44,18 +44,6 @@ def default_workers() -> int:
     return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
 
 
-def _worker_env() -> dict[str, str]:
-    """The daemon's environment, with glibc told to keep freed memory.
-
-    A worker allocates and frees megabytes per job; by default glibc returns
-    them to the kernel each time and faults fresh pages in for the next job.
-    """
-    env = dict(os.environ)
-    env.setdefault("MALLOC_TRIM_THRESHOLD_", str(256 * 1024 * 1024))
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 * 1024 * 1024))
-    return env
-
-
 class WorkerLost(Exception):
     """The worker holding a job exited; the caller should decode it itself."""
 
@@ -86,23 +74,17 @@ class DecodePool:
             raise ValueError("a decode pool needs at least one worker")
         self.slot_size = slot_size
         self.min_job_bytes = MIN_JOB_BYTES
-        slots = workers * slots_per_worker
+        self.capacity = slots = workers * slots_per_worker  # jobs in flight at most
         self._memfd = os.memfd_create("xetfs-decode", os.MFD_CLOEXEC)
         os.ftruncate(self._memfd, slots * slot_size)
         self._shared = mmap.mmap(self._memfd, slots * slot_size)
         self._view = memoryview(self._shared)
-        self._capacity = slots
         self._free = list(range(slots))
         self._slots = trio.Semaphore(slots)
         self._next_id = 0
         self._count = workers
         self._workers: list[_Worker] = []
         self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
-
-    @property
-    def capacity(self) -> int:
-        """How many jobs can be in flight at once."""
-        return self._capacity
 
     @property
     def usable(self) -> bool:
@@ -117,11 +99,9 @@ class DecodePool:
         """Wait until a worker can take jobs, or none ever will (after ``start``)."""
         await self._some_ready.wait()
 
-    def _spawn(self, number: int, slots: int) -> _Worker:
-        argv = [sys.executable, "-m", "xetfs.decode_worker", str(self._memfd), str(slots), str(self.slot_size)]
-        process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._memfd,), env=_worker_env()
-        )
+    def _spawn(self, number: int) -> _Worker:
+        argv = [sys.executable, "-m", "xetfs.decode_worker", str(self._memfd), str(self.capacity), str(self.slot_size)]
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._memfd,))
         assert process.stdin is not None and process.stdout is not None
         # Keep raw descriptors: the results side is read by trio (non-blocking).
         jobs_fd, results_fd = os.dup(process.stdin.fileno()), os.dup(process.stdout.fileno())
@@ -138,7 +118,7 @@ class DecodePool:
         say) may start the same pool again.
         """
         if not self._workers:
-            self._workers = [self._spawn(n, self.capacity) for n in range(self._count)]
+            self._workers = [self._spawn(n) for n in range(self._count)]
             log.info("started %d decode worker processes", self._count)
         for worker in self._workers:
             if worker.alive and not worker.collecting:

@@ -16,6 +16,7 @@ and decoded by worker processes instead, several at a time.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -23,7 +24,7 @@ import trio
 
 from xetfs import hashes
 from xetfs.cache import Loader, LoadingCache
-from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError, XorbFormatError
+from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError
 from xetfs.format.xorb import XorbLayout, chunk_specs, decode_run
 from xetfs.index import FileEntry, Index, chunk_span
 from xetfs.pool import DecodePool, WorkerLost
@@ -83,7 +84,7 @@ class Reader:
         self._io = io
         self._pool = pool
         # A run must fit a worker's slot; without workers only MAX_RUN_BYTES bounds it.
-        self._max_run_decoded = pool.slot_size if pool else MAX_RUN_BYTES * 64
+        self._max_run_decoded = pool.slot_size if pool else sys.maxsize
         self.cache: LoadingCache[ChunkKey, bytes] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE, CacheCounters())
 
@@ -130,7 +131,7 @@ class Reader:
         thread); with workers a new window may start while the last one's
         final batches are decoding, so the workers never run dry.
         """
-        return 2 if self._pool is not None and self._pool.usable else 1
+        return 2 if self._ready_pool() else 1
 
     async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
         """Load the chunks under ``[offset, offset + size)`` into the cache; errors are ignored.
@@ -147,6 +148,10 @@ class Reader:
         return sized.layout
 
     # -- internals ----------------------------------------------------------
+
+    def _ready_pool(self) -> DecodePool | None:
+        """The decode pool, if it can take jobs now."""
+        return self._pool if self._pool is not None and self._pool.usable else None
 
     async def _collect(
         self, entry: FileEntry, offset: int, size: int, *, prefetch: bool, finished: list[ChunkKey] | None = None
@@ -193,12 +198,13 @@ class Reader:
         as the pool has slots, handed out in file order.
         """
         batches = [keys[i : i + PREFETCH_BATCH] for i in range(0, len(keys), PREFETCH_BATCH)]
-        if self._pool is None or not self._pool.usable:
+        pool = self._ready_pool()
+        if pool is None:
             for batch in batches:
                 await self.cache.prefetch(batch, load)
                 await trio.lowlevel.checkpoint()
             return
-        in_flight = trio.Semaphore(self._pool.capacity)
+        in_flight = trio.Semaphore(pool.capacity)
 
         async def one(batch: list[ChunkKey]) -> None:
             try:
@@ -248,8 +254,8 @@ class Reader:
         return out
 
     async def _load_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
-        pool = self._pool
-        if pool is not None and pool.usable and layout.range_size(start, stop) >= pool.min_job_bytes:
+        pool = self._ready_pool()
+        if pool is not None and layout.range_size(start, stop) >= pool.min_job_bytes:
             specs = chunk_specs(layout, start, stop, verify=self.verify)
             try:
                 read_bytes, chunks = await pool.decode(str(self.store.xorb_path(xorb_hash)), xorb_hash, specs)
@@ -258,7 +264,8 @@ class Reader:
             else:
                 self.stats.decode.in_workers += sum(not isinstance(c, XetfsError) for c in chunks)
                 return _Run(read_bytes, chunks)
-        data = await self._io(_read_run, self.store, xorb_hash, layout, start, stop)
+        phys = (layout.phys_start(start), layout.phys_ends[stop - 1])
+        data = await self._io(self.store.read_chunks, xorb_hash, *phys, start, stop)
         return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
 
     def _count_run(self, run: _Run) -> None:
@@ -278,14 +285,6 @@ class Reader:
             errors.timeout += 1
         else:
             errors.format += 1
-
-
-def _read_run(store: Store, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> bytes:
-    """The physical bytes of chunks ``[start, stop)``; a failure names the chunks."""
-    try:
-        return store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
-    except XorbFormatError as exc:
-        raise XorbFormatError(f"{exc} (reading chunks [{start}, {stop}))") from None
 
 
 class _Run:

@@ -128,6 +128,10 @@ class Store:
         """Bytes ``[start, end)`` of a xorb file; a short read is a format error."""
         return read_range(self._fd(xorb_hash), start, end, where=f"xorb {hashes.to_hex(xorb_hash)}")
 
+    def read_chunks(self, xorb_hash: bytes, start: int, end: int, first: int, stop: int) -> bytes:
+        """Bytes ``[start, end)`` of a xorb file, which hold its chunks ``[first, stop)``."""
+        return read_chunk_run(self._fd(xorb_hash), start, end, first, stop, where=f"xorb {hashes.to_hex(xorb_hash)}")
+
     def load_layout(self, xorb_hash: bytes) -> XorbLayout:
         """Read and check a xorb's layout; chunk hashes are tied to the xorb's name.
 
@@ -188,6 +192,14 @@ def read_range(fd: int, start: int, end: int, *, where: str) -> bytes:
     if len(data) != end - start:
         raise XorbFormatError(f"{where}: truncated: wanted bytes [{start}, {end}), file ends at {start + len(data)}")
     return data
+
+
+def read_chunk_run(fd: int, start: int, end: int, first: int, stop: int, *, where: str) -> bytes:
+    """Bytes ``[start, end)`` of a xorb file, its chunks ``[first, stop)``; a failure names the chunks."""
+    try:
+        return read_range(fd, start, end, where=where)
+    except XorbFormatError as exc:
+        raise XorbFormatError(f"{exc} (reading chunks [{first}, {stop}))") from None
 
 
 def _checked(layout: XorbLayout, xorb_hash: bytes, where: str) -> XorbLayout:
