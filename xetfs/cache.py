@@ -109,7 +109,6 @@ class LoadingCache(Generic[K, V]):
             self._lru[key] = value
             if prefetched:
                 self._prefetched.add(key)
-        self._sync()
 
     def _sync(self) -> None:
         self.counters.bytes = int(self._lru.currsize)
@@ -193,6 +192,7 @@ class LoadingCache(Generic[K, V]):
                 value = values[key]
                 if not isinstance(value, Exception):
                     self._store(key, value, prefetched=prefetched)
+            self._sync()
             return values
         except BaseException as exc:
             flight.error = exc

@@ -91,21 +91,21 @@ def decode_chunk(scheme: int, payload: Buffer, size: int, *, where: str) -> Buff
     raise XorbFormatError(f"{where}: unknown compression scheme {scheme}")
 
 
-def _lz4_frame(payload: Buffer, size: int, where: str) -> bytes:
+def _lz4_frame(payload: Buffer, size: int, where: str) -> Buffer:
     """Decode an LZ4 frame of known output size.
 
     Fast path: a frame with one block, no checksums and no dictionary (what
-    xet-core writes) is decoded with ``lz4.block`` straight into a buffer of
-    the right size.  Anything else goes through the streaming frame decoder,
-    capped at ``size + 1`` bytes of output.
+    xet-core writes) is decoded with ``lz4.block`` straight from the payload
+    (no copy of it) into a buffer of the right size.  Anything else goes
+    through the streaming frame decoder, capped at ``size + 1`` bytes of output.
     """
-    data = bytes(payload) if not isinstance(payload, bytes) else payload
-    fast = _lz4_single_block(data, size, where)
+    view = memoryview(payload)
+    fast = _lz4_single_block(view, size, where)
     if fast is not None:
         return fast
     try:
         dec = lz4.frame.LZ4FrameDecompressor()
-        out: bytes = dec.decompress(data, max_length=size + 1)
+        out: bytes = dec.decompress(bytes(view), max_length=size + 1)
         complete = dec.eof and not dec.unused_data
     except Exception as exc:  # python-lz4 raises bare RuntimeError
         raise XorbFormatError(f"{where}: corrupt LZ4 frame: {exc}") from None
@@ -116,19 +116,20 @@ def _lz4_frame(payload: Buffer, size: int, where: str) -> bytes:
     return out
 
 
-def _lz4_single_block(data: bytes, size: int, where: str) -> bytes | None:
+def _lz4_single_block(view: memoryview, size: int, where: str) -> Buffer | None:
     """Decode the common one-block frame, or return None to use the slow path."""
-    if data[:4] != _LZ4_MAGIC:
-        raise XorbFormatError(f"{where}: payload is not an LZ4 frame (starts {data[:4].hex()})")
+    head = bytes(view[:11])
+    if head[:4] != _LZ4_MAGIC:
+        raise XorbFormatError(f"{where}: payload is not an LZ4 frame (starts {head[:4].hex()})")
     # Frame version 01 with no block checksum, content size, content checksum
     # or dictionary id (FLG 0x40 or 0x60); anything else takes the slow path.
-    if len(data) < 15 or data[4] not in (0x40, 0x60):
+    if len(view) < 15 or head[4] not in (0x40, 0x60):
         return None
-    word = int.from_bytes(data[7:11], "little")
+    word = int.from_bytes(head[7:11], "little")
     length = word & 0x7FFFFFFF
-    if 11 + length + 4 != len(data) or data[11 + length :] != b"\0\0\0\0":
+    if 11 + length + 4 != len(view) or bytes(view[11 + length :]) != b"\0\0\0\0":
         return None
-    block = data[11 : 11 + length]
+    block = view[11 : 11 + length]
     if word & 0x80000000:
         if length != size:
             raise XorbFormatError(f"{where}: stored LZ4 block has {length} bytes, header says {size}")
@@ -147,8 +148,12 @@ def bg4_split(data: Buffer) -> bytes:
     return b"".join(bytes(data[k::4]) for k in range(4))
 
 
-def bg4_regroup(grouped: Buffer) -> bytes:
-    """Undo ``bg4_split``: groups 0..r-1 hold one extra byte (FORMAT.md 2.3)."""
+def bg4_regroup(grouped: Buffer) -> bytearray:
+    """Undo ``bg4_split``: groups 0..r-1 hold one extra byte (FORMAT.md 2.3).
+
+    Extended-slice assignment into a ``bytearray`` is the fastest regroup
+    measured in pure Python (numpy is slower for 64 KiB chunks).
+    """
     n = len(grouped)
     q, r = divmod(n, 4)
     out = bytearray(n)
@@ -157,4 +162,4 @@ def bg4_regroup(grouped: Buffer) -> bytes:
         size = q + (1 if k < r else 0)
         out[k::4] = grouped[pos : pos + size]
         pos += size
-    return bytes(out)
+    return out
