@@ -95,6 +95,11 @@ class Reader:
         if self._pool is not None:
             self._pool.start(nursery)
 
+    async def wait_for_workers(self) -> None:
+        """After ``start``: wait until decode workers take jobs, or none will (at once without a pool)."""
+        if self._pool is not None:
+            await self._pool.wait_ready()
+
     def close(self) -> None:
         """Stop the decode workers, if any."""
         if self._pool is not None:
