@@ -158,8 +158,18 @@ def tree_hwm(pid: int) -> int | None:
 
 def proc_status(pid: int, key: str) -> int | None:
     """A ``kB`` value of /proc/PID/status in bytes (VmHWM, VmRSS), or None."""
+    return _kb_field(f"/proc/{pid}/status", key)
+
+
+def proc_meminfo(key: str) -> int | None:
+    """A ``kB`` value of /proc/meminfo in bytes (MemAvailable), or None."""
+    return _kb_field("/proc/meminfo", key)
+
+
+def _kb_field(path: str, key: str) -> int | None:
+    """The value of a ``Key:  N kB`` line of a /proc file, in bytes, or None."""
     try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        with open(path, encoding="utf-8") as f:
             for line in f:
                 if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
@@ -1382,17 +1392,6 @@ def package_version(name: str) -> str:
 
 def sorted_ra(values: set[int | None]) -> list[int | None]:
     return sorted(values, key=lambda v: -1 if v is None else v)
-
-
-def proc_meminfo(key: str) -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def scan_logs(logs: list[tuple[str, Path]]) -> list[str]:

@@ -59,6 +59,11 @@ json.dump(out, sys.stdout)
 """
 
 
+def hf_xet_env(cache_dir: Path) -> dict[str, str]:
+    """The environment for an hf_xet child process: its cache (and logs) under ``cache_dir``, no telemetry."""
+    return dict(os.environ, HF_XET_CACHE=str(cache_dir), HF_HUB_DISABLE_TELEMETRY="1", DO_NOT_TRACK="1")
+
+
 def upload(
     store: Path, calls: Sequence[Sequence[Path]], *, policy: str | None = None, log_dir: Path
 ) -> list[tuple[str, int, str]]:
@@ -68,7 +73,7 @@ def upload(
     in call order.  ``policy`` sets ``HF_XET_XORB_COMPRESSION_POLICY``
     (``none``, ``lz4``, ``bg4-lz4``; default ``auto``).
     """
-    env = dict(os.environ, HF_XET_CACHE=str(log_dir), HF_HUB_DISABLE_TELEMETRY="1", DO_NOT_TRACK="1")
+    env = hf_xet_env(log_dir)
     if policy is not None:
         env["HF_XET_XORB_COMPRESSION_POLICY"] = policy
     job = {"endpoint": f"local://{store.resolve()}", "calls": [[str(p.resolve()) for p in c] for c in calls]}

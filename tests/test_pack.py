@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from oracle import CliRunner
+from oracle import CliRunner, hf_xet_env
 
 from xetfs import hashes
 from xetfs.errors import ManifestError, XetfsError
@@ -247,7 +247,7 @@ def test_pack_parser() -> None:
 
 
 def run_pack(tmp_path: Path, *args: object) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, HF_XET_CACHE=str(tmp_path / "hf_xet"), HF_HUB_DISABLE_TELEMETRY="1")
+    env = hf_xet_env(tmp_path / "hf_xet")
     return subprocess.run(
         [sys.executable, "-m", "xetfs", "pack", *map(str, args)],
         capture_output=True,
@@ -357,7 +357,7 @@ print(info.size)
 
 def test_upload_progress_bar(tmp_path: Path) -> None:
     data = make_tree(tmp_path / "src", {"r.bin": bytes(range(256)) * 400}, ()) / "r.bin"
-    env = dict(os.environ, HF_XET_CACHE=str(tmp_path / "hf_xet"))
+    env = hf_xet_env(tmp_path / "hf_xet")
     proc = subprocess.run(
         [sys.executable, "-W", "error", "-c", PROGRESS_SCRIPT, str(data), str(tmp_path / "store")],
         capture_output=True,
