@@ -53,7 +53,7 @@ def test_reads_are_decoded_in_workers(basic_store: OracleStore) -> None:
         for f in basic_store.unique():
             assert _sha256(m / f".xetfs/by-hash/{f.hash}") == f.sha256, f.name
         decode = m.stats()["decode"]
-        assert decode["in_workers"] > 0
+        assert decode["in_workers"] > 0 and decode["layouts_in_workers"] > 0
         assert decode["worker_fallbacks"] == 0
         assert "decoding in 2 worker processes" in m.log()
 
@@ -64,7 +64,7 @@ def test_workers_0_decodes_in_the_daemon(basic_store: OracleStore) -> None:
         for f in basic_store.unique():
             assert _sha256(m / f".xetfs/by-hash/{f.hash}") == f.sha256, f.name
         decode = m.stats()["decode"]
-        assert decode["in_workers"] == 0 and decode["chunks"] > 0
+        assert decode["in_workers"] == 0 and decode["layouts_in_workers"] == 0 and decode["chunks"] > 0
 
 
 def test_a_killed_worker_costs_no_read(big_store: OracleStore) -> None:

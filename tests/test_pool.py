@@ -20,7 +20,7 @@ from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
 from xetfs import index
-from xetfs.errors import IntegrityError, XetfsError
+from xetfs.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkSpec, chunk_specs, decode_run
 from xetfs.pool import DecodePool, WorkerLost
@@ -38,11 +38,11 @@ def pool() -> Iterator[DecodePool]:
     p.close()
 
 
-def _store(root: Path, size: int = 40_000) -> tuple[Store, bytes, bytes]:
+def _store(root: Path, size: int = 40_000, *, xorb_footer: bool = True) -> tuple[Store, bytes, bytes]:
     """A one-xorb store holding one file of raw, LZ4 and BG4 chunks of 1000 bytes."""
     rng = random.Random(7)
     content = rng.randbytes(size // 2) + bytes(rng.choice(b"xy") for _ in range(size - size // 2))
-    b = StoreBuilder(root)
+    b = StoreBuilder(root, xorb_footer=xorb_footer)
     file_hash = b.add_file(content, chunk_size=1000, scheme=[0, 1, 2])
     b.finish()
     (xorb_hash,) = b.xorbs
@@ -185,3 +185,51 @@ def test_integrity_errors_keep_their_class(tmp_path: Path, pool: DecodePool) -> 
     _, got = _run(pool, lambda: pool.decode(str(store.xorb_path(xorb_hash)), xorb_hash, specs))
     assert all(isinstance(c, IntegrityError) for c in got)
     assert "chunk 0 at offset 0" in str(got[0]) and "footer says 0101" in str(got[0])
+
+
+@pytest.mark.parametrize("xorb_footer", [True, False], ids=["footer", "footerless"])
+def test_workers_check_layouts_as_the_daemon_does(tmp_path: Path, pool: DecodePool, xorb_footer: bool) -> None:
+    store, _, xorb_hash = _store(tmp_path, xorb_footer=xorb_footer)
+    path = str(store.xorb_path(xorb_hash))
+    got = _run(pool, lambda: pool.layout(path, xorb_hash))
+    assert got == store.load_layout(xorb_hash)
+    assert got.chunk_hashes is not None and len(got.chunk_hashes) == 40
+
+
+def _daemon_error(store: Store, xorb_hash: bytes) -> XetfsError:
+    with pytest.raises(XetfsError) as caught:
+        Store(store.root).load_layout(xorb_hash)  # a new Store: no descriptor opened before the damage
+    return caught.value
+
+
+def _worker_error(pool: DecodePool, path: str, xorb_hash: bytes) -> XetfsError:
+    with pytest.raises(XetfsError) as caught:
+        _run(pool, lambda: pool.layout(path, xorb_hash))
+    return caught.value
+
+
+def test_layout_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, pool: DecodePool) -> None:
+    store, _, xorb_hash = _store(tmp_path)
+    layout = store.load_layout(xorb_hash)
+    path = store.xorb_path(xorb_hash)
+    path.chmod(0o644)
+    raw = path.read_bytes()
+    footer = layout.phys_ends[-1]
+    damage = {
+        footer + 52 + 32 * 7: IntegrityError,  # a chunk hash: the Merkle root is not the name
+        footer + 8: IntegrityError,  # the footer's own xorb hash names another xorb
+        footer + 41: XorbFormatError,  # the hashes section's ident
+    }
+    for offset, cls in damage.items():
+        broken = bytearray(raw)
+        broken[offset] ^= 0x55
+        path.write_bytes(bytes(broken))
+        copy = tmp_path / f"copy-{offset}"  # workers keep descriptors open: each case gets its own file
+        copy.write_bytes(bytes(broken))
+        expected = _daemon_error(store, xorb_hash)
+        got = _worker_error(pool, str(copy), xorb_hash)
+        assert type(expected) is cls and type(got) is cls, offset
+        assert str(got) == str(expected), offset
+
+    missing = _worker_error(pool, str(tmp_path / "gone"), xorb_hash)
+    assert isinstance(missing, MissingObjectError) and "cannot open" in str(missing)

@@ -1,4 +1,4 @@
-"""A decode worker process: reads, decodes and verifies chunk runs for the mount daemon.
+"""A decode worker process: reads, decodes and verifies chunk runs and xorb layouts for the mount daemon.
 
 The daemon (``pool.DecodePool``) starts workers with ``python -m
 xetfs.decode_worker SHM_FD SLOTS SLOT_SIZE``.  ``SHM_FD`` is a shared memory
@@ -6,13 +6,20 @@ file of ``SLOTS * SLOT_SIZE`` bytes, split into slots; the daemon lends one
 slot per job.  Jobs arrive on stdin and results leave on stdout as
 length-prefixed pickles (both ends are this package).
 
-A job is ``(job_id, slot, path, xorb_hash, specs)``: read the chunks
-``specs`` describes (``format.xorb.ChunkSpec``, one run of adjacent chunks)
-from the xorb file at ``path``, decode and verify each, and write the decoded
-bytes one after another into the slot.  The result is ``(job_id, outcomes,
-read_bytes)`` with, per chunk, its decoded length or ``(error class name,
-message)``.  Before the first job the worker sends ``READY``.  It exits when
-stdin closes, that is when the daemon goes away.
+A job is one of:
+
+* ``("chunks", job_id, slot, path, xorb_hash, specs)``: read the chunks
+  ``specs`` describes (``format.xorb.ChunkSpec``, one run of adjacent chunks)
+  from the xorb file at ``path``, decode and verify each, and write the
+  decoded bytes one after another into the slot.  The result is ``(job_id,
+  (outcomes, read_bytes))`` with, per chunk, its decoded length or ``(error
+  class name, message)``.
+* ``("layout", job_id, path, xorb_hash)``: read and check the xorb's layout
+  (``store.read_layout``: footer, Merkle root against the name).  The result
+  is ``(job_id, layout)`` or ``(job_id, (error class name, message))``.
+
+Before the first job the worker sends ``READY``.  It exits when stdin
+closes, that is when the daemon goes away.
 """
 
 from __future__ import annotations
@@ -30,13 +37,13 @@ from cachetools import LRUCache
 
 from xetfs import errors
 from xetfs.errors import XetfsError
-from xetfs.format.xorb import ChunkSpec, decode_chunks
+from xetfs.format.xorb import ChunkSpec, XorbLayout, decode_chunks
 from xetfs.hashes import to_hex
 from xetfs.malloc import keep_freed_memory
-from xetfs.store import open_xorb, read_chunk_run
+from xetfs.store import open_xorb, read_chunk_run, read_layout
 
 FRAME = struct.Struct("<I")
-READY: tuple[int, list[Any], int] = (0, [], 0)  # the result a worker sends once it can take jobs (job ids start at 1)
+READY: tuple[int, None] = (0, None)  # the result a worker sends once it can take jobs (job ids start at 1)
 MAX_OPEN_FILES = 64
 
 # What a worker may name in a result, mapped back to the class the daemon raises.
@@ -102,6 +109,14 @@ def run_job(
     return outcomes, len(data)
 
 
+def load_layout(files: _Files, path: str, xorb_hash: bytes) -> XorbLayout | tuple[str, str]:
+    """The checked layout of the xorb at ``path``, or ``(error class name, message)``."""
+    try:
+        return read_layout(files.fd(path, xorb_hash), xorb_hash)
+    except XetfsError as exc:
+        return type(exc).__name__, str(exc)
+
+
 def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> None:
     """Answer jobs until ``jobs_fd`` closes."""
     files = _Files(MAX_OPEN_FILES)
@@ -112,10 +127,16 @@ def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> 
         body = _read_exactly(jobs_fd, FRAME.unpack(head)[0])
         if body is None:
             return
-        job_id, slot, path, xorb_hash, specs = pickle.loads(body)
-        out = shared[slot * slot_size : (slot + 1) * slot_size]
-        outcomes, read_bytes = run_job(files, out, path, xorb_hash, specs)
-        os.write(results_fd, encode_frame((job_id, outcomes, read_bytes)))
+        job = pickle.loads(body)
+        result: Any
+        if job[0] == "layout":
+            _, job_id, path, xorb_hash = job
+            result = load_layout(files, path, xorb_hash)
+        else:
+            _, job_id, slot, path, xorb_hash, specs = job
+            out = shared[slot * slot_size : (slot + 1) * slot_size]
+            result = run_job(files, out, path, xorb_hash, specs)
+        os.write(results_fd, encode_frame((job_id, result)))
 
 
 def main() -> None:

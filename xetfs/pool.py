@@ -8,8 +8,11 @@ there, and the daemon copies them out into the cache.  Threads would not
 help here: python-lz4, pyfuse3's reply and most of the decode path hold the
 GIL, and a thread hop costs more than decoding a chunk.
 
-A job costs a process round trip, so the reader only sends runs worth it
-(``min_job_bytes``) and decodes small ones itself.  A worker that dies fails
+Checking a xorb's layout (reading its footer and tying its ~1,000 chunk
+hashes to the xorb's name: milliseconds of Python) is a job too; the daemon
+only unpickles the result.  A decode job costs a process round trip, so the
+reader only sends runs worth it (``min_job_bytes``) and decodes small ones
+itself.  A worker that dies fails
 its pending jobs with ``WorkerLost``; the reader then decodes in the daemon,
 so a lost worker costs speed, never a read.
 """
@@ -23,13 +26,15 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 
 from xetfs.decode_worker import ERROR_CLASSES, FRAME, READY, Outcome, encode_frame
 from xetfs.errors import XetfsError, XorbFormatError
-from xetfs.format.xorb import ChunkSpec
+from xetfs.format.xorb import ChunkSpec, XorbLayout
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +55,9 @@ class WorkerLost(Exception):
 
 @dataclass(eq=False)
 class _Job:
-    slot: int
+    slot: int | None  # None: a layout job, which needs no shared memory
     done: trio.Event = field(default_factory=trio.Event)
-    result: tuple[int, list[bytes | XetfsError]] | None = None
+    result: Any = None  # what ``_finish`` made of the worker's answer; None if the worker was lost
 
 
 @dataclass(eq=False)
@@ -134,19 +139,38 @@ class DecodePool:
         """
         await self._slots.acquire()
         slot = self._free.pop()
-        job = _Job(slot)
+        result: tuple[int, list[bytes | XetfsError]] = await self._submit(
+            _Job(slot), lambda job_id: ("chunks", job_id, slot, path, xorb_hash, specs)
+        )
+        return result
+
+    async def layout(self, path: str, xorb_hash: bytes) -> XorbLayout:
+        """The checked layout of the xorb at ``path`` (``store.read_layout``, run by a worker).
+
+        Raises what ``read_layout`` would raise, or ``WorkerLost``.
+        """
+        result: XorbLayout | XetfsError = await self._submit(
+            _Job(None), lambda job_id: ("layout", job_id, path, xorb_hash)
+        )
+        if isinstance(result, XetfsError):
+            raise result
+        return result
+
+    async def _submit(self, job: _Job, message: Callable[[int], tuple[Any, ...]]) -> Any:
+        """Send ``message(job_id)`` to the least busy worker and wait for ``job``'s result."""
         workers = [w for w in self._workers if self._takes_jobs(w)]
         if not workers:
-            self._release(slot)
+            if job.slot is not None:
+                self._release(job.slot)
             raise WorkerLost("no decode worker is running")
         worker = min(workers, key=lambda w: len(w.pending))
         job_id = self._next_id = self._next_id + 1
         worker.pending[job_id] = job
         try:
-            os.write(worker.jobs_fd, encode_frame((job_id, slot, path, xorb_hash, specs)))
+            os.write(worker.jobs_fd, encode_frame(message(job_id)))
         except OSError:
             self._lose(worker)
-        # The slot goes back when the result is in, even if this wait is
+        # A slot goes back when the result is in, even if this wait is
         # cancelled: the worker may still be writing into it.
         await job.done.wait()
         if job.result is None:
@@ -192,20 +216,27 @@ class DecodePool:
                 else:
                     self._finish(worker, *message)
 
-    def _finish(self, worker: _Worker, job_id: int, outcomes: list[Outcome], read_bytes: int) -> None:
+    def _finish(self, worker: _Worker, job_id: int, result: Any) -> None:
         job = worker.pending.pop(job_id)
-        base = job.slot * self.slot_size
+        if job.slot is None:
+            job.result = _error(result) if isinstance(result, tuple) else result
+        else:
+            outcomes, read_bytes = result
+            job.result = (read_bytes, self._chunks(job.slot, outcomes))
+            self._release(job.slot)
+        job.done.set()
+
+    def _chunks(self, slot: int, outcomes: list[Outcome]) -> list[bytes | XetfsError]:
+        """Each chunk's bytes, copied out of ``slot``, or its error."""
+        base = slot * self.slot_size
         values: list[bytes | XetfsError] = []
         for outcome in outcomes:
             if isinstance(outcome, int):
                 values.append(bytes(self._view[base : base + outcome]))
                 base += outcome
             else:
-                name, message = outcome
-                values.append(ERROR_CLASSES.get(name, XorbFormatError)(message))
-        job.result = (read_bytes, values)
-        self._release(job.slot)
-        job.done.set()
+                values.append(_error(outcome))
+        return values
 
     def _lose(self, worker: _Worker) -> None:
         if worker.alive:
@@ -215,7 +246,8 @@ class DecodePool:
         if not any(w.alive for w in self._workers):
             self._some_ready.set()  # nobody is left to wait for
         for job in worker.pending.values():
-            self._release(job.slot)
+            if job.slot is not None:
+                self._release(job.slot)
             job.done.set()
         worker.pending.clear()
 
@@ -236,3 +268,9 @@ class DecodePool:
         self._view.release()
         self._shared.close()
         os.close(self._memfd)
+
+
+def _error(outcome: tuple[str, str]) -> XetfsError:
+    """The error a worker named, as the class the daemon would have raised."""
+    name, message = outcome
+    return ERROR_CLASSES.get(name, XorbFormatError)(message)

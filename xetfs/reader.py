@@ -226,10 +226,23 @@ class Reader:
     async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
         out = {}
         for xorb_hash in keys:
-            layout = await self._io(self.store.load_layout, xorb_hash)
+            out[xorb_hash] = _Sized(await self._load_layout(xorb_hash))
             self.stats.store.layouts += 1
-            out[xorb_hash] = _Sized(layout)
         return out
+
+    async def _load_layout(self, xorb_hash: bytes) -> XorbLayout:
+        """Read and check a layout, in a decode worker when one is ready (it takes milliseconds)."""
+        pool = self._ready_pool()
+        if pool is not None:
+            try:
+                layout = await pool.layout(str(self.store.xorb_path(xorb_hash)), xorb_hash)
+            except WorkerLost:
+                self.stats.decode.worker_fallbacks += 1
+            else:
+                self.stats.decode.layouts_in_workers += 1
+                return layout
+        loaded: XorbLayout = await self._io(self.store.load_layout, xorb_hash)
+        return loaded
 
     async def _load_chunks(self, keys: Sequence[ChunkKey], layout: XorbLayout) -> dict[ChunkKey, bytes | Exception]:
         """Read and decode the given chunks of one xorb, one pread per run of adjacent chunks.

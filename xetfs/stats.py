@@ -30,6 +30,7 @@ class DecodeCounters:
     chunks: int = 0
     bytes: int = 0
     in_workers: int = 0  # of those chunks, decoded by a worker process
+    layouts_in_workers: int = 0  # xorb layouts read and checked by a worker process
     worker_fallbacks: int = 0  # runs decoded in the daemon because their worker was lost
 
 

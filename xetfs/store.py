@@ -121,9 +121,6 @@ class Store:
                 self._fds[xorb_hash] = fd
             return fd
 
-    def xorb_size(self, xorb_hash: bytes) -> int:
-        return os.fstat(self._fd(xorb_hash)).st_size
-
     def read_xorb(self, xorb_hash: bytes, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a xorb file; a short read is a format error."""
         return read_range(self._fd(xorb_hash), start, end, where=f"xorb {hashes.to_hex(xorb_hash)}")
@@ -133,42 +130,8 @@ class Store:
         return read_chunk_run(self._fd(xorb_hash), start, end, first, stop, where=f"xorb {hashes.to_hex(xorb_hash)}")
 
     def load_layout(self, xorb_hash: bytes) -> XorbLayout:
-        """Read and check a xorb's layout; chunk hashes are tied to the xorb's name.
-
-        With a footer: the footer's xorb hash and the Merkle root of its chunk
-        hashes must both equal ``xorb_hash``.  Without one: the chunk headers
-        are walked, every chunk is decoded and hashed, and the root checked.
-        """
-        where = f"xorb {hashes.to_hex(xorb_hash)}"
-        size = self.xorb_size(xorb_hash)
-        length = footer_length(self.read_xorb(xorb_hash, size - 4, size), size) if size >= 4 else None
-        if length is not None:
-            footer = self.read_xorb(xorb_hash, size - length - 4, size)
-            if footer.startswith(b"XETBLOB"):
-                layout = parse_footer(footer, size, where=where)
-                if layout.xorb_hash != xorb_hash:
-                    raise IntegrityError(
-                        f"{where}: footer at offset {size - length - 4} names xorb "
-                        f"{hashes.to_hex(layout.xorb_hash or b'')}"
-                    )
-                return _checked(layout, xorb_hash, where)
-        return _checked(self._walk(xorb_hash, size, where), xorb_hash, where)
-
-    def _walk(self, xorb_hash: bytes, size: int, where: str) -> XorbLayout:
-        """Layout of a footer-less xorb: walk its headers, hash every chunk (FORMAT.md 2.5).
-
-        Reads one chunk at a time, so memory stays bounded by the chunk size
-        limit whatever the file claims.
-        """
-        bare = walk_headers_with(lambda start, end: self.read_xorb(xorb_hash, start, end), size, where=where)
-        chunk_hashes = []
-        for i in range(bare.num_chunks):
-            data = self.read_xorb(xorb_hash, bare.phys_start(i), bare.phys_ends[i])
-            (decoded,) = decode_run(data, xorb_hash, bare, i, i + 1, verify=False)
-            if isinstance(decoded, XetfsError):
-                raise decoded
-            chunk_hashes.append(hashes.chunk_hash(decoded))
-        return XorbLayout(xorb_hash, bare.phys_ends, bare.unpacked_ends, tuple(chunk_hashes))
+        """Read and check a xorb's layout (``read_layout``)."""
+        return read_layout(self._fd(xorb_hash), xorb_hash)
 
     def close(self) -> None:
         with self._lock:
@@ -200,6 +163,45 @@ def read_chunk_run(fd: int, start: int, end: int, first: int, stop: int, *, wher
         return read_range(fd, start, end, where=where)
     except XorbFormatError as exc:
         raise XorbFormatError(f"{exc} (reading chunks [{first}, {stop}))") from None
+
+
+def read_layout(fd: int, xorb_hash: bytes) -> XorbLayout:
+    """Read and check the layout of the xorb open as ``fd``; chunk hashes are tied to the xorb's name.
+
+    With a footer: the footer's xorb hash and the Merkle root of its chunk
+    hashes must both equal ``xorb_hash``.  Without one: the chunk headers
+    are walked, every chunk is decoded and hashed, and the root checked.
+    """
+    where = f"xorb {hashes.to_hex(xorb_hash)}"
+    size = os.fstat(fd).st_size
+    length = footer_length(read_range(fd, size - 4, size, where=where), size) if size >= 4 else None
+    if length is not None:
+        footer = read_range(fd, size - length - 4, size, where=where)
+        if footer.startswith(b"XETBLOB"):
+            layout = parse_footer(footer, size, where=where)
+            if layout.xorb_hash != xorb_hash:
+                raise IntegrityError(
+                    f"{where}: footer at offset {size - length - 4} names xorb {hashes.to_hex(layout.xorb_hash or b'')}"
+                )
+            return _checked(layout, xorb_hash, where)
+    return _checked(_walk(fd, xorb_hash, size, where), xorb_hash, where)
+
+
+def _walk(fd: int, xorb_hash: bytes, size: int, where: str) -> XorbLayout:
+    """Layout of a footer-less xorb: walk its headers, hash every chunk (FORMAT.md 2.5).
+
+    Reads one chunk at a time, so memory stays bounded by the chunk size
+    limit whatever the file claims.
+    """
+    bare = walk_headers_with(lambda start, end: read_range(fd, start, end, where=where), size, where=where)
+    chunk_hashes = []
+    for i in range(bare.num_chunks):
+        data = read_range(fd, bare.phys_start(i), bare.phys_ends[i], where=where)
+        (decoded,) = decode_run(data, xorb_hash, bare, i, i + 1, verify=False)
+        if isinstance(decoded, XetfsError):
+            raise decoded
+        chunk_hashes.append(hashes.chunk_hash(decoded))
+    return XorbLayout(xorb_hash, bare.phys_ends, bare.unpacked_ends, tuple(chunk_hashes))
 
 
 def _checked(layout: XorbLayout, xorb_hash: bytes, where: str) -> XorbLayout:
