@@ -75,19 +75,24 @@ def merkle_root(pairs: Iterable[tuple[bytes, int]]) -> bytes:
     level = list(pairs)
     if not level:
         return ZERO_HASH
-    unpack = _WORDS.unpack  # a xorb has ~1000 chunks: this loop is on the read path
-    line = _HEX_FORMAT + " : %d\n"
     while len(level) > 1:
+        lines = _node_lines(level)  # a xorb has ~1000 chunks: this loop is on the read path
         nxt: list[tuple[bytes, int]] = []
         start = 0
         while start < len(level):
-            group = level[start : start + _cut(level, start)]
-            text = "".join([line % (*unpack(h), size) for h, size in group]).encode()
-            node = blake3.blake3(text, key=INTERNAL_NODE_KEY).digest()
-            nxt.append((node, sum([size for _, size in group])))
-            start += len(group)
+            end = start + _cut(level, start)
+            node = blake3.blake3("".join(lines[start:end]).encode(), key=INTERNAL_NODE_KEY).digest()
+            nxt.append((node, sum([size for _, size in level[start:end]])))
+            start = end
         level = nxt
     return level[0][0]
+
+
+def _node_lines(level: Sequence[tuple[bytes, int]]) -> list[str]:
+    """``"<hex> : <size>\n"`` for every pair; the hex of all hashes is made in one pass."""
+    words = 4 * len(level)
+    hexes = struct.pack(f">{words}Q", *struct.unpack(f"<{words}Q", b"".join([h for h, _ in level]))).hex()
+    return [f"{hexes[64 * i : 64 * i + 64]} : {size}\n" for i, (_, size) in enumerate(level)]
 
 
 def xorb_hash(pairs: Iterable[tuple[bytes, int]]) -> bytes:
