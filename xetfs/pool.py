@@ -12,9 +12,9 @@ Checking a xorb's layout (reading its footer and tying its ~1,000 chunk
 hashes to the xorb's name: milliseconds of Python) is a job too; the daemon
 only unpickles the result.  A decode job costs a process round trip, so the
 reader only sends runs worth it (``min_job_bytes``) and decodes small ones
-itself.  A worker that dies fails
-its pending jobs with ``WorkerLost``; the reader then decodes in the daemon,
-so a lost worker costs speed, never a read.
+itself.  A worker that dies fails its pending jobs with ``WorkerLost``; the
+reader then does the work in the daemon, so a lost worker costs speed,
+never a read.
 """
 
 from __future__ import annotations
