@@ -216,10 +216,11 @@ def test_layout_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, 
     raw = path.read_bytes()
     footer = layout.phys_ends[-1]
     damage = {
-        footer + 52 + 32 * 7: IntegrityError,  # a chunk hash: the Merkle root is not the name
         footer + 8: IntegrityError,  # the footer's own xorb hash names another xorb
         footer + 41: XorbFormatError,  # the hashes section's ident
+        footer + 52 + 32 * 7: IntegrityError,  # a chunk hash: the Merkle root is not the name
     }
+    messages = {}
     for offset, cls in damage.items():
         broken = bytearray(raw)
         broken[offset] ^= 0x55
@@ -230,6 +231,8 @@ def test_layout_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, 
         got = _worker_error(pool, str(copy), xorb_hash)
         assert type(expected) is cls and type(got) is cls, offset
         assert str(got) == str(expected), offset
+        messages[offset] = str(got)
+    assert f"the chunk hashes in its footer (offset {footer + 52}) aggregate to" in messages[footer + 52 + 32 * 7]
 
     missing = _worker_error(pool, str(tmp_path / "gone"), xorb_hash)
     assert isinstance(missing, MissingObjectError) and "cannot open" in str(missing)

@@ -183,8 +183,9 @@ def read_layout(fd: int, xorb_hash: bytes) -> XorbLayout:
                 raise IntegrityError(
                     f"{where}: footer at offset {size - length - 4} names xorb {hashes.to_hex(layout.xorb_hash or b'')}"
                 )
-            return _checked(layout, xorb_hash, where)
-    return _checked(_walk(fd, xorb_hash, size, where), xorb_hash, where)
+            hashes_at = size - length - 4 + 52
+            return _checked(layout, xorb_hash, f"{where}: the chunk hashes in its footer (offset {hashes_at})")
+    return _checked(_walk(fd, xorb_hash, size, where), xorb_hash, f"{where}: the hashes of its chunks")
 
 
 def _walk(fd: int, xorb_hash: bytes, size: int, where: str) -> XorbLayout:
@@ -204,10 +205,11 @@ def _walk(fd: int, xorb_hash: bytes, size: int, where: str) -> XorbLayout:
     return XorbLayout(xorb_hash, bare.phys_ends, bare.unpacked_ends, tuple(chunk_hashes))
 
 
-def _checked(layout: XorbLayout, xorb_hash: bytes, where: str) -> XorbLayout:
+def _checked(layout: XorbLayout, xorb_hash: bytes, what: str) -> XorbLayout:
+    """``layout`` if its chunk hashes (``what``: where they came from) aggregate to ``xorb_hash``."""
     root = hashes.xorb_hash(zip(layout.chunk_hashes or (), _sizes(layout), strict=True))
     if root != xorb_hash:
-        raise IntegrityError(f"{where}: chunk hashes aggregate to {hashes.to_hex(root)}, not to the xorb's name")
+        raise IntegrityError(f"{what} aggregate to {hashes.to_hex(root)}, not to the xorb's name")
     return layout
 
 
