@@ -802,3 +802,20 @@ def test_corrupt_chunk_is_eio_and_named(multi_store: OracleStore, tmp_path: Path
     assert errors, log
     assert all(victim.hash in line and xorb in line and f"chunk {chunk.index}" in line for line in errors), errors
     assert "Traceback" not in log
+
+
+def test_a_failing_read_is_logged_with_the_files_name(multi_store: OracleStore, tmp_path: Path) -> None:
+    store = oracle.copy_store(multi_store, tmp_path / "store")
+    victim = store["a.bin"]
+    first = oracle.file_chunks(store, victim.hash)[0]
+    payload = next(c.payload_start for c in oracle.xorb_chunks(store.xorb_path(first.xorb)) if c.index == first.chunk)
+    oracle.flip_byte(store.xorb_path(first.xorb), payload + 10)
+    names = tmp_path / "listing.json"
+    names.write_text(json.dumps([hub_file("weights/a.bin", victim)]))
+    with mounted(store.path, "--names", str(names), allow_errors=True) as m:
+        with pytest.raises(OSError) as exc:
+            (m.path / "weights/a.bin").read_bytes()
+        assert exc.value.errno == errno.EIO
+        log = m.log()
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert errors and all(f"read of weights/a.bin (file {victim.hash}) at offset 0" in line for line in errors), errors

@@ -354,3 +354,20 @@ def test_tree_of_an_hf_xet_store(basic_store: OracleStore) -> None:
         assert by_sha == node
     assert tree.files == len(basic_store.unique())
     check_invariants(tree)
+
+
+def test_name_of_gives_a_path_outside_xetfs() -> None:
+    m = manifest(mfile("models/sub/b.bin", B), mfile("models/also-b", B), mfile("日本/c", C))
+    tree, _ = build_tree(make_index(A, B, C), m)
+    b = resolve(tree, "models/sub/b.bin")
+    c = resolve(tree, "日本/c")
+    assert b is not None and c is not None
+    assert tree.name_of(b.inode) in {"models/sub/b.bin", "models/also-b"}
+    assert tree.name_of(c.inode) == "日本/c"
+    a = tree.lookup(BY_HASH_INODE, A.hex.encode())  # in the store, not in the manifest
+    assert a is not None and tree.name_of(a.inode) is None
+    assert tree.name_of(STATS_INODE) is None
+
+    by_hash, _ = build_tree(make_index(A), None)
+    a = by_hash.lookup(ROOT_INODE, A.hex.encode())
+    assert a is not None and by_hash.name_of(a.inode) == A.hex

@@ -92,6 +92,7 @@ class XetFS(pyfuse3.Operations):
         self.stats = reader.stats
         self.options = options or FsOptions()
         self._handles: dict[int, _Handle] = {}
+        self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store never changes
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
@@ -250,12 +251,24 @@ class XetFS(pyfuse3.Operations):
         try:
             data = await self.reader.read(entry, off, size, drop_behind=streaming)
         except XetfsError as exc:
-            log.error("read of file %s at offset %d (%d bytes) failed: %s", entry.hex, off, size, exc)
+            log.error("read of %s at offset %d (%d bytes) failed: %s", self._describe(handle.node), off, size, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
         self.stats.reads.bytes += len(data)
         if self._prefetch:
             self._maybe_prefetch(handle, entry, off, len(data))
         return data
+
+    def _describe(self, node: Node) -> str:
+        """``path (file <hex>)`` for messages, or ``file <hex>`` when the file has no other name."""
+        entry = node.entry
+        if entry is None:
+            return f"inode {node.inode}"
+        name = self._names.get(node.inode)
+        if name is None:
+            if len(self._names) >= 1024:
+                self._names.clear()
+            name = self._names[node.inode] = self.tree.name_of(node.inode) or ""
+        return f"{name} (file {entry.hex})" if name and name != entry.hex else f"file {entry.hex}"
 
     def _maybe_prefetch(self, handle: _Handle, entry: FileEntry, off: int, length: int) -> None:
         busy = handle.prefetching >= self.reader.prefetch_tasks or self._nursery is None
@@ -269,7 +282,7 @@ class XetFS(pyfuse3.Operations):
         try:
             await self.reader.prefetch(entry, offset, length)
         except Exception:
-            log.exception("prefetch of file %s failed", entry.hex)
+            log.exception("prefetch of %s failed", self._describe(handle.node))
         finally:
             handle.prefetching -= 1
 

@@ -150,6 +150,23 @@ class Tree:
     def is_dir(self, inode: int) -> bool:
         return inode in self._dirs
 
+    def name_of(self, inode: int) -> str | None:
+        """One path of ``inode`` outside ``/.xetfs`` (``a/b/c``), or None if it has none.
+
+        A scan of every directory: meant for messages about a file, not for
+        the read path.  With several names, the first directory built wins.
+        """
+        for dir_inode, d in self._dirs.items():
+            if dir_inode in (XETFS_INODE, BY_HASH_INODE, BY_SHA256_INODE) or inode not in d.inodes:
+                continue
+            parts = [d.names[d.inodes.index(inode)]]
+            while dir_inode != ROOT_INODE:
+                parent = self._dirs[d.parent]
+                parts.append(parent.names[parent.inodes.index(dir_inode)])
+                dir_inode, d = d.parent, parent
+            return b"/".join(reversed(parts)).decode("utf-8", "replace")
+        return None
+
     @property
     def files(self) -> int:
         """Number of file inodes (one per file of the store)."""
