@@ -23,7 +23,7 @@ from xetfs import index
 from xetfs.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkSpec, chunk_specs, decode_run
-from xetfs.pool import DecodePool, WorkerLost
+from xetfs.pool import DecodePool, SharedChunk, WorkerLost
 from xetfs.reader import Reader
 from xetfs.store import Store
 
@@ -53,6 +53,17 @@ def _run(pool: DecodePool, body: Callable[[], Awaitable[Any]]) -> Any:
     return run_served(pool.start, body)
 
 
+def _decoded(pool: DecodePool, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> tuple[int, list[Any]]:
+    """``pool.decode``, with each chunk copied out of shared memory (or its error)."""
+
+    async def decode() -> tuple[int, list[Any]]:
+        read_bytes, chunks = await pool.decode(path, xorb_hash, specs)
+        return read_bytes, [bytes(c.data) if isinstance(c, SharedChunk) else c for c in chunks]
+
+    result: tuple[int, list[Any]] = _run(pool, decode)
+    return result
+
+
 def test_workers_decode_what_the_daemon_decodes(tmp_path: Path, pool: DecodePool) -> None:
     store, _, xorb_hash = _store(tmp_path)
     layout = store.load_layout(xorb_hash)
@@ -61,11 +72,7 @@ def test_workers_decode_what_the_daemon_decodes(tmp_path: Path, pool: DecodePool
         data = store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
         expected = decode_run(data, xorb_hash, layout, start, stop, verify=True)
         specs = chunk_specs(layout, start, stop, verify=True)
-
-        async def decode(specs: list[ChunkSpec] = specs) -> tuple[int, list[bytes | XetfsError]]:
-            return await pool.decode(path, xorb_hash, specs)
-
-        read_bytes, got = _run(pool, decode)
+        read_bytes, got = _decoded(pool, path, xorb_hash, specs)
         assert read_bytes == len(data)
         assert got == expected
 
@@ -81,7 +88,7 @@ def test_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, pool: D
     data = store.read_xorb(xorb_hash, 0, layout.phys_ends[5])
     expected = decode_run(data, xorb_hash, layout, 0, 6, verify=True)
     specs = chunk_specs(layout, 0, 6, verify=True)
-    _, got = _run(pool, lambda: pool.decode(str(path), xorb_hash, specs))
+    _, got = _decoded(pool, str(path), xorb_hash, specs)
     assert [type(c) for c in got] == [type(c) for c in expected]
     assert isinstance(got[3], XetfsError) and type(got[3]) is type(expected[3])
     assert str(got[3]) == str(expected[3])
@@ -236,3 +243,48 @@ def test_layout_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, 
 
     missing = _worker_error(pool, str(tmp_path / "gone"), xorb_hash)
     assert isinstance(missing, MissingObjectError) and "cannot open" in str(missing)
+
+
+def test_chunks_held_in_shared_memory_never_block_or_corrupt_reads(tmp_path: Path) -> None:
+    """Two slots in all and a cache that keeps every chunk: each new job must copy out the oldest
+    slot's chunks to take it, while concurrent reads spanning several xorbs hold chunks of both."""
+    rng = random.Random(11)
+    content = rng.randbytes(150_000) + bytes(rng.choice(b"abc") for _ in range(150_000))
+    b = StoreBuilder(tmp_path, max_xorb_chunks=40)
+    file_hash = b.add_file(content, chunk_size=1000, scheme=[0, 1, 2])
+    b.finish()
+    assert len(b.xorbs) >= 5
+    store = Store.open(tmp_path)
+    idx = index.build([parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()])
+    entry = idx.get(file_hash)
+    assert entry is not None
+    pool = DecodePool(1, slots_per_worker=1, slot_size=64 * 1024, held_slots=1)
+    pool.min_job_bytes = 0
+    reader = Reader(idx, store, pool=pool, cache_size=1 << 30)
+    ranges = [(o, rng.randrange(1, 120_000)) for o in (rng.randrange(len(content)) for _ in range(60))]
+
+    async def body() -> None:
+        await pool.wait_ready()
+        got: dict[int, bytes] = {}
+
+        async def read(i: int, offset: int, size: int) -> None:
+            got[i] = bytes(await reader.read(entry, offset, size))
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                for i, (offset, size) in enumerate(ranges):
+                    nursery.start_soon(read, i, offset, size)
+        for i, (offset, size) in enumerate(ranges):
+            assert got[i] == content[offset : offset + size], (offset, size)
+        again = bytes(await reader.read(entry, 0, len(content)))  # all from the cache, most of it copied out
+        assert again == content
+        held = [c for c in reader.cache._lru.values() if isinstance(c, SharedChunk)]
+        assert any(c.lease is None for c in held) and any(c.lease is not None for c in held)
+
+    try:
+        run_served(reader.start, body)
+        assert reader.stats.decode.in_workers > 0
+        assert reader.stats.decode.worker_fallbacks == 0
+        assert len(pool._free) + len(pool._leases) == 2  # no slot lost
+    finally:
+        reader.close()

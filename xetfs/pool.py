@@ -3,8 +3,11 @@
 Decoding and hashing chunks is CPU work, and in the daemon it would share
 one core (and the GIL) with answering FUSE.  ``DecodePool`` hands runs of
 chunks to worker processes (``decode_worker``) instead: each job gets a slot
-of a shared memory file, the worker writes the decoded, verified bytes
-there, and the daemon copies them out into the cache.  Threads would not
+of a shared memory file and the worker writes the decoded, verified bytes
+there.  The chunks stay in their slot (``SharedChunk``) until the cache lets
+them go, so a streamed chunk is copied once in the daemon, into its reply;
+when slots run short, the chunks of the oldest slot are copied out to free
+it (``detach``).  Threads would not
 help here: python-lz4, pyfuse3's reply and most of the decode path hold the
 GIL, and a thread hop costs more than decoding a chunk.
 
@@ -26,6 +29,8 @@ import os
 import pickle
 import subprocess
 import sys
+import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +44,8 @@ from xetfs.format.xorb import ChunkSpec, XorbLayout
 log = logging.getLogger(__name__)
 
 SLOT_SIZE = 2 * 1024 * 1024  # decoded bytes per job at most
-SLOTS_PER_WORKER = 3  # one decoding, the next ones queued behind it
+SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones queued behind it
+HELD_SLOTS = 16  # more slots, for decoded chunks the cache still holds (a prefetch window)
 MIN_JOB_BYTES = 256 * 1024  # smaller runs are decoded in the daemon
 MAX_WORKERS = 8
 
@@ -51,6 +57,46 @@ def default_workers() -> int:
 
 class WorkerLost(Exception):
     """The worker holding a job exited; the caller should decode it itself."""
+
+
+class SharedChunk:
+    """A decoded chunk, still in the shared-memory slot its worker wrote it to.
+
+    ``data`` is a view of the slot while ``lease`` keeps the slot from being
+    reused; ``detach`` copies the bytes out and lets the lease go.  Take a
+    view of ``data`` only to copy it, with no ``await`` in between: the
+    slot may be detached and given to another job at any await.
+    """
+
+    __slots__ = ("__weakref__", "data", "lease")
+
+    def __init__(self, data: memoryview, lease: _Lease) -> None:
+        self.data: memoryview | bytes = data
+        self.lease: _Lease | None = lease
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def detach(self) -> None:
+        if self.lease is not None:
+            self.data = bytes(self.data)
+            self.lease = None
+
+
+class _Lease:
+    """One slot's claim on shared memory; the slot is free again once no chunk refers to its lease."""
+
+    __slots__ = ("__weakref__", "chunks", "slot")
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.chunks: list[weakref.ref[SharedChunk]] = []
+
+    def detach(self) -> None:
+        for ref in self.chunks:
+            chunk = ref()
+            if chunk is not None:
+                chunk.detach()
 
 
 @dataclass(eq=False)
@@ -74,18 +120,27 @@ class _Worker:
 
 
 class DecodePool:
-    def __init__(self, workers: int, *, slots_per_worker: int = SLOTS_PER_WORKER, slot_size: int = SLOT_SIZE) -> None:
+    def __init__(
+        self,
+        workers: int,
+        *,
+        slots_per_worker: int = SLOTS_PER_WORKER,
+        slot_size: int = SLOT_SIZE,
+        held_slots: int = HELD_SLOTS,
+    ) -> None:
         if workers < 1:
             raise ValueError("a decode pool needs at least one worker")
         self.slot_size = slot_size
         self.min_job_bytes = MIN_JOB_BYTES
-        self.capacity = slots = workers * slots_per_worker  # jobs in flight at most
+        self.capacity = workers * slots_per_worker  # jobs the reader keeps in flight
+        self._slot_count = slots = self.capacity + held_slots
         self._memfd = os.memfd_create("xetfs-decode", os.MFD_CLOEXEC)
         os.ftruncate(self._memfd, slots * slot_size)
         self._shared = mmap.mmap(self._memfd, slots * slot_size)
         self._view = memoryview(self._shared)
         self._free = list(range(slots))
-        self._slots = trio.Semaphore(slots)
+        self._slot_waiters = trio.lowlevel.ParkingLot()  # decode calls waiting for a slot
+        self._leases: OrderedDict[int, weakref.ref[_Lease]] = OrderedDict()  # slot -> lease, oldest first
         self._next_id = 0
         self._count = workers
         self._workers: list[_Worker] = []
@@ -105,7 +160,8 @@ class DecodePool:
         await self._some_ready.wait()
 
     def _spawn(self, number: int) -> _Worker:
-        argv = [sys.executable, "-m", "xetfs.decode_worker", str(self._memfd), str(self.capacity), str(self.slot_size)]
+        shm = (str(self._memfd), str(self._slot_count), str(self.slot_size))
+        argv = [sys.executable, "-m", "xetfs.decode_worker", *shm]
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._memfd,))
         assert process.stdin is not None and process.stdout is not None
         # Keep raw descriptors: the results side is read by trio (non-blocking).
@@ -130,16 +186,18 @@ class DecodePool:
                 worker.collecting = True
                 nursery.start_soon(self._collect, worker)
 
-    async def decode(self, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> tuple[int, list[bytes | XetfsError]]:
+    async def decode(
+        self, path: str, xorb_hash: bytes, specs: list[ChunkSpec]
+    ) -> tuple[int, list[SharedChunk | XetfsError]]:
         """Read, decode and verify one run of adjacent chunks of the xorb at ``path``.
 
-        Returns the bytes read from the store and, per chunk, its bytes or
-        its error.  Raises ``WorkerLost`` if no worker could finish the job.
-        The run must decode to at most ``slot_size`` bytes.
+        Returns the bytes read from the store and, per chunk, its bytes (in
+        shared memory) or its error.  Raises ``WorkerLost`` if no worker
+        could finish the job.  The run must decode to at most ``slot_size``
+        bytes.
         """
-        await self._slots.acquire()
-        slot = self._free.pop()
-        result: tuple[int, list[bytes | XetfsError]] = await self._submit(
+        slot = await self._take_slot()
+        result: tuple[int, list[SharedChunk | XetfsError]] = await self._submit(
             _Job(slot), lambda job_id: ("chunks", job_id, slot, path, xorb_hash, specs)
         )
         return result
@@ -177,9 +235,30 @@ class DecodePool:
             raise WorkerLost(f"decode worker {worker.number} exited")
         return job.result
 
+    async def _take_slot(self) -> int:
+        """A free slot.  With none free, the oldest slot whose chunks are held is copied out;
+        with none held either (all are decoding), wait for a job to finish."""
+        while not self._free:
+            self._reclaim()
+            if not self._free:
+                await self._slot_waiters.park()
+        return self._free.pop()
+
     def _release(self, slot: int) -> None:
         self._free.append(slot)
-        self._slots.release()
+        self._slot_waiters.unpark()
+
+    def _reclaim(self) -> None:
+        """Free a slot by copying out the chunks of the oldest slot still held, if any is."""
+        while not self._free and self._leases:
+            _, ref = self._leases.popitem(last=False)
+            lease = ref()
+            if lease is not None:
+                lease.detach()  # the lease ends, and its slot is free, once its chunks let it go
+
+    def _lease_ended(self, slot: int) -> None:
+        self._leases.pop(slot, None)
+        self._release(slot)
 
     async def _collect(self, worker: _Worker) -> None:
         """Finish ``worker``'s jobs as their results arrive, until it exits (or this is cancelled)."""
@@ -223,19 +302,24 @@ class DecodePool:
         else:
             outcomes, read_bytes = result
             job.result = (read_bytes, self._chunks(job.slot, outcomes))
-            self._release(job.slot)
         job.done.set()
 
-    def _chunks(self, slot: int, outcomes: list[Outcome]) -> list[bytes | XetfsError]:
-        """Each chunk's bytes, copied out of ``slot``, or its error."""
+    def _chunks(self, slot: int, outcomes: list[Outcome]) -> list[SharedChunk | XetfsError]:
+        """Each chunk, left in ``slot`` under one lease, or its error; the slot is free again once the lease ends."""
+        lease = _Lease(slot)
         base = slot * self.slot_size
-        values: list[bytes | XetfsError] = []
+        values: list[SharedChunk | XetfsError] = []
         for outcome in outcomes:
             if isinstance(outcome, int):
-                values.append(bytes(self._view[base : base + outcome]))
+                chunk = SharedChunk(self._view[base : base + outcome], lease)
+                lease.chunks.append(weakref.ref(chunk))
+                values.append(chunk)
                 base += outcome
             else:
                 values.append(_error(outcome))
+        self._leases[slot] = weakref.ref(lease)
+        weakref.finalize(lease, self._lease_ended, slot)
+        self._slot_waiters.unpark()  # a waiting decode may copy these out to take the slot
         return values
 
     def _lose(self, worker: _Worker) -> None:
@@ -265,8 +349,13 @@ class DecodePool:
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 worker.process.wait()
-        self._view.release()
-        self._shared.close()
+        for ref in list(self._leases.values()):
+            lease = ref()
+            if lease is not None:
+                lease.detach()  # chunks the cache still holds keep their bytes
+        with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
+            self._view.release()
+            self._shared.close()
         os.close(self._memfd)
 
 

@@ -27,12 +27,13 @@ from xetfs.cache import Loader, LoadingCache
 from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError
 from xetfs.format.xorb import XorbLayout, chunk_specs, decode_run
 from xetfs.index import FileEntry, Index, chunk_span
-from xetfs.pool import DecodePool, WorkerLost
+from xetfs.pool import DecodePool, SharedChunk, WorkerLost
 from xetfs.stats import CacheCounters, Stats
 from xetfs.store import Store
 
 T = TypeVar("T")
 ChunkKey = tuple[bytes, int]
+Chunk = bytes | SharedChunk  # a decoded chunk: in the daemon's memory, or still where its worker wrote it
 Io = Callable[..., Awaitable[Any]]
 
 DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
@@ -85,7 +86,7 @@ class Reader:
         self._pool = pool
         # A run must fit a worker's slot; without workers only MAX_RUN_BYTES bounds it.
         self._max_run_decoded = pool.slot_size if pool else sys.maxsize
-        self.cache: LoadingCache[ChunkKey, bytes] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
+        self.cache: LoadingCache[ChunkKey, Chunk] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE, CacheCounters())
 
     # -- public API ---------------------------------------------------------
@@ -119,11 +120,14 @@ class Reader:
         """
         finished: list[ChunkKey] | None = [] if drop_behind else None
         try:
-            parts = await self._collect(entry, offset, size, prefetch=False, finished=finished)
+            pieces = await self._collect(entry, offset, size, prefetch=False, finished=finished)
         except XetfsError as exc:
             self._count_error(exc)
             raise
-        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        # From here to the copy, no await: a chunk in shared memory may be
+        # detached and its slot reused at any await (pool.SharedChunk).
+        parts = [memoryview(c.data if isinstance(c, SharedChunk) else c)[skip : skip + n] for c, skip, n in pieces]
+        data = parts[0] if len(parts) == 1 and isinstance(pieces[0][0], bytes) else b"".join(parts)
         if finished:
             self.cache.discard(finished)
         return data
@@ -160,12 +164,12 @@ class Reader:
 
     async def _collect(
         self, entry: FileEntry, offset: int, size: int, *, prefetch: bool, finished: list[ChunkKey] | None = None
-    ) -> list[memoryview]:
-        """The pieces of ``[offset, offset + size)`` (or, with ``prefetch``, just load them).
+    ) -> list[tuple[Chunk, int, int]]:
+        """``(chunk, skip, length)`` for each piece of ``[offset, offset + size)`` (with ``prefetch``: just load them).
 
         ``finished`` collects the keys of the chunks this range reads up to their end.
         """
-        parts: list[memoryview] = []
+        parts: list[tuple[Chunk, int, int]] = []
         for piece in self.index.locate(entry, offset, size):
             layout = await self.layout(piece.xorb_hash)
             span = chunk_span(piece, layout)
@@ -173,7 +177,7 @@ class Reader:
 
             async def load(
                 missing: Sequence[ChunkKey], layout: XorbLayout = layout
-            ) -> dict[ChunkKey, bytes | Exception]:
+            ) -> dict[ChunkKey, Chunk | Exception]:
                 return await self._load_chunks(missing, layout)
 
             if prefetch:
@@ -185,17 +189,17 @@ class Reader:
                 if skip >= len(chunk):
                     skip -= len(chunk)
                     continue
-                view = memoryview(chunk)[skip : skip + left]
-                parts.append(view)
-                if finished is not None and skip + len(view) == len(chunk):
+                take = min(left, len(chunk) - skip)
+                parts.append((chunk, skip, take))
+                if finished is not None and skip + take == len(chunk):
                     finished.append(key)
-                left -= len(view)
+                left -= take
                 skip = 0
                 if not left:
                     break
         return parts
 
-    async def _prefetch_batches(self, keys: list[ChunkKey], load: Loader[ChunkKey, bytes]) -> None:
+    async def _prefetch_batches(self, keys: list[ChunkKey], load: Loader[ChunkKey, Chunk]) -> None:
         """Load ``keys`` in small batches, each its own load, in order.
 
         A reader that catches up waits for the batch holding its chunk, not
@@ -244,13 +248,13 @@ class Reader:
         loaded: XorbLayout = await self._io(self.store.load_layout, xorb_hash)
         return loaded
 
-    async def _load_chunks(self, keys: Sequence[ChunkKey], layout: XorbLayout) -> dict[ChunkKey, bytes | Exception]:
+    async def _load_chunks(self, keys: Sequence[ChunkKey], layout: XorbLayout) -> dict[ChunkKey, Chunk | Exception]:
         """Read and decode the given chunks of one xorb, one pread per run of adjacent chunks.
 
         Each key maps to its bytes or to the error that stopped it: a bad
         chunk fails only itself, a failed read only its run.
         """
-        out: dict[ChunkKey, bytes | Exception] = {}
+        out: dict[ChunkKey, Chunk | Exception] = {}
         xorb_hash = keys[0][0]
         indices = sorted(i for _, i in keys)
         run_start = prev = indices[0]
@@ -310,7 +314,7 @@ class _Run:
 
     __slots__ = ("chunks", "read_bytes")
 
-    def __init__(self, read_bytes: int, chunks: list[bytes | XetfsError]) -> None:
+    def __init__(self, read_bytes: int, chunks: Sequence[Chunk | XetfsError]) -> None:
         self.read_bytes = read_bytes
         self.chunks = chunks
 
