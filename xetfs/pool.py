@@ -7,9 +7,9 @@ of a shared memory file and the worker writes the decoded, verified bytes
 there.  The chunks stay in their slot (``SharedChunk``) until the cache lets
 them go, so a streamed chunk is copied once in the daemon, into its reply;
 when slots run short, the chunks of the oldest slot are copied out to free
-it (``detach``).  Threads would not
-help here: python-lz4, pyfuse3's reply and most of the decode path hold the
-GIL, and a thread hop costs more than decoding a chunk.
+it (``detach``).  Threads would not help here: python-lz4, pyfuse3's reply
+and most of the decode path hold the GIL, and a thread hop costs more than
+decoding a chunk.
 
 Checking a xorb's layout (reading its footer and tying its ~1,000 chunk
 hashes to the xorb's name: milliseconds of Python) is a job too; the daemon
