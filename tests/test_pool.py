@@ -288,3 +288,21 @@ def test_chunks_held_in_shared_memory_never_block_or_corrupt_reads(tmp_path: Pat
         assert len(pool._free) + len(pool._leases) == 2  # no slot lost
     finally:
         reader.close()
+
+
+def test_no_view_of_shared_memory_leaves_a_read(tmp_path: Path, pool: DecodePool) -> None:
+    """A read inside one chunk that is still in shared memory comes back as a copy, not a view of the slot."""
+    store, file_hash, _ = _store(tmp_path)
+    idx = index.build([parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()])
+    entry = idx.get(file_hash)
+    assert entry is not None
+    reader = Reader(idx, store, pool=pool, cache_size=1 << 20)
+
+    async def body() -> list[bytes | memoryview]:
+        await reader.read(entry, 0, 8000)  # loads chunks 0..7 in one job: they stay in shared memory
+        assert isinstance(reader.cache._lru[next(iter(reader.cache._lru))], SharedChunk)
+        return [await reader.read(entry, 100, 10), await reader.read(entry, 1500, 3000)]
+
+    whole = b"".join(bytes(c) for c in _whole_file(store, idx, file_hash))
+    for got, (offset, size) in zip(_run(pool, body), [(100, 10), (1500, 3000)], strict=True):
+        assert type(got) is bytes and got == whole[offset : offset + size]
