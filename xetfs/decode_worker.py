@@ -47,12 +47,23 @@ READY: tuple[int, None] = (0, None)  # the result a worker sends once it can tak
 MAX_OPEN_FILES = 64
 
 # What a worker may name in a result, mapped back to the class the daemon raises.
-ERROR_CLASSES: dict[str, type[XetfsError]] = {
+_ERROR_CLASSES: dict[str, type[XetfsError]] = {
     cls.__name__: cls
     for cls in (errors.XorbFormatError, errors.FormatError, errors.IntegrityError, errors.MissingObjectError)
 }
 
 Outcome = int | tuple[str, str]
+
+
+def error_outcome(exc: XetfsError) -> tuple[str, str]:
+    """How a worker names an error in a result: ``(class name, message)``."""
+    return type(exc).__name__, str(exc)
+
+
+def outcome_error(outcome: tuple[str, str]) -> XetfsError:
+    """The error a worker named (``error_outcome``), as the class the daemon would have raised."""
+    name, message = outcome
+    return _ERROR_CLASSES.get(name, errors.XorbFormatError)(message)
 
 
 def encode_frame(message: Any) -> bytes:
@@ -95,12 +106,12 @@ def run_job(
     try:
         data = read_chunk_run(files.fd(path, xorb_hash), start, end, first, last + 1, where=f"xorb {to_hex(xorb_hash)}")
     except XetfsError as exc:
-        return [(type(exc).__name__, str(exc))] * len(specs), 0
+        return [error_outcome(exc)] * len(specs), 0
     outcomes: list[Outcome] = []
     pos = 0
     for chunk in decode_chunks(data, xorb_hash, specs):
         if isinstance(chunk, XetfsError):
-            outcomes.append((type(chunk).__name__, str(chunk)))
+            outcomes.append(error_outcome(chunk))
             continue
         size = len(chunk)
         out[pos : pos + size] = chunk
@@ -114,7 +125,7 @@ def load_layout(files: _Files, path: str, xorb_hash: bytes) -> XorbLayout | tupl
     try:
         return read_layout(files.fd(path, xorb_hash), xorb_hash)
     except XetfsError as exc:
-        return type(exc).__name__, str(exc)
+        return error_outcome(exc)
 
 
 def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> None:

@@ -37,8 +37,8 @@ from typing import Any
 
 import trio
 
-from xetfs.decode_worker import ERROR_CLASSES, FRAME, READY, Outcome, encode_frame
-from xetfs.errors import XetfsError, XorbFormatError
+from xetfs.decode_worker import FRAME, READY, Outcome, encode_frame, outcome_error
+from xetfs.errors import XetfsError
 from xetfs.format.xorb import ChunkSpec, XorbLayout
 
 log = logging.getLogger(__name__)
@@ -86,10 +86,9 @@ class SharedChunk:
 class _Lease:
     """One slot's claim on shared memory; the slot is free again once no chunk refers to its lease."""
 
-    __slots__ = ("__weakref__", "chunks", "slot")
+    __slots__ = ("__weakref__", "chunks")
 
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
+    def __init__(self) -> None:
         self.chunks: list[weakref.ref[SharedChunk]] = []
 
     def detach(self) -> None:
@@ -228,16 +227,19 @@ class DecodePool:
             os.write(worker.jobs_fd, encode_frame(message(job_id)))
         except OSError:
             self._lose(worker)
-        # A slot goes back when the result is in, even if this wait is
-        # cancelled: the worker may still be writing into it.
+        # A cancelled wait does not free the slot: the worker may still be
+        # writing into it.  Its chunks free it once nobody holds them.
         await job.done.wait()
         if job.result is None:
             raise WorkerLost(f"decode worker {worker.number} exited")
         return job.result
 
     async def _take_slot(self) -> int:
-        """A free slot.  With none free, the oldest slot whose chunks are held is copied out;
-        with none held either (all are decoding), wait for a job to finish."""
+        """A free slot, waiting for one if need be.
+
+        With none free, the oldest slot whose chunks are held is copied out;
+        with none held either (all are decoding), a job must finish first.
+        """
         while not self._free:
             self._reclaim()
             if not self._free:
@@ -298,7 +300,7 @@ class DecodePool:
     def _finish(self, worker: _Worker, job_id: int, result: Any) -> None:
         job = worker.pending.pop(job_id)
         if job.slot is None:
-            job.result = _error(result) if isinstance(result, tuple) else result
+            job.result = outcome_error(result) if isinstance(result, tuple) else result
         else:
             outcomes, read_bytes = result
             job.result = (read_bytes, self._chunks(job.slot, outcomes))
@@ -306,7 +308,7 @@ class DecodePool:
 
     def _chunks(self, slot: int, outcomes: list[Outcome]) -> list[SharedChunk | XetfsError]:
         """Each chunk, left in ``slot`` under one lease, or its error; the slot is free again once the lease ends."""
-        lease = _Lease(slot)
+        lease = _Lease()
         base = slot * self.slot_size
         values: list[SharedChunk | XetfsError] = []
         for outcome in outcomes:
@@ -316,7 +318,7 @@ class DecodePool:
                 values.append(chunk)
                 base += outcome
             else:
-                values.append(_error(outcome))
+                values.append(outcome_error(outcome))
         self._leases[slot] = weakref.ref(lease)
         weakref.finalize(lease, self._lease_ended, slot)
         self._slot_waiters.unpark()  # a waiting decode may copy these out to take the slot
@@ -357,9 +359,3 @@ class DecodePool:
             self._view.release()
             self._shared.close()
         os.close(self._memfd)
-
-
-def _error(outcome: tuple[str, str]) -> XetfsError:
-    """The error a worker named, as the class the daemon would have raised."""
-    name, message = outcome
-    return ERROR_CLASSES.get(name, XorbFormatError)(message)

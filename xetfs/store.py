@@ -25,7 +25,7 @@ from cachetools import LRUCache
 from xetfs import hashes
 from xetfs.errors import IntegrityError, MissingObjectError, ShardFormatError, StoreError, XetfsError, XorbFormatError
 from xetfs.format.shard import MAGIC as SHARD_MAGIC
-from xetfs.format.xorb import XorbLayout, decode_run, footer_length, parse_footer, walk_headers_with
+from xetfs.format.xorb import HASHES_AT, XorbLayout, decode_run, footer_length, parse_footer, walk_headers_with
 
 _XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
 _SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
@@ -176,15 +176,16 @@ def read_layout(fd: int, xorb_hash: bytes) -> XorbLayout:
     size = os.fstat(fd).st_size
     length = footer_length(read_range(fd, size - 4, size, where=where), size) if size >= 4 else None
     if length is not None:
-        footer = read_range(fd, size - length - 4, size, where=where)
+        footer_at = size - length - 4
+        footer = read_range(fd, footer_at, size, where=where)
         if footer.startswith(b"XETBLOB"):
             layout = parse_footer(footer, size, where=where)
             if layout.xorb_hash != xorb_hash:
                 raise IntegrityError(
-                    f"{where}: footer at offset {size - length - 4} names xorb {hashes.to_hex(layout.xorb_hash or b'')}"
+                    f"{where}: footer at offset {footer_at} names xorb {hashes.to_hex(layout.xorb_hash or b'')}"
                 )
-            hashes_at = size - length - 4 + 52
-            return _checked(layout, xorb_hash, f"{where}: the chunk hashes in its footer (offset {hashes_at})")
+            at = footer_at + HASHES_AT
+            return _checked(layout, xorb_hash, f"{where}: the chunk hashes in its footer (offset {at})")
     return _checked(_walk(fd, xorb_hash, size, where), xorb_hash, f"{where}: the hashes of its chunks")
 
 

@@ -25,6 +25,8 @@ HASHES_VERSION = 0
 BOUNDARY_VERSION = 1
 MAX_CHUNKS = 8192 * 8  # generous: xet-core builds at most 8192 chunks per xorb
 
+HASHES_AT = 52  # where a footer's chunk hashes start, from the footer's start
+
 # The fixed tail of a footer: n, hashes offset, boundary offset, 16-byte buffer, info_length.
 TAIL = struct.Struct("<III16sI")
 TAIL_SIZE = TAIL.size  # 32
@@ -102,16 +104,15 @@ def parse_footer(footer: bytes, file_size: int, *, where: str) -> XorbLayout:
         )
     if n == 0 or n > MAX_CHUNKS:
         raise XorbFormatError(f"{where}: footer at offset {start} declares {n} chunks (allowed 1..{MAX_CHUNKS})")
-    if hashes_off != 52 + 40 * n or boundary_off != 40 + 8 * n:
+    if hashes_off != HASHES_AT + 40 * n or boundary_off != 40 + 8 * n:
         raise XorbFormatError(
             f"{where}: footer at offset {start} has section offsets {hashes_off}/{boundary_off}, "
-            f"expected {52 + 40 * n}/{40 + 8 * n}"
+            f"expected {HASHES_AT + 40 * n}/{40 + 8 * n}"
         )
     xorb_hash = footer[8:40]
     _check_ident(footer, 40, HASHES_IDENT, HASHES_VERSION, n, start, where)
-    hashes_at = 52
-    hashes = tuple(footer[hashes_at + HASH_SIZE * i : hashes_at + HASH_SIZE * (i + 1)] for i in range(n))
-    bound_at = 52 + HASH_SIZE * n
+    hashes = tuple(footer[HASHES_AT + HASH_SIZE * i : HASHES_AT + HASH_SIZE * (i + 1)] for i in range(n))
+    bound_at = HASHES_AT + HASH_SIZE * n
     _check_ident(footer, bound_at, BOUNDARY_IDENT, BOUNDARY_VERSION, n, start, where)
     phys = struct.unpack_from(f"<{n}I", footer, bound_at + 12)
     unpacked = struct.unpack_from(f"<{n}I", footer, bound_at + 12 + 4 * n)
