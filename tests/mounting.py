@@ -52,6 +52,16 @@ class Mount:
     def __truediv__(self, name: str) -> Path:
         return self.path / name
 
+    def wait_for_workers(self, deadline: float = 20) -> None:
+        """Wait until every decode worker the daemon started has said it is ready (they start after mounting)."""
+
+        def ready() -> bool:
+            text = self.log()
+            started = re.search(r"decoding in (\d+) worker processes", text)
+            return started is not None and len(re.findall(r"decode worker \d+ ready", text)) >= int(started[1])
+
+        wait_until(ready, deadline, "the decode workers", self.proc, self.log_path)
+
 
 def memory(pid: int) -> dict[str, int]:
     """VmRSS and VmHWM (peak) of a process, in bytes."""

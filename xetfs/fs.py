@@ -27,6 +27,7 @@ from xetfs.errors import XetfsError
 from xetfs.index import FileEntry
 from xetfs.readahead import Readahead
 from xetfs.reader import Reader
+from xetfs.stream import Stream
 from xetfs.tree import Kind, Node, Tree
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class _Handle:
     node: Node
     readahead: Readahead = field(default_factory=Readahead)
     prefetching: int = 0  # prefetch tasks running for this handle
+    stream: Stream | None = None  # bytes decoded for a sequential reader (not with direct I/O)
     snapshot: bytes = b""  # the stats document, for a stats handle
 
 
@@ -227,8 +229,10 @@ class XetFS(pyfuse3.Operations):
             handle.snapshot = self.stats_document()
             self._handles[fh] = handle
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
-        self._handles[fh] = handle
         direct = self.options.direct_io
+        # Without the page cache (direct I/O) the chunk cache is all there is: no stream.
+        handle.stream = None if direct else self.reader.stream()
+        self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
 
     # pyfuse3 replies with any buffer (PyObject_GetBuffer): a memoryview saves a copy.
@@ -248,8 +252,11 @@ class XetFS(pyfuse3.Operations):
         # A sequential reader's bytes stay in the kernel's page cache (keep_cache).
         ahead = handle.readahead
         streaming = not self.options.direct_io and (off == ahead.next_offset or ahead.window > 0)
+        # A sequential reader's reads go through its stream, even when they arrive out of order;
+        # so does a first read at offset 0, which most likely starts one.
+        stream = handle.stream if handle.stream and (streaming or off == 0 or handle.stream.near(off)) else None
         try:
-            data = await self.reader.read(entry, off, size, drop_behind=streaming)
+            data = await self.reader.read(entry, off, size, drop_behind=streaming, stream=stream)
         except XetfsError as exc:
             log.error("read of %s at offset %d (%d bytes) failed: %s", self._describe(handle.node), off, size, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
@@ -280,14 +287,16 @@ class XetFS(pyfuse3.Operations):
 
     async def _prefetch_task(self, handle: _Handle, entry: FileEntry, offset: int, length: int) -> None:
         try:
-            await self.reader.prefetch(entry, offset, length)
+            await self.reader.prefetch(entry, offset, length, handle.stream)
         except Exception:
             log.exception("prefetch of %s failed", self._describe(handle.node))
         finally:
             handle.prefetching -= 1
 
     async def release(self, fh: int) -> None:
-        self._handles.pop(fh, None)
+        handle = self._handles.pop(fh, None)
+        if handle is not None and handle.stream is not None:
+            handle.stream.restart()
 
     async def flush(self, fh: int) -> None:
         pass

@@ -101,6 +101,7 @@ class _Lease:
 @dataclass(eq=False)
 class _Job:
     slot: int | None  # None: a layout job, which needs no shared memory
+    whole: bool = False  # the run's chunks come back as one piece (``decode_whole``)
     done: trio.Event = field(default_factory=trio.Event)
     result: Any = None  # what ``_finish`` made of the worker's answer; None if the worker was lost
 
@@ -149,6 +150,11 @@ class DecodePool:
     def usable(self) -> bool:
         """Jobs can be sent: a worker is ready, alive, and its results are being collected."""
         return any(self._takes_jobs(w) for w in self._workers)
+
+    @property
+    def starting(self) -> bool:
+        """No worker takes jobs yet, but one that is alive may soon."""
+        return not self.usable and any(w.alive and not w.ready for w in self._workers)
 
     @staticmethod
     def _takes_jobs(worker: _Worker) -> bool:
@@ -200,6 +206,22 @@ class DecodePool:
             _Job(slot), lambda job_id: ("chunks", job_id, slot, path, xorb_hash, specs)
         )
         return result
+
+    async def decode_whole(self, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> tuple[int, SharedChunk]:
+        """Like ``decode``, but the run's bytes come back as one piece of shared memory.
+
+        The chunks of a run are written one after another, so the piece is
+        their concatenation.  Raises the first chunk's error if any failed
+        (the slot is then free again at once), or ``WorkerLost``.
+        """
+        slot = await self._take_slot()
+        result: tuple[int, SharedChunk | XetfsError] = await self._submit(
+            _Job(slot, whole=True), lambda job_id: ("chunks", job_id, slot, path, xorb_hash, specs)
+        )
+        read_bytes, data = result
+        if isinstance(data, XetfsError):
+            raise data
+        return read_bytes, data
 
     async def layout(self, path: str, xorb_hash: bytes) -> XorbLayout:
         """The checked layout of the xorb at ``path`` (``store.read_layout``, run by a worker).
@@ -303,12 +325,13 @@ class DecodePool:
             job.result = outcome_error(result) if isinstance(result, tuple) else result
         else:
             outcomes, read_bytes = result
-            job.result = (read_bytes, self._chunks(job.slot, outcomes))
+            chunks = self._whole(job.slot, outcomes) if job.whole else self._chunks(job.slot, outcomes)
+            job.result = (read_bytes, chunks)
         job.done.set()
 
     def _chunks(self, slot: int, outcomes: list[Outcome]) -> list[SharedChunk | XetfsError]:
         """Each chunk, left in ``slot`` under one lease, or its error; the slot is free again once the lease ends."""
-        lease = _Lease()
+        lease = self._lease(slot)
         base = slot * self.slot_size
         values: list[SharedChunk | XetfsError] = []
         for outcome in outcomes:
@@ -319,10 +342,27 @@ class DecodePool:
                 base += outcome
             else:
                 values.append(outcome_error(outcome))
+        return values
+
+    def _whole(self, slot: int, outcomes: list[Outcome]) -> SharedChunk | XetfsError:
+        """The run's bytes as one chunk left in ``slot``, or its first error (and the slot is free again)."""
+        failed = next((o for o in outcomes if not isinstance(o, int)), None)
+        if failed is not None:
+            self._release(slot)
+            return outcome_error(failed)
+        base = slot * self.slot_size
+        lease = self._lease(slot)
+        chunk = SharedChunk(self._view[base : base + sum(outcomes)], lease)  # type: ignore[arg-type]
+        lease.chunks.append(weakref.ref(chunk))
+        return chunk
+
+    def _lease(self, slot: int) -> _Lease:
+        """A new lease on ``slot``: it is free again once no chunk refers to the lease."""
+        lease = _Lease()
         self._leases[slot] = weakref.ref(lease)
         weakref.finalize(lease, self._lease_ended, slot)
-        self._slot_waiters.unpark()  # a waiting decode may copy these out to take the slot
-        return values
+        self._slot_waiters.unpark()  # a waiting decode may copy the slot's chunks out to take it
+        return lease
 
     def _lose(self, worker: _Worker) -> None:
         if worker.alive:

@@ -25,11 +25,12 @@ import trio
 from xetfs import hashes
 from xetfs.cache import Loader, LoadingCache
 from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError
-from xetfs.format.xorb import XorbLayout, chunk_specs, decode_run
+from xetfs.format.xorb import ChunkSpec, XorbLayout, chunk_specs, decode_run
 from xetfs.index import FileEntry, Index, chunk_span
 from xetfs.pool import DecodePool, SharedChunk, WorkerLost
 from xetfs.stats import CacheCounters, Stats
 from xetfs.store import Store
+from xetfs.stream import Budget, Segment, Stream
 
 T = TypeVar("T")
 ChunkKey = tuple[bytes, int]
@@ -40,6 +41,7 @@ DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
 LAYOUT_CACHE_SIZE = 32 * 1024 * 1024
 MAX_RUN_BYTES = 8 * 1024 * 1024  # one pread covers at most this much of a xorb
 PREFETCH_BATCH = 16  # chunks (about 1 MiB) decoded per prefetch step
+MIN_STREAM_BUDGET = 32 * 1024 * 1024
 
 
 async def inline_io(fn: Callable[..., T], *args: Any) -> T:
@@ -88,6 +90,10 @@ class Reader:
         self._max_run_decoded = pool.slot_size if pool else sys.maxsize
         self.cache: LoadingCache[ChunkKey, Chunk] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE, CacheCounters())
+        # Bytes decoded for sequential readers are held apart from the cache: a quarter of its size more
+        # (at least a few prefetch windows), none when the cache is off.
+        capacity = self.cache.capacity
+        self._stream_budget = Budget(max(capacity // 4, MIN_STREAM_BUDGET) if capacity else 0, self.stats.stream)
 
     # -- public API ---------------------------------------------------------
 
@@ -107,7 +113,9 @@ class Reader:
             self._pool.close()
             self._pool = None
 
-    async def read(self, entry: FileEntry, offset: int, size: int, *, drop_behind: bool = False) -> bytes | memoryview:
+    async def read(
+        self, entry: FileEntry, offset: int, size: int, *, drop_behind: bool = False, stream: Stream | None = None
+    ) -> bytes | memoryview:
         """Bytes ``[offset, offset + size)`` of ``entry``, clipped at end of file.
 
         With ``drop_behind`` (a sequential reader whose bytes the kernel
@@ -115,9 +123,23 @@ class Reader:
         at once: a streamed file then recycles a few MiB of memory instead
         of filling the whole cache with bytes nobody asks for again.
 
+        With ``stream`` (that reader's ``Stream``, filled by ``prefetch``),
+        bytes decoded ahead are taken from there.  They may come back as a
+        view of shared memory: copy it or hand it on before the next await.
+
         Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError`` or
         ``StoreTimeoutError``; each is counted in ``stats.errors``.
         """
+        pool = self._ready_pool() if stream is not None else None
+        if stream is not None and pool is not None:
+            size = min(size, entry.size - offset)
+            with contextlib.suppress(XetfsError):  # the ordinary path below meets it again, and reports it
+                await self._stream_ahead(pool, stream, entry, offset, size, prefetch=False)
+            taken = await stream.take(offset, size)
+            if taken is not None:
+                data, chunks = taken
+                self.stats.prefetch.hits += chunks
+                return data
         finished: list[ChunkKey] | None = [] if drop_behind else None
         try:
             pieces = await self._collect(entry, offset, size, prefetch=False, finished=finished)
@@ -132,6 +154,12 @@ class Reader:
             self.cache.discard(finished)
         return data
 
+    def stream(self) -> Stream | None:
+        """A new ``Stream`` for one open file (sharing this reader's budget), or None without decode workers."""
+        if self._pool is None or not self._stream_budget.limit:
+            return None
+        return Stream(self._stream_budget)
+
     @property
     def prefetch_tasks(self) -> int:
         """How many prefetches of one file may run at once.
@@ -142,14 +170,22 @@ class Reader:
         """
         return 2 if self._ready_pool() else 1
 
-    async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
+    async def prefetch(self, entry: FileEntry, offset: int, size: int, stream: Stream | None = None) -> None:
         """Load the chunks under ``[offset, offset + size)`` into the cache; errors are ignored.
 
-        They will be met, counted and reported by the read that needs the bytes.
+        They will be met, counted and reported by the read that needs the
+        bytes.  With ``stream`` and decode workers, the chunks go into the
+        stream as whole runs instead (from where it ends, if further on).
         """
+        pool = self._ready_pool()
+        if stream is not None and pool is None and self._pool is not None and self._pool.starting:
+            return  # the stream's reads will be decoded once the workers are up; not twice by prefetch now
         self.stats.prefetch.requests += 1
         with contextlib.suppress(XetfsError):
-            await self._collect(entry, offset, size, prefetch=True)
+            if stream is None or pool is None:
+                await self._collect(entry, offset, size, prefetch=True)
+            else:
+                await self._stream_ahead(pool, stream, entry, offset, size, prefetch=True)
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """The verified layout of a xorb (cached)."""
@@ -227,6 +263,79 @@ class Reader:
                 await in_flight.acquire()
                 nursery.start_soon(one, batch)
 
+    async def _stream_ahead(
+        self, pool: DecodePool, stream: Stream, entry: FileEntry, offset: int, size: int, *, prefetch: bool
+    ) -> None:
+        """Decode ``[offset, offset + size)`` of ``entry`` into ``stream``, from where the stream ends.
+
+        Returns once those segments are decoded (or failed).
+        """
+        jobs: list[tuple[Segment, str, bytes, list[ChunkSpec]]] = []
+        async with stream.planning:
+            if not stream.near(offset):
+                stream.restart()
+            end = offset + size
+            if stream.empty:
+                ranges = [(offset, end, False)]
+            else:
+                # A read a little ahead of the stream's end plans from that end: the
+                # kernel's requests for the bytes in between are on their way.
+                ranges = [(offset, stream.start, True), (stream.end, end, False)]
+            for lo, hi, front in ranges:
+                if lo < hi:
+                    planned = await self._plan(entry, lo, hi)
+                    stream.add([segment for segment, *_ in planned], front=front)
+                    jobs += planned
+        in_flight = trio.Semaphore(pool.capacity)
+
+        async def one(segment: Segment, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> None:
+            try:
+                read_bytes, data = await pool.decode_whole(path, xorb_hash, specs)
+            except (XetfsError, WorkerLost):
+                pass  # the read of these bytes goes the ordinary way, and reports the error
+            else:
+                stream.budget.hold(segment, data)
+                self._count_run(_Run(read_bytes, [data]), chunks=segment.chunks)
+                self.stats.decode.in_workers += segment.chunks
+                if prefetch:
+                    self.stats.prefetch.chunks += segment.chunks
+            finally:
+                segment.done.set()
+                in_flight.release()
+
+        async with trio.open_nursery() as nursery:
+            for job in jobs:
+                await in_flight.acquire()
+                nursery.start_soon(one, *job)
+
+    async def _plan(self, entry: FileEntry, lo: int, hi: int) -> list[tuple[Segment, str, bytes, list[ChunkSpec]]]:
+        """Segments (and their decode jobs) for the whole chunks under ``[lo, hi)`` of ``entry``, in file order."""
+        planned = []
+        for piece in self.index.locate(entry, lo, hi - lo):
+            layout = await self.layout(piece.xorb_hash)
+            span = chunk_span(piece, layout)
+            path = str(self.store.xorb_path(span.xorb_hash))
+            # The span's first chunk starts ``skip`` bytes before the piece.
+            at = entry.term_start(piece.term) + piece.offset - span.skip
+            first = span.start
+            while first < span.stop:
+                stop = self._run_stop(layout, first, span.stop, PREFETCH_BATCH)
+                end = at + layout.range_size(first, stop)
+                segment = Segment(at, end, stop - first, unread=end - at)
+                planned.append((segment, path, span.xorb_hash, chunk_specs(layout, first, stop, verify=self.verify)))
+                at, first = end, stop
+        return planned
+
+    def _run_stop(self, layout: XorbLayout, start: int, limit: int, most: int) -> int:
+        """Where a run of at most ``most`` chunks from ``start`` (before ``limit``) ends, within a job's bounds."""
+        stop = min(limit, start + most)
+        while stop > start + 1 and (
+            layout.phys_ends[stop - 1] - layout.phys_start(start) > MAX_RUN_BYTES
+            or layout.range_size(start, stop) > self._max_run_decoded
+        ):
+            stop -= 1
+        return stop
+
     async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
         out = {}
         for xorb_hash in keys:
@@ -290,11 +399,12 @@ class Reader:
         data = await self._io(self.store.read_chunks, xorb_hash, *phys, start, stop)
         return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
 
-    def _count_run(self, run: _Run) -> None:
+    def _count_run(self, run: _Run, chunks: int | None = None) -> None:
+        """Count a run read from the store; ``chunks``: how many its pieces hold (one per piece if not given)."""
         self.stats.store.reads += 1
         self.stats.store.bytes += run.read_bytes
         decoded = [c for c in run.chunks if not isinstance(c, Exception)]
-        self.stats.decode.chunks += len(decoded)
+        self.stats.decode.chunks += len(decoded) if chunks is None else chunks
         self.stats.decode.bytes += sum(len(c) for c in decoded)
 
     def _count_error(self, exc: XetfsError) -> None:

@@ -56,6 +56,19 @@ class PrefetchCounters:
 
 
 @dataclass
+class StreamCounters:
+    """Runs decoded for sequential readers and held apart from the cache (``stream.Budget``)."""
+
+    limit_bytes: int = 0
+    bytes: int = 0  # held now
+    runs: int = 0  # decoded and held
+    chunks: int = 0  # in those runs
+    read_chunks: int = 0  # of those, in runs read to their end
+    evicted: int = 0  # runs let go unread to stay within the limit
+    unread: int = 0  # runs let go unread because their reader moved elsewhere or closed the file
+
+
+@dataclass
 class ErrorCounters:
     integrity: int = 0
     missing: int = 0
@@ -79,6 +92,7 @@ class Stats:
     store: StoreCounters = field(default_factory=StoreCounters)
     reads: ReadCounters = field(default_factory=ReadCounters)
     prefetch: PrefetchCounters = field(default_factory=PrefetchCounters)
+    stream: StreamCounters = field(default_factory=StreamCounters)
     errors: ErrorCounters = field(default_factory=ErrorCounters)
     index: IndexCounters = field(default_factory=IndexCounters)
     started: float = field(default_factory=time.time)

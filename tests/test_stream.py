@@ -1,0 +1,251 @@
+"""Bytes decoded for sequential readers (xetfs/stream.py and the reader's stream path).
+
+A stream must give exactly the file's bytes for reads in any order and of
+any size, decode each chunk once for a sequential reader, let go of what was
+read, stay within its byte budget, and leave a bad chunk to the ordinary path
+(which reports it) without failing its neighbours.
+"""
+
+from __future__ import annotations
+
+import random
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trio
+from helpers.served import run_served
+from helpers.writer import StoreBuilder
+
+from xetfs import index
+from xetfs.errors import IntegrityError
+from xetfs.format.shard import parse_shard
+from xetfs.index import FileEntry
+from xetfs.pool import DecodePool, SharedChunk, _Lease
+from xetfs.reader import Reader
+from xetfs.stats import StreamCounters
+from xetfs.store import Store
+from xetfs.stream import Budget, Segment, Stream
+
+CHUNK = 1000
+
+
+@pytest.fixture
+def pool() -> Iterator[DecodePool]:
+    p = DecodePool(2, slots_per_worker=2, slot_size=64 * 1024, held_slots=4)
+    p.min_job_bytes = 0
+    yield p
+    p.close()
+
+
+def _store(root: Path) -> tuple[Store, index.Index, dict[bytes, bytes]]:
+    """Files over several xorbs of 1000-byte raw, LZ4 and BG4 chunks; one made of terms that repeat and go back."""
+    rng = random.Random(11)
+    b = StoreBuilder(root, max_xorb_chunks=70)
+    big = rng.randbytes(90 * CHUNK) + bytes(rng.choice(b"abc") for _ in range(110 * CHUNK + 321))
+    contents = {b.add_file(big, chunk_size=CHUNK, scheme=[0, 1, 2]): big}
+    b.seal_xorb()
+    x0, x1 = list(b.xorbs)[:2]
+    pieces = [(x1, 10, 40), (x0, 5, 30), (x1, 10, 40), (x0, 60, 70), (x0, 0, 3)]
+    contents[b.add_file_from_terms(pieces)] = b.content_of_terms(pieces)
+    b.finish()
+    store = Store.open(root)
+    shards = [parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()]
+    return store, index.build(shards), contents
+
+
+def _entry(idx: index.Index, file_hash: bytes) -> FileEntry:
+    entry = idx.get(file_hash)
+    assert entry is not None
+    return entry
+
+
+def _read_all(reader: Reader, stream: Stream, entry: FileEntry, block: int) -> bytes:
+    """A sequential reader: ``block``-sized reads, two at a time and finishing out of order (as the kernel's)."""
+
+    async def body() -> bytes:
+        await reader.wait_for_workers()
+        out: dict[int, bytes] = {}
+
+        async def one(offset: int, delay: float) -> None:
+            await trio.sleep(delay)
+            out[offset] = bytes(await reader.read(entry, offset, block, drop_behind=True, stream=stream))
+
+        for first in range(0, entry.size, 2 * block):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, first, 0.001)  # the earlier request finishes last
+                if first + block < entry.size:
+                    nursery.start_soon(one, first + block, 0)
+            await reader.prefetch(entry, first + 2 * block, 4 * block, stream)
+        return b"".join(out[k] for k in sorted(out))
+
+    return run_served(reader.start, body)
+
+
+@pytest.mark.parametrize("block", [CHUNK * 16, 4096, 12_345, 100_000])
+def test_sequential_reads_in_any_block_size_get_the_files_bytes_decoding_each_chunk_once(
+    tmp_path: Path, pool: DecodePool, block: int
+) -> None:
+    store, idx, contents = _store(tmp_path)
+    for file_hash, content in contents.items():
+        reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
+        stream = reader.stream()
+        assert stream is not None
+        entry = _entry(idx, file_hash)
+        assert _read_all(reader, stream, entry, block) == content
+        s = reader.stats
+        assert s.cache.misses == 0  # every byte came through the stream
+        assert s.stream.chunks == s.decode.chunks == s.decode.in_workers
+        chunks = sum(entry.stops[i] - entry.starts[i] for i in range(entry.num_terms))
+        assert s.decode.chunks == chunks  # each term's chunks once: none twice for the same reader
+        assert not stream.segments and s.stream.bytes == 0  # all read, all let go
+        assert s.stream.read_chunks == chunks and s.stream.evicted == s.stream.unread == 0
+
+
+def test_a_bad_chunk_fails_only_the_reads_that_need_it(tmp_path: Path, pool: DecodePool) -> None:
+    store, idx, contents = _store(tmp_path)
+    file_hash, content = next(iter(contents.items()))
+    entry = _entry(idx, file_hash)
+    xorb_hash = index.Index.locate(idx, entry, 0, 1)[0].xorb_hash
+    layout = store.load_layout(xorb_hash)
+    path = store.xorb_path(xorb_hash)
+    path.chmod(0o644)
+    raw = bytearray(path.read_bytes())
+    raw[layout.phys_start(20) + 20] ^= 0xFF  # chunk 20 (raw bytes): bytes [20000, 21000) of the file
+    path.write_bytes(bytes(raw))
+    reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
+    stream = reader.stream()
+    assert stream is not None
+
+    async def body() -> None:
+        await reader.wait_for_workers()
+        block = 4000
+        for offset in range(0, 40_000, block):
+            if offset <= 20 * CHUNK < offset + block:
+                with pytest.raises(IntegrityError, match="chunk 20"):
+                    await reader.read(entry, offset, block, drop_behind=True, stream=stream)
+            else:
+                got = await reader.read(entry, offset, block, drop_behind=True, stream=stream)
+                assert bytes(got) == content[offset : offset + block]
+            await reader.prefetch(entry, offset + block, 3 * block, stream)
+
+    run_served(reader.start, body)
+    assert reader.stats.errors.integrity == 1
+
+
+def test_decode_whole_gives_the_run_as_one_piece_or_its_error(tmp_path: Path, pool: DecodePool) -> None:
+    store, idx, contents = _store(tmp_path)
+    file_hash, content = next(iter(contents.items()))
+    xorb_hash = index.Index.locate(idx, _entry(idx, file_hash), 0, 1)[0].xorb_hash
+    layout = store.load_layout(xorb_hash)
+    path = store.xorb_path(xorb_hash)
+    from xetfs.format.xorb import chunk_specs
+
+    specs = chunk_specs(layout, 3, 40, verify=True)
+
+    async def whole() -> bytes:
+        await pool.wait_ready()
+        _, data = await pool.decode_whole(str(path), xorb_hash, specs)
+        return bytes(data.data)
+
+    assert run_served(pool.start, whole) == content[3 * CHUNK : 40 * CHUNK]
+    path.chmod(0o644)
+    raw = bytearray(path.read_bytes())
+    raw[layout.phys_start(30) + 20] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    free = len(pool._free)
+    with pytest.raises(IntegrityError, match="chunk 30"):
+        run_served(pool.start, whole)
+    assert len(pool._free) == free  # the failed run's slot is free again
+
+
+def _segment(start: int, data: bytes, budget: Budget, *, ready: bool = True) -> tuple[Segment, bytes]:
+    segment = Segment(start, start + len(data), chunks=1, unread=len(data))
+    if ready:
+        chunk = SharedChunk(memoryview(data), _Lease())
+        budget.hold(segment, chunk)
+        segment.done.set()
+        segment._keep = chunk  # type: ignore[attr-defined]  # the budget may let go of it
+    return segment, data
+
+
+def test_take_joins_segments_waits_for_decoding_ones_and_lets_go_of_what_was_read() -> None:
+    budget = Budget(1 << 20)
+    stream = Stream(budget)
+    a, da = _segment(0, b"a" * 100, budget)
+    b, db = _segment(100, b"b" * 100, budget, ready=False)
+    stream.add([a, b])
+
+    async def body() -> None:
+        async def finish_b() -> None:
+            await trio.sleep(0.01)
+            budget.hold(b, SharedChunk(memoryview(db), _Lease()))
+            b.done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(finish_b)
+            got = await stream.take(150, 50)  # waits for b
+            assert got is not None and bytes(got[0]) == db[50:] and got[1] == 0  # b half read
+        got = await stream.take(50, 100)
+        assert got is not None and bytes(got[0]) == da[50:] + db[:50]
+        assert got[1] == 1 and list(stream.segments) == [a]  # b is read to its end and let go
+        assert await stream.take(0, 300) is None  # past the stream's end: not all here
+
+    trio.run(body)
+    assert budget.counters.read_chunks == 1 and budget.counters.bytes == 100
+
+
+def test_take_leaves_gaps_and_failed_segments_to_the_ordinary_path() -> None:
+    budget = Budget(1 << 20)
+    stream = Stream(budget)
+    failed = Segment(300, 400, chunks=1, unread=100)
+    failed.done.set()
+    stream.add([_segment(0, b"a" * 100, budget)[0], _segment(200, b"c" * 100, budget)[0], failed])
+
+    async def body() -> None:
+        assert await stream.take(50, 200) is None  # bytes [100, 200) were never decoded
+        assert await stream.take(250, 100) is None  # bytes [300, 400) failed
+        got = await stream.take(200, 100)
+        assert got is not None and bytes(got[0]) == b"c" * 100
+
+    trio.run(body)
+
+
+def test_the_budget_lets_go_of_the_oldest_segments_and_counts_why() -> None:
+    counters = StreamCounters()
+    budget = Budget(250, counters)
+    stream = Stream(budget)
+    segments = [_segment(i * 100, bytes([i]) * 100, budget)[0] for i in range(3)]
+    stream.add(segments)
+    assert segments[0].data is None and counters.evicted == 1  # 300 bytes > 250: the oldest went
+    assert counters.bytes == 200 and counters.runs == 3
+    stream.restart()  # the reader moved elsewhere: two held runs let go unread
+    assert counters.unread == 2 and counters.bytes == 0 and not stream.segments
+    late, _ = _segment(0, b"x" * 10, budget, ready=False)
+    late.dropped = True
+    budget.hold(late, SharedChunk(memoryview(b"x" * 10), _Lease()))
+    assert late.data is None and counters.unread == 3  # decoded after its stream let go: not held
+
+
+def test_a_stream_holds_no_shared_memory_once_let_go(tmp_path: Path, pool: DecodePool) -> None:
+    store, idx, contents = _store(tmp_path)
+    file_hash, content = next(iter(contents.items()))
+    entry = _entry(idx, file_hash)
+    reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
+    stream = reader.stream()
+    assert stream is not None
+
+    async def body() -> None:
+        await reader.wait_for_workers()
+        await reader.prefetch(entry, 0, 60_000, stream)
+        got = await reader.read(entry, 0, 1000, drop_behind=True, stream=stream)
+        assert bytes(got) == content[:1000]
+        held = [weakref.ref(s.data) for s in stream.segments if s.data is not None]
+        assert held and reader.stats.stream.bytes > 0
+        stream.restart()  # as when the file is closed
+        assert all(ref() is None for ref in held)
+        assert reader.stats.stream.bytes == 0
+
+    run_served(reader.start, body)
+    assert len(pool._free) == pool._slot_count  # every slot is free again

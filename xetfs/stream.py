@@ -1,0 +1,167 @@
+"""Bytes decoded for one sequential reader, kept as whole runs (trio).
+
+A sequential reader's chunks are read once, in order, and the kernel keeps
+the bytes in its page cache; putting each chunk through the chunk cache
+(store, look up, drop) costs the daemon more than the reply itself.  A
+``Stream`` holds what was decoded for one open file instead, as
+``Segment``s: a run of adjacent chunks of one term, decoded by a worker into
+shared memory where its chunks lie one after another, so the run is a range
+of file bytes as it is.  A read that falls inside ready segments is served
+from them; anything else (a gap, a failed run) goes the ordinary way through
+the chunk cache, which also reports the error.
+
+The kernel sends a sequential reader's requests several at a time, and they
+may finish out of order, so a segment is let go once its bytes have all been
+read, not when a read passes it; segments far behind the reads go too (a
+stream that starts mid-chunk never reads its first segment whole).  All
+streams together hold at most a ``Budget`` of bytes: past it the oldest
+segments are let go unread, and their bytes are read the ordinary way.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+import trio
+
+from xetfs.pool import SharedChunk
+from xetfs.stats import StreamCounters
+
+BEHIND = 32 * 1024 * 1024  # segments ending this far before a read are let go, read or not
+NEAR = 16 * 1024 * 1024  # a read this close to the stream's bytes is part of it (the kernel sends several)
+
+
+@dataclass(eq=False)
+class Segment:
+    """File bytes ``[start, end)``: ``chunks`` chunks, decoding until ``done`` is set."""
+
+    start: int
+    end: int
+    chunks: int
+    unread: int  # bytes nobody has read yet
+    data: SharedChunk | None = None  # set once decoded and verified; None if that failed or it was let go
+    done: trio.Event = field(default_factory=trio.Event)
+    dropped: bool = False  # its stream let go of it
+
+
+class Budget:
+    """The decoded bytes that all streams together may hold; past ``limit`` the oldest segments are let go."""
+
+    def __init__(self, limit: int, counters: StreamCounters | None = None) -> None:
+        self.limit = limit
+        self.counters = counters or StreamCounters()
+        self.counters.limit_bytes = limit
+        self._held: OrderedDict[Segment, int] = OrderedDict()  # oldest first
+
+    def hold(self, segment: Segment, data: SharedChunk) -> None:
+        """Give ``segment`` its decoded bytes, letting go of the oldest held segments if need be."""
+        c = self.counters
+        c.runs += 1
+        c.chunks += segment.chunks
+        if segment.dropped:
+            c.unread += 1
+            return
+        segment.data = data
+        self._held[segment] = len(data)
+        c.bytes += len(data)
+        while c.bytes > self.limit and self._held:
+            oldest, size = self._held.popitem(last=False)
+            oldest.data = None
+            c.bytes -= size
+            c.evicted += 1
+
+    def release(self, segment: Segment) -> None:
+        """``segment``'s stream let go of it (read to its end, or not)."""
+        segment.dropped = True
+        size = self._held.pop(segment, None)
+        if size is None:
+            return
+        self.counters.bytes -= size
+        if segment.unread > 0:
+            self.counters.unread += 1
+        else:
+            self.counters.read_chunks += segment.chunks
+
+
+class Stream:
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self.segments: deque[Segment] = deque()  # in file order, without gaps
+        self.start = self.end = 0  # the bytes planned since the last restart (read ones included)
+        self.empty = True  # nothing planned since the last restart
+        self.planning = trio.Lock()  # one plan at a time keeps segments in file order
+
+    def near(self, offset: int) -> bool:
+        """Whether a read at ``offset`` belongs to this stream (even if it arrived out of order)."""
+        return not self.empty and self.start - NEAR <= offset <= self.end + NEAR
+
+    def restart(self) -> None:
+        """Let go of every segment: the reader has moved elsewhere."""
+        while self.segments:
+            self.budget.release(self.segments.popleft())
+        self.start = self.end = 0
+        self.empty = True
+
+    def add(self, segments: list[Segment], *, front: bool = False) -> None:
+        """Add segments that follow the stream's (or, with ``front``, precede them) without a gap."""
+        if not segments:
+            return
+        if front:
+            self.segments.extendleft(reversed(segments))
+            self.start = segments[0].start
+        else:
+            self.segments.extend(segments)
+            self.end = segments[-1].end
+            if self.empty:
+                self.start = segments[0].start
+        self.empty = False
+
+    async def take(self, offset: int, size: int) -> tuple[bytes | memoryview, int] | None:
+        """Bytes ``[offset, offset + size)`` and how many chunks this read finished, or None if not all are here.
+
+        Waits for segments still decoding.  Bytes from a single segment come
+        back as a view of shared memory: hand it on (to the FUSE reply) with
+        no ``await`` in between.
+        """
+        end = offset + size
+        while True:
+            parts: list[tuple[Segment, int, int]] = []
+            pending = None
+            pos = offset
+            for segment in self.segments:
+                if segment.end <= pos:
+                    continue
+                if segment.start > pos:
+                    break  # a gap
+                if not segment.done.is_set():
+                    pending = segment
+                    break
+                if segment.data is None:
+                    break  # it failed: the ordinary path reads (and reports) it
+                take = min(end, segment.end) - pos
+                parts.append((segment, pos - segment.start, take))
+                pos += take
+                if pos >= end:
+                    break
+            if pending is None:
+                break
+            await pending.done.wait()
+        self._forget_before(offset - BEHIND)
+        if pos < end:
+            return None
+        # No await from here: the views must not outlive this step (pool.SharedChunk).
+        views = [memoryview(s.data.data)[skip : skip + n] for s, skip, n in parts if s.data is not None]
+        data = views[0] if len(views) == 1 else b"".join(views)
+        finished = 0
+        for segment, _, n in parts:
+            segment.unread -= n
+            if segment.unread <= 0:
+                finished += segment.chunks
+                self.segments.remove(segment)
+                self.budget.release(segment)
+        return data, finished
+
+    def _forget_before(self, offset: int) -> None:
+        while self.segments and self.segments[0].end <= offset:
+            self.budget.release(self.segments.popleft())
