@@ -235,7 +235,9 @@ class XetFS(pyfuse3.Operations):
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
 
-    # pyfuse3 replies with any buffer (PyObject_GetBuffer): a memoryview saves a copy.
+    # pyfuse3 replies with any buffer (PyObject_GetBuffer): a memoryview saves a copy.  A view
+    # of the workers' shared memory (a stream's bytes) is valid until the next await; pyfuse3
+    # copies it into the reply as soon as this returns, so nothing below may await.
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         handle = self._handles.get(fh)

@@ -5,11 +5,12 @@ one core (and the GIL) with answering FUSE.  ``DecodePool`` hands runs of
 chunks to worker processes (``decode_worker``) instead: each job gets a slot
 of a shared memory file and the worker writes the decoded, verified bytes
 there.  The chunks stay in their slot (``SharedChunk``) until the cache lets
-them go, so a streamed chunk is copied once in the daemon, into its reply;
-when slots run short, the chunks of the oldest slot are copied out to free
-it (``detach``).  Threads would not help here: python-lz4, pyfuse3's reply
-and most of the decode path hold the GIL, and a thread hop costs more than
-decoding a chunk.
+them go, so a chunk is copied once in the daemon, into its reply; a whole run
+for a sequential reader (``decode_whole``, see ``stream``) is one piece, and
+the reply may take it straight from the slot.  When slots run short, the
+chunks of the oldest slot are copied out to free it (``detach``).  Threads
+would not help here: python-lz4, pyfuse3's reply and most of the decode path
+hold the GIL, and a thread hop costs more than decoding a chunk.
 
 Checking a xorb's layout (reading its footer and tying its ~1,000 chunk
 hashes to the xorb's name: milliseconds of Python) is a job too; the daemon

@@ -131,7 +131,7 @@ class Reader:
         ``StoreTimeoutError``; each is counted in ``stats.errors``.
         """
         pool = self._ready_pool() if stream is not None else None
-        if stream is not None and pool is not None:
+        if stream is not None and pool is not None and offset < entry.size:
             size = min(size, entry.size - offset)
             with contextlib.suppress(XetfsError):  # the ordinary path below meets it again, and reports it
                 await self._stream_ahead(pool, stream, entry, offset, size, prefetch=False)
