@@ -249,3 +249,36 @@ def test_a_stream_holds_no_shared_memory_once_let_go(tmp_path: Path, pool: Decod
 
     run_served(reader.start, body)
     assert len(pool._free) == pool._slot_count  # every slot is free again
+
+
+def test_missing_parts_fall_between_segments() -> None:
+    budget = Budget(1 << 20)
+    stream = Stream(budget)
+    stream.add([_segment(300, b"c" * 100, budget)[0]])
+    stream.add([_segment(100, b"a" * 100, budget)[0]])  # added out of order: kept in file order
+    assert [s.start for s in stream.segments] == [100, 300]
+    assert stream.missing(50, 450) == [(50, 100), (200, 300), (400, 450)]
+    assert stream.missing(120, 180) == []
+    assert stream.missing(150, 350) == [(200, 300)]
+    assert (stream.start, stream.end) == (100, 400)
+
+
+def test_reads_near_a_stream_decode_only_their_own_chunks(tmp_path: Path, pool: DecodePool) -> None:
+    """A reader that jumps about near its stream (mmap faults, say) decodes what it reads, not the bytes between."""
+    store, idx, contents = _store(tmp_path)
+    file_hash, content = next(iter(contents.items()))
+    entry = _entry(idx, file_hash)
+    reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
+    stream = reader.stream()
+    assert stream is not None
+    reads = [(0, 4000), (50_000, 4000), (120_000, 4000), (10_000, 4000)]
+
+    async def body() -> None:
+        await reader.wait_for_workers()
+        for offset, size in reads:
+            got = await reader.read(entry, offset, size, stream=stream)
+            assert bytes(got) == content[offset : offset + size]
+
+    run_served(reader.start, body)
+    assert reader.stats.decode.chunks == 16  # chunks 0-3, 50-53, 120-123 and 10-13, each once
+    assert reader.stats.cache.misses == 0

@@ -266,7 +266,7 @@ class Reader:
     async def _stream_ahead(
         self, pool: DecodePool, stream: Stream, entry: FileEntry, offset: int, size: int, *, prefetch: bool
     ) -> None:
-        """Decode ``[offset, offset + size)`` of ``entry`` into ``stream``, from where the stream ends.
+        """Decode the chunks under ``[offset, offset + size)`` of ``entry`` that ``stream`` lacks into it.
 
         Returns once those segments are decoded (or failed).
         """
@@ -274,18 +274,14 @@ class Reader:
         async with stream.planning:
             if not stream.near(offset):
                 stream.restart()
-            end = offset + size
-            if stream.empty:
-                ranges = [(offset, end, False)]
-            else:
-                # A read a little ahead of the stream's end plans from that end: the
-                # kernel's requests for the bytes in between are on their way.
-                ranges = [(offset, stream.start, True), (stream.end, end, False)]
-            for lo, hi, front in ranges:
-                if lo < hi:
-                    planned = await self._plan(entry, lo, hi)
-                    stream.add([segment for segment, *_ in planned], front=front)
-                    jobs += planned
+            # Only what this read (or prefetch) asks for: a read that arrived ahead of
+            # others leaves them a gap, which they fill themselves.  Prefetch never goes
+            # behind the reads: what lies there was read already, or a read is on its way.
+            start = max(offset, stream.read_to) if prefetch else offset
+            for lo, hi in stream.missing(start, offset + size):
+                planned = await self._plan(entry, lo, hi)
+                stream.add([segment for segment, *_ in planned])
+                jobs += planned
         in_flight = trio.Semaphore(pool.capacity)
 
         async def one(segment: Segment, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> None:

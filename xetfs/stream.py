@@ -20,7 +20,8 @@ segments are let go unread, and their bytes are read the ordinary way.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import bisect
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import trio
@@ -87,10 +88,11 @@ class Budget:
 class Stream:
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
-        self.segments: deque[Segment] = deque()  # in file order, without gaps
-        self.start = self.end = 0  # the bytes planned since the last restart (read ones included)
+        self.segments: list[Segment] = []  # in file order, not overlapping; gaps are bytes not planned (or read)
+        self.start = self.end = 0  # the span planned since the last restart (read bytes included)
         self.empty = True  # nothing planned since the last restart
-        self.planning = trio.Lock()  # one plan at a time keeps segments in file order
+        self.read_to = 0  # the furthest byte a read has taken: prefetch need not go behind it
+        self.planning = trio.Lock()  # one plan at a time: segments never overlap
 
     def near(self, offset: int) -> bool:
         """Whether a read at ``offset`` belongs to this stream (even if it arrived out of order)."""
@@ -98,24 +100,42 @@ class Stream:
 
     def restart(self) -> None:
         """Let go of every segment: the reader has moved elsewhere."""
-        while self.segments:
-            self.budget.release(self.segments.popleft())
-        self.start = self.end = 0
+        for segment in self.segments:
+            self.budget.release(segment)
+        self.segments.clear()
+        self.start = self.end = self.read_to = 0
         self.empty = True
 
-    def add(self, segments: list[Segment], *, front: bool = False) -> None:
-        """Add segments that follow the stream's (or, with ``front``, precede them) without a gap."""
+    def missing(self, lo: int, hi: int) -> list[tuple[int, int]]:
+        """The parts of ``[lo, hi)`` that no segment holds, in order.
+
+        Segments hold whole chunks, so the parts between two segments start
+        and end on chunk boundaries: planning them never decodes a chunk twice.
+        """
+        parts = []
+        pos = lo
+        for segment in self.segments:
+            if segment.end <= pos:
+                continue
+            if segment.start >= hi:
+                break
+            if segment.start > pos:
+                parts.append((pos, segment.start))
+            pos = segment.end
+        if pos < hi:
+            parts.append((pos, hi))
+        return parts
+
+    def add(self, segments: list[Segment]) -> None:
+        """Add segments that overlap none of the stream's."""
         if not segments:
             return
-        if front:
-            self.segments.extendleft(reversed(segments))
-            self.start = segments[0].start
+        at = bisect.bisect_left([s.start for s in self.segments], segments[0].start)
+        self.segments[at:at] = segments
+        if self.empty:
+            self.start, self.end, self.empty = segments[0].start, segments[-1].end, False
         else:
-            self.segments.extend(segments)
-            self.end = segments[-1].end
-            if self.empty:
-                self.start = segments[0].start
-        self.empty = False
+            self.start, self.end = min(self.start, segments[0].start), max(self.end, segments[-1].end)
 
     async def take(self, offset: int, size: int) -> tuple[bytes | memoryview, int] | None:
         """Bytes ``[offset, offset + size)`` and how many chunks this read finished, or None if not all are here.
@@ -151,6 +171,7 @@ class Stream:
         if pos < end:
             return None
         # No await from here: the views must not outlive this step (pool.SharedChunk).
+        self.read_to = max(self.read_to, end)
         views = [memoryview(s.data.data)[skip : skip + n] for s, skip, n in parts if s.data is not None]
         data = views[0] if len(views) == 1 else b"".join(views)
         finished = 0
@@ -164,4 +185,4 @@ class Stream:
 
     def _forget_before(self, offset: int) -> None:
         while self.segments and self.segments[0].end <= offset:
-            self.budget.release(self.segments.popleft())
+            self.budget.release(self.segments.pop(0))
