@@ -21,6 +21,7 @@ from helpers.writer import StoreBuilder
 from xetfs import index
 from xetfs.errors import IntegrityError
 from xetfs.format.shard import parse_shard
+from xetfs.format.xorb import chunk_specs
 from xetfs.index import FileEntry
 from xetfs.pool import DecodePool, SharedChunk, _Lease
 from xetfs.reader import Reader
@@ -61,6 +62,14 @@ def _entry(idx: index.Index, file_hash: bytes) -> FileEntry:
     return entry
 
 
+def _streamed(pool: DecodePool, store: Store, idx: index.Index) -> tuple[Reader, Stream]:
+    """A reader with workers and a 64 MiB cache, and a stream of its own."""
+    reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
+    stream = reader.stream()
+    assert stream is not None
+    return reader, stream
+
+
 def _read_all(reader: Reader, stream: Stream, entry: FileEntry, block: int) -> bytes:
     """A sequential reader: ``block``-sized reads, two at a time and finishing out of order (as the kernel's)."""
 
@@ -89,9 +98,7 @@ def test_sequential_reads_in_any_block_size_get_the_files_bytes_decoding_each_ch
 ) -> None:
     store, idx, contents = _store(tmp_path)
     for file_hash, content in contents.items():
-        reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
-        stream = reader.stream()
-        assert stream is not None
+        reader, stream = _streamed(pool, store, idx)
         entry = _entry(idx, file_hash)
         assert _read_all(reader, stream, entry, block) == content
         s = reader.stats
@@ -107,16 +114,14 @@ def test_a_bad_chunk_fails_only_the_reads_that_need_it(tmp_path: Path, pool: Dec
     store, idx, contents = _store(tmp_path)
     file_hash, content = next(iter(contents.items()))
     entry = _entry(idx, file_hash)
-    xorb_hash = index.Index.locate(idx, entry, 0, 1)[0].xorb_hash
+    xorb_hash = idx.locate(entry, 0, 1)[0].xorb_hash
     layout = store.load_layout(xorb_hash)
     path = store.xorb_path(xorb_hash)
     path.chmod(0o644)
     raw = bytearray(path.read_bytes())
     raw[layout.phys_start(20) + 20] ^= 0xFF  # chunk 20 (raw bytes): bytes [20000, 21000) of the file
     path.write_bytes(bytes(raw))
-    reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
-    stream = reader.stream()
-    assert stream is not None
+    reader, stream = _streamed(pool, store, idx)
 
     async def body() -> None:
         await reader.wait_for_workers()
@@ -137,11 +142,9 @@ def test_a_bad_chunk_fails_only_the_reads_that_need_it(tmp_path: Path, pool: Dec
 def test_decode_whole_gives_the_run_as_one_piece_or_its_error(tmp_path: Path, pool: DecodePool) -> None:
     store, idx, contents = _store(tmp_path)
     file_hash, content = next(iter(contents.items()))
-    xorb_hash = index.Index.locate(idx, _entry(idx, file_hash), 0, 1)[0].xorb_hash
+    xorb_hash = idx.locate(_entry(idx, file_hash), 0, 1)[0].xorb_hash
     layout = store.load_layout(xorb_hash)
     path = store.xorb_path(xorb_hash)
-    from xetfs.format.xorb import chunk_specs
-
     specs = chunk_specs(layout, 3, 40, verify=True)
 
     async def whole() -> bytes:
@@ -232,9 +235,7 @@ def test_a_stream_holds_no_shared_memory_once_let_go(tmp_path: Path, pool: Decod
     store, idx, contents = _store(tmp_path)
     file_hash, content = next(iter(contents.items()))
     entry = _entry(idx, file_hash)
-    reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
-    stream = reader.stream()
-    assert stream is not None
+    reader, stream = _streamed(pool, store, idx)
 
     async def body() -> None:
         await reader.wait_for_workers()
@@ -268,9 +269,7 @@ def test_reads_near_a_stream_decode_only_their_own_chunks(tmp_path: Path, pool: 
     store, idx, contents = _store(tmp_path)
     file_hash, content = next(iter(contents.items()))
     entry = _entry(idx, file_hash)
-    reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
-    stream = reader.stream()
-    assert stream is not None
+    reader, stream = _streamed(pool, store, idx)
     reads = [(0, 4000), (50_000, 4000), (120_000, 4000), (10_000, 4000)]
 
     async def body() -> None:
