@@ -165,9 +165,10 @@ def test_decode_whole_gives_the_run_as_one_piece_or_its_error(tmp_path: Path, po
 
 def _segment(start: int, data: bytes, budget: Budget, *, ready: bool = True) -> tuple[Segment, bytes]:
     segment = Segment(start, start + len(data), chunks=1, unread=len(data))
+    budget.plan([segment])
     if ready:
         chunk = SharedChunk(memoryview(data), _Lease())
-        budget.hold(segment, chunk)
+        budget.settle(segment, chunk)
         segment.done.set()
         segment._keep = chunk  # type: ignore[attr-defined]  # the budget may let go of it
     return segment, data
@@ -183,7 +184,7 @@ def test_take_joins_segments_waits_for_decoding_ones_and_lets_go_of_what_was_rea
     async def body() -> None:
         async def finish_b() -> None:
             await trio.sleep(0.01)
-            budget.hold(b, SharedChunk(memoryview(db), _Lease()))
+            budget.settle(b, SharedChunk(memoryview(db), _Lease()))
             b.done.set()
 
         async with trio.open_nursery() as nursery:
@@ -227,7 +228,7 @@ def test_the_budget_lets_go_of_the_oldest_segments_and_counts_why() -> None:
     assert counters.unread == 2 and counters.bytes == 0 and not stream.segments
     late, _ = _segment(0, b"x" * 10, budget, ready=False)
     late.dropped = True
-    budget.hold(late, SharedChunk(memoryview(b"x" * 10), _Lease()))
+    budget.settle(late, SharedChunk(memoryview(b"x" * 10), _Lease()))
     assert late.data is None and counters.unread == 3  # decoded after its stream let go: not held
 
 
@@ -281,3 +282,26 @@ def test_reads_near_a_stream_decode_only_their_own_chunks(tmp_path: Path, pool: 
     run_served(reader.start, body)
     assert reader.stats.decode.chunks == 16  # chunks 0-3, 50-53, 120-123 and 10-13, each once
     assert reader.stats.cache.misses == 0
+
+
+def test_prefetch_plans_only_what_the_budget_has_room_for(tmp_path: Path, pool: DecodePool) -> None:
+    store, idx, contents = _store(tmp_path)
+    file_hash, content = next(iter(contents.items()))
+    entry = _entry(idx, file_hash)
+    reader = Reader(idx, store, pool=pool, cache_size=64 << 20)
+    reader._stream_budget = Budget(20_000, reader.stats.stream)
+    stream = reader.stream()
+    assert stream is not None
+
+    async def body() -> None:
+        await reader.wait_for_workers()
+        await reader.prefetch(entry, 0, 150_000, stream)
+        planned = sum(s.end - s.start for s in stream.segments)
+        assert 20_000 <= planned < 20_000 + 16 * CHUNK  # up to the room, rounded up to whole chunks
+        assert reader.stats.stream.evicted == 0
+        await reader.prefetch(entry, planned, 150_000, stream)  # no room left: nothing more
+        assert sum(s.end - s.start for s in stream.segments) == planned
+        got = await reader.read(entry, 0, 60_000, drop_behind=True, stream=stream)  # a read plans what it needs
+        assert bytes(got) == content[:60_000]
+
+    run_served(reader.start, body)

@@ -271,38 +271,55 @@ class Reader:
         Returns once those segments are decoded (or failed).
         """
         jobs: list[tuple[Segment, str, bytes, list[ChunkSpec]]] = []
-        async with stream.planning:
-            if not stream.near(offset):
-                stream.restart()
-            # Only what this read (or prefetch) asks for: a read that arrived ahead of
-            # others leaves them a gap, which they fill themselves.  Prefetch never goes
-            # behind the reads: what lies there was read already, or a read is on its way.
-            start = max(offset, stream.read_to) if prefetch else offset
-            for lo, hi in stream.missing(start, offset + size):
-                planned = await self._plan(entry, lo, hi)
-                stream.add([segment for segment, *_ in planned])
-                jobs += planned
-        in_flight = trio.Semaphore(pool.capacity)
+        started = 0
 
         async def one(segment: Segment, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> None:
+            data = None
             try:
                 read_bytes, data = await pool.decode_whole(path, xorb_hash, specs)
             except (XetfsError, WorkerLost):
                 pass  # the read of these bytes goes the ordinary way, and reports the error
             else:
-                stream.budget.hold(segment, data)
                 self._count_run(_Run(read_bytes, [data]), chunks=segment.chunks)
                 self.stats.decode.in_workers += segment.chunks
                 if prefetch:
                     self.stats.prefetch.chunks += segment.chunks
             finally:
+                stream.budget.settle(segment, data)
                 segment.done.set()
                 in_flight.release()
 
-        async with trio.open_nursery() as nursery:
-            for job in jobs:
-                await in_flight.acquire()
-                nursery.start_soon(one, *job)
+        try:
+            async with stream.planning:
+                if not stream.near(offset):
+                    stream.restart()
+                # Only what this read (or prefetch) asks for: a read that arrived ahead of
+                # others leaves them a gap, which they fill themselves.  Prefetch never goes
+                # behind the reads (what lies there was read already, or a read is on its
+                # way) and plans only what the budget has room for.
+                start = max(offset, stream.read_to) if prefetch else offset
+                room = stream.budget.room() if prefetch else offset + size - start
+                for lo, hi in stream.missing(start, offset + size):
+                    if room <= 0:
+                        break
+                    planned = await self._plan(entry, lo, min(hi, lo + room))
+                    segments = [segment for segment, *_ in planned]
+                    stream.add(segments)
+                    stream.budget.plan(segments)
+                    room -= sum(s.end - s.start for s in segments)
+                    jobs += planned
+            in_flight = trio.Semaphore(pool.capacity)
+            async with trio.open_nursery() as nursery:
+                for job in jobs:
+                    await in_flight.acquire()
+                    nursery.start_soon(one, *job)
+                    started += 1
+        finally:
+            # Segments planned but never started (a later piece failed to plan, or this was
+            # cancelled) count as failed, so no read waits for them.
+            for segment, *_ in jobs[started:]:
+                stream.budget.settle(segment, None)
+                segment.done.set()
 
     async def _plan(self, entry: FileEntry, lo: int, hi: int) -> list[tuple[Segment, str, bytes, list[ChunkSpec]]]:
         """Segments (and their decode jobs) for the whole chunks under ``[lo, hi)`` of ``entry``, in file order."""

@@ -14,8 +14,9 @@ The kernel sends a sequential reader's requests several at a time, and they
 may finish out of order, so a segment is let go once its bytes have all been
 read, not when a read passes it; segments far behind the reads go too (a
 stream that starts mid-chunk never reads its first segment whole).  All
-streams together hold at most a ``Budget`` of bytes: past it the oldest
-segments are let go unread, and their bytes are read the ordinary way.
+streams together hold at most a ``Budget`` of bytes: prefetch plans only what
+fits, and past it the oldest segments are let go unread (their bytes are then
+read the ordinary way).
 """
 
 from __future__ import annotations
@@ -47,16 +48,31 @@ class Segment:
 
 
 class Budget:
-    """The decoded bytes that all streams together may hold; past ``limit`` the oldest segments are let go."""
+    """The decoded bytes that all streams together may hold.
+
+    Prefetch plans only what fits (``room``: the limit less what is held and
+    what is still decoding); a read plans what it needs regardless, and past
+    ``limit`` the oldest held segments are let go (an idle stream's first).
+    """
 
     def __init__(self, limit: int, counters: StreamCounters | None = None) -> None:
         self.limit = limit
         self.counters = counters or StreamCounters()
         self.counters.limit_bytes = limit
         self._held: OrderedDict[Segment, int] = OrderedDict()  # oldest first
+        self._decoding = 0  # bytes of planned segments not settled yet
 
-    def hold(self, segment: Segment, data: SharedChunk) -> None:
-        """Give ``segment`` its decoded bytes, letting go of the oldest held segments if need be."""
+    def room(self) -> int:
+        return self.limit - self.counters.bytes - self._decoding
+
+    def plan(self, segments: list[Segment]) -> None:
+        self._decoding += sum(s.end - s.start for s in segments)
+
+    def settle(self, segment: Segment, data: SharedChunk | None) -> None:
+        """``segment`` is decoded (``data``) or failed (None); hold its bytes, letting go of the oldest if need be."""
+        self._decoding -= segment.end - segment.start
+        if data is None:
+            return
         c = self.counters
         c.runs += 1
         c.chunks += segment.chunks
