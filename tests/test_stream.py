@@ -19,7 +19,7 @@ from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
 from xetfs import index
-from xetfs.errors import IntegrityError
+from xetfs.errors import IntegrityError, MissingObjectError
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import chunk_specs
 from xetfs.index import FileEntry
@@ -304,4 +304,31 @@ def test_prefetch_plans_only_what_the_budget_has_room_for(tmp_path: Path, pool: 
         got = await reader.read(entry, 0, 60_000, drop_behind=True, stream=stream)  # a read plans what it needs
         assert bytes(got) == content[:60_000]
 
+    run_served(reader.start, body)
+
+
+def test_a_plan_that_fails_part_way_leaves_nothing_to_wait_for(tmp_path: Path, pool: DecodePool) -> None:
+    """Runs planned before a later part of the range failed to plan (its xorb is gone) are never
+    decoded; they must count as failed, or the read would wait for them forever."""
+    store, idx, contents = _store(tmp_path)
+    file_hash, content = next(iter(contents.items()))
+    entry = _entry(idx, file_hash)
+    first, second = (p.xorb_hash for p in idx.locate(entry, 0, 200 * CHUNK)[:2])
+    reader, stream = _streamed(pool, store, idx)
+
+    async def body() -> None:
+        await reader.wait_for_workers()
+        # Chunks 20-24 of xorb 1, not read whole: the run stays in the stream.
+        got = await reader.read(entry, 20 * CHUNK + 500, 4000, stream=stream)
+        assert bytes(got) == content[20 * CHUNK + 500 : 24 * CHUNK + 500]
+        assert [(s.start, s.end) for s in stream.segments] == [(20 * CHUNK, 25 * CHUNK)]
+        store.xorb_path(second).unlink()
+        with trio.fail_after(20), pytest.raises(MissingObjectError):
+            # Plans chunks [10, 20) of xorb 1, then fails on xorb 2 while planning [25, 100).
+            await reader.read(entry, 10 * CHUNK, 90 * CHUNK, stream=stream)
+        with trio.fail_after(20):
+            got = await reader.read(entry, 10 * CHUNK, 10 * CHUNK, stream=stream)
+        assert bytes(got) == content[10 * CHUNK : 20 * CHUNK]
+
+    assert first != second
     run_served(reader.start, body)
