@@ -537,6 +537,8 @@ def test_parallel_streams_over_their_budget_still_read_right(big_store: OracleSt
 
         with ThreadPoolExecutor(4) as pool:
             assert list(pool.map(read_quarter, range(4))) == expected
+        peak = memory(m.proc.pid)["VmHWM"]
+        assert peak <= 64 * MiB + 32 * MiB + RSS_OVERHEAD, f"VmHWM {peak / MiB:.0f} MiB"  # cache + streams + fixed
         s = settled(m)["stream"]
         assert s["limit_bytes"] == 32 * MiB and s["bytes"] == 0, s
         assert s["read_chunks"] >= 0.6 * n_chunks, (s, n_chunks)
