@@ -339,14 +339,17 @@ class Reader:
                 at, first = end, stop
         return planned
 
-    def _run_stop(self, layout: XorbLayout, start: int, limit: int, most: int) -> int:
-        """Where a run of at most ``most`` chunks from ``start`` (before ``limit``) ends, within a job's bounds."""
-        stop = min(limit, start + most)
-        while stop > start + 1 and (
-            layout.phys_ends[stop - 1] - layout.phys_start(start) > MAX_RUN_BYTES
-            or layout.range_size(start, stop) > self._max_run_decoded
+    def _run_stop(self, layout: XorbLayout, start: int, limit: int, most: int = sys.maxsize) -> int:
+        """Where a run of adjacent chunks from ``start`` ends: before ``limit``, at most ``most`` chunks,
+        one ``pread`` of at most ``MAX_RUN_BYTES`` and decoding to at most a job's slot (at least one chunk)."""
+        end = min(limit, start + most)
+        stop = start + 1
+        while (
+            stop < end
+            and layout.phys_ends[stop] - layout.phys_start(start) <= MAX_RUN_BYTES
+            and layout.range_size(start, stop + 1) <= self._max_run_decoded
         ):
-            stop -= 1
+            stop += 1
         return stop
 
     async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
@@ -379,22 +382,23 @@ class Reader:
         out: dict[ChunkKey, Chunk | Exception] = {}
         xorb_hash = keys[0][0]
         indices = sorted(i for _, i in keys)
-        run_start = prev = indices[0]
+        group_start = prev = indices[0]
         for i in [*indices[1:], -1]:
-            too_big = i >= 0 and (
-                layout.phys_ends[i] - layout.phys_start(run_start) > MAX_RUN_BYTES
-                or layout.range_size(run_start, i + 1) > self._max_run_decoded
-            )
-            if i != prev + 1 or too_big:
+            if i == prev + 1:
+                prev = i
+                continue
+            start = group_start  # chunks [group_start, prev] are adjacent: read them in runs
+            while start <= prev:
+                stop = self._run_stop(layout, start, prev + 1)
                 try:
-                    run = await self._load_run(xorb_hash, layout, run_start, prev + 1)
+                    run = await self._load_run(xorb_hash, layout, start, stop)
                 except XetfsError as exc:
-                    out.update(((xorb_hash, k), exc) for k in range(run_start, prev + 1))
+                    out.update(((xorb_hash, k), exc) for k in range(start, stop))
                 else:
                     self._count_run(run)
-                    out.update(((xorb_hash, k), chunk) for k, chunk in enumerate(run.chunks, run_start))
-                run_start = i
-            prev = i
+                    out.update(((xorb_hash, k), chunk) for k, chunk in enumerate(run.chunks, start))
+                start = stop
+            group_start = prev = i
         return out
 
     async def _load_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
