@@ -332,3 +332,16 @@ def test_a_plan_that_fails_part_way_leaves_nothing_to_wait_for(tmp_path: Path, p
 
     assert first != second
     run_served(reader.start, body)
+
+
+def test_prefetch_takes_the_room_of_segments_nobody_read_for_seconds() -> None:
+    now = [100.0]
+    budget = Budget(250, clock=lambda: now[0])
+    stream = Stream(budget)
+    idle = [_segment(i * 100, bytes([i]) * 100, budget)[0] for i in range(2)]
+    stream.add(idle)
+    assert budget.room(50) == 50  # enough room: nobody is let go
+    assert budget.room(100) == 50 and idle[0].data is not None  # held for less than IDLE: kept
+    now[0] += 6
+    assert budget.room(100) == 150  # the oldest idle segment made room, and no more went than needed
+    assert idle[0].data is None and idle[1].data is not None and budget.counters.evicted == 1

@@ -298,7 +298,7 @@ class Reader:
                 # behind the reads (what lies there was read already, or a read is on its
                 # way) and plans only what the budget has room for.
                 start = max(offset, stream.read_to) if prefetch else offset
-                room = stream.budget.room() if prefetch else offset + size - start
+                room = stream.budget.room(offset + size - start) if prefetch else offset + size - start
                 for lo, hi in stream.missing(start, offset + size):
                     if room <= 0:
                         break

@@ -64,7 +64,7 @@ class StreamCounters:
     runs: int = 0  # decoded and held
     chunks: int = 0  # in those runs
     read_chunks: int = 0  # of those, in runs read to their end
-    evicted: int = 0  # runs let go unread to stay within the limit
+    evicted: int = 0  # runs let go unread to stay within the limit, or held unread for seconds
     unread: int = 0  # runs let go unread because their reader moved elsewhere or closed the file
 
 

@@ -22,7 +22,9 @@ read the ordinary way).
 from __future__ import annotations
 
 import bisect
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -31,6 +33,7 @@ from xetfs.pool import SharedChunk
 from xetfs.stats import StreamCounters
 
 BEHIND = 32 * 1024 * 1024  # segments ending this far before a read are let go, read or not
+IDLE = 5.0  # seconds: a segment held this long belongs to a reader that stopped; prefetch may take its room
 NEAR = 16 * 1024 * 1024  # a read this close to the stream's bytes is part of it (the kernel sends several)
 
 
@@ -51,18 +54,32 @@ class Budget:
     """The decoded bytes that all streams together may hold.
 
     Prefetch plans only what fits (``room``: the limit less what is held and
-    what is still decoding); a read plans what it needs regardless, and past
-    ``limit`` the oldest held segments are let go (an idle stream's first).
+    what is still decoding); when that is short, segments held for ``IDLE``
+    seconds are let go first (a reader that stopped must not starve the
+    others).  A read
+    plans what it needs regardless, and past ``limit`` the oldest held
+    segments are let go.
     """
 
-    def __init__(self, limit: int, counters: StreamCounters | None = None) -> None:
+    def __init__(
+        self, limit: int, counters: StreamCounters | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limit = limit
         self.counters = counters or StreamCounters()
         self.counters.limit_bytes = limit
-        self._held: OrderedDict[Segment, int] = OrderedDict()  # oldest first
+        self._clock = clock
+        self._held: OrderedDict[Segment, tuple[int, float]] = OrderedDict()  # size and when held, oldest first
         self._decoding = 0  # bytes of planned segments not settled yet
 
-    def room(self) -> int:
+    def room(self, wanted: int) -> int:
+        """Bytes prefetch may plan now; to make room for ``wanted``, idle segments are let go first."""
+        idle_before = self._clock() - IDLE
+        while (
+            self.limit - self.counters.bytes - self._decoding < wanted
+            and self._held
+            and next(iter(self._held.values()))[1] < idle_before
+        ):
+            self._evict()
         return self.limit - self.counters.bytes - self._decoding
 
     def plan(self, segments: list[Segment]) -> None:
@@ -80,21 +97,24 @@ class Budget:
             c.unread += 1
             return
         segment.data = data
-        self._held[segment] = len(data)
+        self._held[segment] = (len(data), self._clock())
         c.bytes += len(data)
         while c.bytes > self.limit and self._held:
-            oldest, size = self._held.popitem(last=False)
-            oldest.data = None
-            c.bytes -= size
-            c.evicted += 1
+            self._evict()
+
+    def _evict(self) -> None:
+        oldest, (size, _) = self._held.popitem(last=False)
+        oldest.data = None
+        self.counters.bytes -= size
+        self.counters.evicted += 1
 
     def release(self, segment: Segment) -> None:
         """``segment``'s stream let go of it (read to its end, or not)."""
         segment.dropped = True
-        size = self._held.pop(segment, None)
-        if size is None:
+        held = self._held.pop(segment, None)
+        if held is None:
             return
-        self.counters.bytes -= size
+        self.counters.bytes -= held[0]
         if segment.unread > 0:
             self.counters.unread += 1
         else:
