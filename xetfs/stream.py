@@ -6,9 +6,12 @@ the bytes in its page cache; putting each chunk through the chunk cache
 ``Stream`` holds what was decoded for one open file instead, as
 ``Segment``s: a run of adjacent chunks of one term, decoded by a worker into
 shared memory where its chunks lie one after another, so the run is a range
-of file bytes as it is.  A read that falls inside ready segments is served
-from them; anything else (a gap, a failed run) goes the ordinary way through
-the chunk cache, which also reports the error.
+of file bytes as it is.  The reader (``Reader._stream_ahead``) plans the
+parts of a read's range, or a prefetch window's, that no segment holds;
+segments hold whole chunks, so no chunk is decoded twice.  The read waits
+for its segments and is served from them; anything else (a gap, a failed
+run) goes the ordinary way through the chunk cache, which also reports the
+error.
 
 The kernel sends a sequential reader's requests several at a time, and they
 may finish out of order, so a segment is let go once its bytes have all been
