@@ -24,12 +24,10 @@ def _workers(m: Mount) -> list[int]:
 
 
 def _wait_for_workers(m: Mount, n: int) -> None:
-    """The workers start once the mount answers; wait until ``n`` have said they are ready."""
-
-    def ready() -> bool:
-        return len(re.findall(r"decode worker \d+ ready", m.log())) >= n and len(_workers(m)) == n
-
-    wait_until(ready, 20, "the decode workers", m.proc, m.log_path)
+    """The workers start once the mount answers; wait until all ``n`` have said they are ready."""
+    m.wait_for_workers()
+    assert f"decoding in {n} worker processes" in m.log()
+    wait_until(lambda: len(_workers(m)) == n, 20, "the decode worker processes", m.proc, m.log_path)
 
 
 def _sha256(path: Path) -> str:

@@ -92,6 +92,12 @@ class _Lease:
     def __init__(self) -> None:
         self.chunks: list[weakref.ref[SharedChunk]] = []
 
+    def share(self, view: memoryview) -> SharedChunk:
+        """A chunk of the slot's bytes ``view`` under this lease."""
+        chunk = SharedChunk(view, self)
+        self.chunks.append(weakref.ref(chunk))
+        return chunk
+
     def detach(self) -> None:
         for ref in self.chunks:
             chunk = ref()
@@ -337,9 +343,7 @@ class DecodePool:
         values: list[SharedChunk | XetfsError] = []
         for outcome in outcomes:
             if isinstance(outcome, int):
-                chunk = SharedChunk(self._view[base : base + outcome], lease)
-                lease.chunks.append(weakref.ref(chunk))
-                values.append(chunk)
+                values.append(lease.share(self._view[base : base + outcome]))
                 base += outcome
             else:
                 values.append(outcome_error(outcome))
@@ -347,15 +351,12 @@ class DecodePool:
 
     def _whole(self, slot: int, outcomes: list[Outcome]) -> SharedChunk | XetfsError:
         """The run's bytes as one chunk left in ``slot``, or its first error (and the slot is free again)."""
-        failed = next((o for o in outcomes if not isinstance(o, int)), None)
-        if failed is not None:
+        sizes = [o for o in outcomes if isinstance(o, int)]
+        if len(sizes) < len(outcomes):
             self._release(slot)
-            return outcome_error(failed)
+            return outcome_error(next(o for o in outcomes if not isinstance(o, int)))
         base = slot * self.slot_size
-        lease = self._lease(slot)
-        chunk = SharedChunk(self._view[base : base + sum(outcomes)], lease)  # type: ignore[arg-type]
-        lease.chunks.append(weakref.ref(chunk))
-        return chunk
+        return self._lease(slot).share(self._view[base : base + sum(sizes)])
 
     def _lease(self, slot: int) -> _Lease:
         """A new lease on ``slot``: it is free again once no chunk refers to the lease."""

@@ -123,9 +123,10 @@ class Reader:
         at once: a streamed file then recycles a few MiB of memory instead
         of filling the whole cache with bytes nobody asks for again.
 
-        With ``stream`` (that reader's ``Stream``, filled by ``prefetch``),
-        bytes decoded ahead are taken from there.  They may come back as a
-        view of shared memory: copy it or hand it on before the next await.
+        With ``stream`` (that reader's ``Stream``) and decode workers, the
+        parts of the range the stream lacks are decoded into it, and the
+        bytes are taken from there.  They may come back as a view of shared
+        memory: copy it or hand it on before the next await.
 
         Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError`` or
         ``StoreTimeoutError``; each is counted in ``stats.errors``.
@@ -175,7 +176,8 @@ class Reader:
 
         They will be met, counted and reported by the read that needs the
         bytes.  With ``stream`` and decode workers, the chunks go into the
-        stream as whole runs instead (from where it ends, if further on).
+        stream as whole runs instead: those it lacks, not behind its reads,
+        as far as its byte budget has room.
         """
         pool = self._ready_pool()
         if stream is not None and pool is None and self._pool is not None and self._pool.starting:
@@ -280,7 +282,7 @@ class Reader:
             except (XetfsError, WorkerLost):
                 pass  # the read of these bytes goes the ordinary way, and reports the error
             else:
-                self._count_run(_Run(read_bytes, [data]), chunks=segment.chunks)
+                self._count_decoded(read_bytes, segment.chunks, len(data))
                 self.stats.decode.in_workers += segment.chunks
                 if prefetch:
                     self.stats.prefetch.chunks += segment.chunks
@@ -416,13 +418,16 @@ class Reader:
         data = await self._io(self.store.read_chunks, xorb_hash, *phys, start, stop)
         return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
 
-    def _count_run(self, run: _Run, chunks: int | None = None) -> None:
-        """Count a run read from the store; ``chunks``: how many its pieces hold (one per piece if not given)."""
-        self.stats.store.reads += 1
-        self.stats.store.bytes += run.read_bytes
+    def _count_run(self, run: _Run) -> None:
         decoded = [c for c in run.chunks if not isinstance(c, Exception)]
-        self.stats.decode.chunks += len(decoded) if chunks is None else chunks
-        self.stats.decode.bytes += sum(len(c) for c in decoded)
+        self._count_decoded(run.read_bytes, len(decoded), sum(len(c) for c in decoded))
+
+    def _count_decoded(self, read_bytes: int, chunks: int, size: int) -> None:
+        """Count one read from the store that decoded ``chunks`` chunks (``size`` bytes)."""
+        self.stats.store.reads += 1
+        self.stats.store.bytes += read_bytes
+        self.stats.decode.chunks += chunks
+        self.stats.decode.bytes += size
 
     def _count_error(self, exc: XetfsError) -> None:
         errors = self.stats.errors

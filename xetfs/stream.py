@@ -185,7 +185,7 @@ class Stream:
         """
         end = offset + size
         while True:
-            parts: list[tuple[Segment, int, int]] = []
+            parts: list[tuple[Segment, SharedChunk, int, int]] = []
             pending = None
             pos = offset
             for segment in self.segments:
@@ -199,7 +199,7 @@ class Stream:
                 if segment.data is None:
                     break  # it failed: the ordinary path reads (and reports) it
                 take = min(end, segment.end) - pos
-                parts.append((segment, pos - segment.start, take))
+                parts.append((segment, segment.data, pos - segment.start, take))
                 pos += take
                 if pos >= end:
                     break
@@ -211,10 +211,10 @@ class Stream:
             return None
         # No await from here: the views must not outlive this step (pool.SharedChunk).
         self.read_to = max(self.read_to, end)
-        views = [memoryview(s.data.data)[skip : skip + n] for s, skip, n in parts if s.data is not None]
+        views = [memoryview(data.data)[skip : skip + n] for _, data, skip, n in parts]
         data = views[0] if len(views) == 1 else b"".join(views)
         finished = 0
-        for segment, _, n in parts:
+        for segment, _, _, n in parts:
             segment.unread -= n
             if segment.unread <= 0:
                 finished += segment.chunks
