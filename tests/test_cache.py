@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from xetfs.cache import LoadingCache
-from xetfs.stats import CacheCounters, PrefetchCounters
+from xetfs.stats import CacheCounters
 
 
 def value_of(key: int) -> bytes:
@@ -55,14 +55,14 @@ class FakeLoader:
 
 
 def _cache(capacity: int) -> LoadingCache[int, bytes]:
-    return LoadingCache(capacity, CacheCounters(), PrefetchCounters())
+    return LoadingCache(capacity, CacheCounters())
 
 
 def _check_invariants(cache: LoadingCache[int, bytes], lookups: int) -> None:
     c = cache.counters
     assert c.hits + c.misses == lookups
     assert c.bytes == cache.size <= cache.capacity
-    assert c.entries == len(cache.keys())
+    assert c.runs == len(cache.keys())
     assert cache.size == sum(len(value_of(k)) for k in cache.keys())  # noqa: SIM118 (a list, not a dict)
 
 
@@ -328,118 +328,5 @@ def test_cancelling_the_loader_task_lets_waiters_retry() -> None:
         assert values == [[value_of(9)]]
         assert load.calls == [[9], [9]]
         assert 9 in cache
-
-    trio.run(main)
-
-
-# -- prefetch ------------------------------------------------------------------------
-
-
-def test_prefetch_counters() -> None:
-    async def main() -> None:
-        pf = PrefetchCounters()
-        cache: LoadingCache[int, bytes] = LoadingCache(1000, CacheCounters(), pf)
-        load = FakeLoader()
-        assert await cache.prefetch([1, 2, 3], load) == 3
-        assert load.calls == [[1, 2, 3]]
-        assert (pf.chunks, pf.hits) == (3, 0)
-        assert cache.counters.misses == 3
-        assert await cache.prefetch([1, 2, 3], load) == 0  # present: not loaded, not counted
-        assert cache.counters.misses == 3 and pf.chunks == 3
-        assert await cache.get_many([1, 4], load) == [value_of(1), value_of(4)]
-        assert pf.hits == 1
-        await cache.get_many([1, 4], load)
-        assert pf.hits == 1  # a prefetched chunk counts as a prefetch hit once
-        await cache.get_many([2, 3], load)
-        assert pf.hits == 3
-        c = cache.counters
-        assert (c.hits, c.misses) == (5, 4)
-        assert load.calls == [[1, 2, 3], [4]]
-
-    trio.run(main)
-
-
-def test_prefetched_then_evicted_is_no_prefetch_hit() -> None:
-    async def main() -> None:
-        pf = PrefetchCounters()
-        cache: LoadingCache[int, bytes] = LoadingCache(2, CacheCounters(), pf)  # keys 0, 7, 14: 1 byte each
-        load = FakeLoader()
-        await cache.prefetch([0, 7], load)
-        await cache.get_many([14], load)  # evicts 0
-        assert 0 not in cache
-        await cache.get_many([0], load)  # a miss, not a prefetch hit
-        assert pf.hits == 0
-        await cache.prefetch([21], load)  # evicts 7
-        await cache.get_many([21], load)
-        assert pf.hits == 1
-
-    trio.run(main)
-
-
-def test_join_on_a_prefetch_counts_a_prefetch_hit() -> None:
-    async def main() -> None:
-        pf = PrefetchCounters()
-        cache: LoadingCache[int, bytes] = LoadingCache(1000, CacheCounters(), pf)
-        load = FakeLoader(gated=True)
-        got: list[list[bytes]] = []
-
-        async def read() -> None:
-            got.append(await cache.get_many([3], load))
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(cache.prefetch, [3], load)
-            await load.started.wait()
-            nursery.start_soon(read)
-            await trio.testing.wait_all_tasks_blocked()
-            assert await cache.prefetch([3], load) == 0  # already loading
-            load.release()
-        assert got == [[value_of(3)]]
-        assert load.calls == [[3]]
-        assert (pf.chunks, pf.hits) == (1, 1)
-        assert cache.counters.joined == 1
-
-    trio.run(main)
-
-
-def test_discard_lets_go_without_counting_evictions() -> None:
-    async def main() -> None:
-        cache = _cache(1000)
-        load = FakeLoader()
-        await cache.get_many([1, 2, 3], load)
-        cache.discard([1, 2, 99])  # 99 was never there
-        assert 1 not in cache and 2 not in cache and 3 in cache
-        c = cache.counters
-        assert (c.dropped, c.evictions, c.entries, c.bytes) == (2, 0, 1, len(value_of(3)))
-
-    trio.run(main)
-
-
-def test_prefetch_skips_what_a_reader_has_passed_but_a_read_loads_it() -> None:
-    async def main() -> None:
-        cache = _cache(1000)
-        load = FakeLoader()
-        await cache.get_many([1, 2], load)
-        cache.discard([1, 2])
-        assert await cache.prefetch([1, 2, 3], load) == 1  # only 3: the reader is past 1 and 2
-        assert load.loaded == [1, 2, 3]
-        assert await cache.get_many([1], load) == [value_of(1)]  # a seek back reads it again
-        cache.discard([3])
-        assert await cache.prefetch([1, 3], load) == 0  # 1 is cached again, 3 was passed
-        assert load.loaded == [1, 2, 3, 1]
-
-    trio.run(main)
-
-
-def test_the_memory_of_passed_keys_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from xetfs import cache as cache_module
-
-    monkeypatch.setattr(cache_module, "PASSED_MEMORY", 3)
-
-    async def main() -> None:
-        cache = _cache(1000)
-        load = FakeLoader()
-        cache.discard([1, 2, 3, 4, 5])
-        assert await cache.prefetch([1, 2, 3, 4, 5], load) == 2  # the two oldest are forgotten
-        assert load.loaded == [1, 2]
 
     trio.run(main)

@@ -1,18 +1,19 @@
-"""The chunk cache end to end: real mounts of hf_xet stores, judged by ``.xetfs/stats``.
+"""The store of decoded runs end to end: real mounts of hf_xet stores, judged by ``.xetfs/stats``.
 
-Every test mounts with ``--direct-io``, so each ``pread`` reaches the daemon
-(the kernel page cache never answers a re-read), and asserts on the
+Most tests mount with ``--direct-io``, so each ``pread`` reaches the daemon
+(the kernel page cache never answers a re-read), and assert on the
 difference of the counters before and after each step.  Expected numbers
 come from the store itself, through the oracle's own reader of shards and
 xorbs (``oracle.file_chunks``): which ``(xorb, chunk)`` pairs a byte range
 touches, and how big each decoded chunk is.
 
-Counting rules used throughout (xetfs/reader.py, xetfs/cache.py):
+Counting rules used throughout (xetfs/reader.py, xetfs/runs.py):
 
 * a FUSE read request looks up every chunk under each term slice it covers:
   one lookup per overlapping ``ChunkLoc``, each exactly one hit or miss;
-* every miss is decoded (prefetch misses included), so with a cache big
-  enough for the data, decodes == distinct chunks touched;
+* every miss is decoded, and so is every chunk prefetch loads (counted in
+  ``prefetch.chunks``, not as a lookup), so with a cache big enough for the
+  data, decodes == distinct chunks touched;
 * a ``pread`` of at most 64 KiB (or a single byte) is one FUSE request with
   ``--direct-io``; the tests check ``reads.requests`` before relying on it.
 
@@ -98,27 +99,27 @@ def check_bounds(s: dict[str, Any]) -> None:
     """Invariants that hold at every moment."""
     c = s["cache"]
     assert c["bytes"] <= c["capacity_bytes"] or c["capacity_bytes"] == 0, c
-    assert c["bytes"] >= 0 and c["entries"] >= 0, c
+    assert c["bytes"] >= 0 and c["runs"] >= 0 and c["chunks"] >= c["runs"], c
+    assert 0 <= c["shared_bytes"] <= c["bytes"], c
     if c["capacity_bytes"] == 0:
-        assert (c["bytes"], c["entries"]) == (0, 0), c
+        assert (c["bytes"], c["runs"]) == (0, 0), c
 
 
 def settled(mount: Mount) -> dict[str, Any]:
     """The counters once background prefetch is done (polled, with a deadline).
 
-    Prefetch counts its misses when it starts a load and its decodes when the
-    worker is done, so "settled" is: every miss decoded (chunks decoded for a
-    sequential reader are no cache misses: they count in ``stream``), and
-    nothing changed since the previous poll.
+    Prefetch counts its chunks when it starts a load and its decodes when the
+    worker is done, so "settled" is: every miss and every prefetched chunk
+    decoded, and nothing changed since the previous poll.
     """
-    keys = ("cache", "decode", "prefetch", "store", "stream")
+    keys = ("cache", "decode", "prefetch", "store")
     last: list[dict[str, Any]] = [mount.stats()]
 
     def quiet() -> bool:
         now = mount.stats()
         same = all(now[k] == last[0][k] for k in keys)
         last[0] = now
-        return same and now["cache"]["misses"] + now["stream"]["chunks"] == now["decode"]["chunks"]
+        return same and now["cache"]["misses"] + now["prefetch"]["chunks"] == now["decode"]["chunks"]
 
     wait_until(quiet, SETTLE_DEADLINE, "the counters to settle", mount.proc, mount.log_path)
     return last[0]
@@ -198,7 +199,7 @@ def test_first_read_misses_second_read_hits(cache_store: OracleStore) -> None:
         assert d["decode"]["bytes"] == decoded_size(chunks, want)
         assert d["cache"]["hits"] + d["cache"]["misses"] == n_lookups
         assert d["cache"]["evictions"] == 0
-        assert first["after"]["cache"]["entries"] == len(want)
+        assert first["after"]["cache"]["chunks"] == len(want)
         assert first["after"]["cache"]["bytes"] == decoded_size(chunks, want)
         assert d["store"]["reads"] >= 1
         assert d["prefetch"] == {"requests": 0, "chunks": 0, "hits": 0}
@@ -210,12 +211,12 @@ def test_first_read_misses_second_read_hits(cache_store: OracleStore) -> None:
         assert d["cache"]["misses"] == 0
         assert (d["decode"]["chunks"], d["decode"]["bytes"]) == (0, 0)
         assert d["store"]["reads"] == 0 and d["store"]["bytes"] == 0
-        assert second["after"]["cache"]["entries"] == len(want)
+        assert second["after"]["cache"]["chunks"] == len(want)
         assert second["after"]["errors"] == first["before"]["errors"]
 
 
 def test_first_read_with_prefetch_decodes_each_miss_once(cache_store: OracleStore) -> None:
-    """With prefetch on, prefetch misses are misses too: decodes == misses, then a re-read is all hits."""
+    """With prefetch on, each chunk is decoded once, by a read's miss or by prefetch; then a re-read is all hits."""
     f = cache_store["base.bin"]
     n_chunks = len(pairs(chunks_of(cache_store, f)))
     with mounted(cache_store.path, "--direct-io", "--cache-size", "128M") as m:
@@ -223,7 +224,7 @@ def test_first_read_with_prefetch_decodes_each_miss_once(cache_store: OracleStor
         assert stream_sha256(m / f.hash) == f.sha256
         after = settled(m)
         d = delta(before, after)
-        assert d["cache"]["misses"] == d["decode"]["chunks"] == n_chunks
+        assert d["cache"]["misses"] + d["prefetch"]["chunks"] == d["decode"]["chunks"] == n_chunks
         assert d["decode"]["bytes"] == f.size
 
         with step(m) as again:
@@ -272,24 +273,10 @@ def test_shared_chunks_are_decoded_once(
 # -- eviction -------------------------------------------------------------------------
 
 
-def lru_resident(order: Sequence[tuple[Pair, int]], capacity: int) -> list[Pair]:
-    """What an LRU of ``capacity`` bytes holds after loading ``order`` (oldest first) into an empty cache:
-    the longest suffix whose sizes fit."""
-    kept: list[Pair] = []
-    total = 0
-    for pair, size in reversed(order):
-        if total + size > capacity:
-            break
-        kept.append(pair)
-        total += size
-    return kept[::-1]
-
-
 def test_eviction_is_lru_and_bounded(cache_store: OracleStore) -> None:
     f = cache_store["base.bin"]
     data = f.read()
     chunks = chunks_of(cache_store, f)
-    at = {(c.xorb, c.chunk): c.start for c in chunks}
     capacity = 4 * MiB
     stream = spans(0, f.size, 256 * 1024)
 
@@ -308,33 +295,23 @@ def test_eviction_is_lru_and_bounded(cache_store: OracleStore) -> None:
             os.close(fd)
         s = m.stats()
         d = delta(start, s)
-        assert d["cache"]["misses"] == d["decode"]["chunks"] == len(chunks)
+        assert d["cache"]["misses"] == d["decode"]["chunks"] == len(chunks)  # each chunk once
         assert d["cache"]["evictions"] > 0
-        # Every chunk that went in is either still there or was evicted.
-        assert d["cache"]["evictions"] == d["cache"]["misses"] - s["cache"]["entries"]
+        assert capacity - 2 * 256 * 1024 <= s["cache"]["bytes"] <= capacity  # full, give or take a run
 
-        # 2. The cache holds exactly the most recently read chunks that fit.
-        order = [((c.xorb, c.chunk), c.end - c.start) for c in chunks]
-        resident = lru_resident(order, capacity)
-        assert 0 < len(resident) < len(chunks)
-        assert s["cache"]["entries"] == len(resident)
-        assert s["cache"]["bytes"] == sum(size for p, size in order if p in set(resident))
-        first_resident = [p for p, _ in order].index(resident[0])
-        # Probe every resident chunk, oldest first (keeps their relative order): all hits.
+        # 2. The cache holds the most recently read runs: the end of the file, not its start.
+        last, first = chunks[-1], chunks[0]
         with step(m) as probe:
-            pread_all(path, [(at[p], 1) for p in resident], data)
-        assert probe["delta"]["cache"]["hits"] == len(resident)
+            pread_all(path, [(last.start, 1)], data)
+        assert probe["delta"]["cache"]["hits"] == 1
         assert probe["delta"]["cache"]["misses"] == probe["delta"]["decode"]["chunks"] == 0
-        # The chunk just older than those, and the first chunk, were evicted.
-        for p in (order[first_resident - 1][0], order[0][0]):
-            with step(m) as probe:
-                pread_all(path, [(at[p], 1)], data)
-            assert probe["delta"]["cache"]["misses"] == probe["delta"]["decode"]["chunks"] == 1, p
-            assert probe["delta"]["cache"]["evictions"] >= 1
+        with step(m) as probe:
+            pread_all(path, [(first.start, 1)], data)
+        assert probe["delta"]["cache"]["misses"] == probe["delta"]["decode"]["chunks"] == 1
 
         # 3. A range touched often survives a stream through the rest of the file: chunk 0 was
         # just loaded (probe above); re-reading it after every step keeps it the most recently
-        # used, so it is never evicted, although it is soon the oldest entry (FIFO would drop it).
+        # used, so it is never evicted, although it is soon the oldest run (FIFO would drop it).
         hot = (0, 4096)
         with step(m) as phase:
             fd = os.open(path, os.O_RDONLY)
@@ -379,12 +356,12 @@ def test_cache_size_zero_decodes_every_read(cache_store: OracleStore) -> None:
             assert d["reads"]["requests"] == len(reads)
             assert d["decode"]["chunks"] == d["cache"]["misses"] == expected
             assert d["cache"]["hits"] == 0
-            assert (s["after"]["cache"]["entries"], s["after"]["cache"]["bytes"]) == (0, 0)
+            assert (s["after"]["cache"]["runs"], s["after"]["cache"]["bytes"]) == (0, 0)
         with step(m) as s:
             assert stream_sha256(m / f.hash) == f.sha256
         assert s["delta"]["decode"]["chunks"] >= len(chunks)
         assert s["delta"]["prefetch"]["chunks"] == 0
-        assert (s["after"]["cache"]["entries"], s["after"]["cache"]["bytes"]) == (0, 0)
+        assert (s["after"]["cache"]["runs"], s["after"]["cache"]["bytes"]) == (0, 0)
 
 
 # -- concurrency ----------------------------------------------------------------------
@@ -455,25 +432,27 @@ def test_sequential_read_is_served_by_prefetch(big_store: OracleStore) -> None:
         assert p["hits"] >= 0.9 * n_chunks, f"only {p['hits']} of {n_chunks} chunks were prefetch hits: {p}"
 
 
-def test_streaming_through_the_page_cache_holds_little_and_decodes_once(big_store: OracleStore) -> None:
-    """Without --direct-io the kernel keeps what a sequential reader got (keep_cache): its
-    chunks are decoded into the reader's stream, not the chunk cache, and let go once read,
-    so a 144 MB stream holds a few MiB, and no chunk is decoded twice.
-    """
+def test_streaming_through_the_page_cache_decodes_once_in_runs(big_store: OracleStore) -> None:
+    """Without --direct-io the kernel keeps what a sequential reader got (keep_cache).  Its chunks
+    are decoded once, mostly by prefetch into whole runs in the workers' shared memory, and
+    stay in the cache (it holds the file) for the next file that shares them."""
     f = big_store["big.bin"]
     n_chunks = len(pairs(chunks_of(big_store, f)))
     with mounted(big_store.path, "--cache-size", "512M") as m:
-        m.wait_for_workers()  # a read before they are up decodes in the daemon, and its last chunk again later
+        m.wait_for_workers()  # a read before they are up decodes in the daemon
         before = m.stats()
         assert stream_sha256(m / f.hash, MiB) == f.sha256
         after = settled(m)
+        check_bounds(after)
         d = delta(before, after)
-        assert d["stream"]["read_chunks"] >= 0.9 * n_chunks, d["stream"]
-        assert d["stream"]["evicted"] == 0 and d["cache"]["evictions"] == 0, d
-        assert after["cache"]["bytes"] <= 8 * MiB, after["cache"]  # the first read's chunks at most
-        assert after["stream"]["bytes"] == 0, after["stream"]  # the file was closed: nothing held
         assert d["decode"]["chunks"] == n_chunks  # nothing decoded twice
-        assert stream_sha256(m / f.hash, MiB) == f.sha256  # the re-read comes from the page cache
+        assert d["prefetch"]["hits"] >= 0.9 * n_chunks, d["prefetch"]
+        assert d["cache"]["evictions"] == 0, d
+        assert after["cache"]["shared_bytes"] >= 0.9 * f.size, after["cache"]  # decoded by workers, kept there
+        assert d["decode"]["runs"] <= 1.2 * f.size / MiB + 8, d["decode"]  # ~1 MiB runs
+        with step(m) as again:
+            assert stream_sha256(m / f.hash, MiB) == f.sha256  # the re-read comes from the page cache
+        assert again["delta"]["decode"]["chunks"] == 0
 
 
 def test_a_bad_chunk_in_a_stream_fails_only_its_reads(big_store: OracleStore, tmp_path: Path) -> None:
@@ -511,13 +490,10 @@ def test_a_bad_chunk_in_a_stream_fails_only_its_reads(big_store: OracleStore, tm
         assert f"chunk {bad.chunk}" in m.log() and f.hash in m.log()
 
 
-def test_parallel_streams_over_their_budget_still_read_right(big_store: OracleStore) -> None:
-    """Four sequential readers with a 64 MiB cache: their streams may hold 32 MiB together, less
-    than their prefetch windows want.  Prefetch plans only what fits, so the streams still serve
-    most chunks (letting the oldest runs go instead served a fifth to two fifths of them), and
-    every byte is right either way."""
+def test_parallel_sequential_readers_over_the_cache_still_read_right(big_store: OracleStore) -> None:
+    """Four sequential readers of a 144 MB file with a 64 MiB cache: their prefetch windows and
+    runs compete for it, runs read through go first, and every byte is right."""
     f = big_store["big.bin"]
-    n_chunks = len(pairs(chunks_of(big_store, f)))
     quarter = f.size // 4
     with mounted(big_store.path, "--cache-size", "64M") as m, f.path.open("rb") as src:
         m.wait_for_workers()
@@ -538,18 +514,18 @@ def test_parallel_streams_over_their_budget_still_read_right(big_store: OracleSt
         with ThreadPoolExecutor(4) as pool:
             assert list(pool.map(read_quarter, range(4))) == expected
         peak = memory(m.proc.pid)["VmHWM"]
-        assert peak <= 64 * MiB + 32 * MiB + RSS_OVERHEAD, f"VmHWM {peak / MiB:.0f} MiB"  # cache + streams + fixed
-        s = settled(m)["stream"]
-        assert s["limit_bytes"] == 32 * MiB and s["bytes"] == 0, s
-        assert s["read_chunks"] >= 0.6 * n_chunks, (s, n_chunks)
+        assert peak <= 64 * MiB + RSS_OVERHEAD, f"VmHWM {peak / MiB:.0f} MiB"  # cache + fixed
+        s = settled(m)
+        check_bounds(s)
+        assert s["cache"]["evicted_read"] > 0, s["cache"]
 
 
-def test_direct_io_keeps_everything_in_the_chunk_cache(big_store: OracleStore) -> None:
+def test_direct_io_keeps_everything_in_the_cache(big_store: OracleStore) -> None:
     f = big_store["big.bin"]
     with mounted(big_store.path, "--direct-io", "--cache-size", "512M") as m:
         assert stream_sha256(m / f.hash, MiB) == f.sha256
         s = settled(m)
-        assert s["cache"]["dropped"] == 0
+        assert s["cache"]["evictions"] == s["cache"]["evicted_read"] == 0  # no page cache: nothing is read through
         assert s["cache"]["bytes"] == f.size
 
 
@@ -608,7 +584,7 @@ def test_daemon_memory_stays_bounded(big_store: OracleStore, cache_size: int) ->
 # -- the stats command ----------------------------------------------------------------
 
 REQUIRED = {
-    "cache": {"capacity_bytes", "bytes", "entries", "hits", "misses", "evictions"},
+    "cache": {"capacity_bytes", "bytes", "runs", "hits", "misses", "evictions"},
     "decode": {"chunks", "bytes"},
     "store": {"reads", "bytes"},
     "reads": {"requests", "bytes"},

@@ -339,7 +339,7 @@ def test_flipped_payload_byte(corrupt_store: CorruptStore, data: st.DataObject) 
                     failures += 1
                     continue
                 assert got == want  # a verified read never returns wrong bytes
-            errors = reader.stats.errors
+            errors = reader.statistics().errors
             assert errors.integrity + errors.format == failures
         finally:
             store.close()

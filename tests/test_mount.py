@@ -616,8 +616,7 @@ def test_stats_file_changes_after_a_read(basic_store: OracleStore) -> None:
         assert after["reads"]["bytes"] >= f.size
         assert after["reads"]["requests"] > 0
         assert after["decode"]["chunks"] > first["decode"]["chunks"]
-        # decoded for the chunk cache (a miss) or, a sequential reader's, for its stream
-        assert after["cache"]["misses"] + after["stream"]["chunks"] > first["cache"]["misses"]
+        assert after["cache"]["misses"] > first["cache"]["misses"]
         assert after["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0}
         assert after["index"]["files"] == len(basic_store.unique())
 

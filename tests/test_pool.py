@@ -23,14 +23,14 @@ from xetfs import index
 from xetfs.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkSpec, chunk_specs, decode_run
-from xetfs.pool import DecodePool, SharedChunk, WorkerLost
+from xetfs.pool import DecodePool, WorkerLost
 from xetfs.reader import Reader
 from xetfs.store import Store
 
 
 @pytest.fixture
 def pool() -> Iterator[DecodePool]:
-    p = DecodePool(2, slots_per_worker=2, slot_size=64 * 1024)
+    p = DecodePool(2, slots=12, slot_size=64 * 1024)
     p.min_job_bytes = 0
     run_served(p.start, p.wait_ready)
     assert p.usable is False  # nobody collects results outside a trio run
@@ -53,15 +53,32 @@ def _run(pool: DecodePool, body: Callable[[], Awaitable[Any]]) -> Any:
     return run_served(pool.start, body)
 
 
-def _decoded(pool: DecodePool, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> tuple[int, list[Any]]:
-    """``pool.decode``, with each chunk copied out of shared memory (or its error)."""
+def _decode(pool: DecodePool, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> tuple[int, list[Any]]:
+    """``pool.decode`` into a slot of its own: the bytes read, and each chunk copied out of shared memory (or its
+    error); the slot is free again after."""
 
     async def decode() -> tuple[int, list[Any]]:
-        read_bytes, chunks = await pool.decode(path, xorb_hash, specs)
-        return read_bytes, [bytes(c.data) if isinstance(c, SharedChunk) else c for c in chunks]
+        slot = pool.take_slot()
+        assert slot is not None
+        try:
+            done = await pool.decode(slot, path, xorb_hash, specs)
+            at, chunks = 0, []
+            for size in done.sizes:
+                if isinstance(size, int):
+                    chunks.append(bytes(pool.view(slot, at + size)[at:]))
+                    at += size
+                else:
+                    chunks.append(size.error())
+            return done.read_bytes, chunks
+        finally:
+            pool.free_slot(slot)
 
     result: tuple[int, list[Any]] = _run(pool, decode)
     return result
+
+
+def _free_slots(pool: DecodePool) -> int:
+    return pool.statistics().free_slots
 
 
 def test_workers_decode_what_the_daemon_decodes(tmp_path: Path, pool: DecodePool) -> None:
@@ -72,7 +89,7 @@ def test_workers_decode_what_the_daemon_decodes(tmp_path: Path, pool: DecodePool
         data = store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
         expected = decode_run(data, xorb_hash, layout, start, stop, verify=True)
         specs = chunk_specs(layout, start, stop, verify=True)
-        read_bytes, got = _decoded(pool, path, xorb_hash, specs)
+        read_bytes, got = _decode(pool, path, xorb_hash, specs)
         assert read_bytes == len(data)
         assert got == expected
 
@@ -88,39 +105,49 @@ def test_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, pool: D
     data = store.read_xorb(xorb_hash, 0, layout.phys_ends[5])
     expected = decode_run(data, xorb_hash, layout, 0, 6, verify=True)
     specs = chunk_specs(layout, 0, 6, verify=True)
-    _, got = _decoded(pool, str(path), xorb_hash, specs)
+    _, got = _decode(pool, str(path), xorb_hash, specs)
     assert [type(c) for c in got] == [type(c) for c in expected]
     assert isinstance(got[3], XetfsError) and type(got[3]) is type(expected[3])
     assert str(got[3]) == str(expected[3])
     assert got[:3] == expected[:3] and got[4:] == expected[4:]
 
     os.truncate(path, layout.phys_ends[2])
-    _, got = _run(pool, lambda: pool.decode(str(path), xorb_hash, specs))
+    _, got = _decode(pool, str(path), xorb_hash, specs)
     assert all(isinstance(c, XetfsError) for c in got)
     assert "truncated" in str(got[0]) and "reading chunks [0, 6)" in str(got[0])
 
 
 def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodePool) -> None:
+    """A caller that gives up while its job decodes leaves the slot to the pool, which frees it once the
+    worker is done with it (never earlier: the worker may still be writing there)."""
     store, _, xorb_hash = _store(tmp_path)
     layout = store.load_layout(xorb_hash)
     path = str(store.xorb_path(xorb_hash))
     specs = chunk_specs(layout, 0, 40, verify=True)
+    total = _free_slots(pool)
+
+    async def decode_and_keep() -> None:
+        slot = pool.take_slot()
+        assert slot is not None
+        await pool.decode(slot, path, xorb_hash, specs)  # cancelled before it returns: no free_slot here
+        pool.free_slot(slot)
 
     async def body() -> None:
         for _ in range(3):
             first = pool._next_id
             async with trio.open_nursery() as nursery:
                 for _ in range(pool.capacity):
-                    nursery.start_soon(pool.decode, path, xorb_hash, specs)
+                    nursery.start_soon(decode_and_keep)
                 with trio.fail_after(20):
                     while pool._next_id < first + pool.capacity:  # until every job is sent
                         await trio.sleep(0)
                 nursery.cancel_scope.cancel()  # the callers give up, most while their job is decoding
-        with trio.fail_after(20):
-            _, got = await pool.decode(path, xorb_hash, specs)  # would hang if slots leaked
-        assert not any(isinstance(c, Exception) for c in got)
+            with trio.fail_after(20):
+                while _free_slots(pool) < total:  # every abandoned job's slot comes back
+                    await trio.sleep(0.01)
 
     _run(pool, body)
+    assert _free_slots(pool) == total
 
 
 def test_a_dead_worker_costs_speed_not_reads(tmp_path: Path, pool: DecodePool) -> None:
@@ -145,12 +172,15 @@ def test_a_dead_worker_costs_speed_not_reads(tmp_path: Path, pool: DecodePool) -
         return first
 
     assert _run(pool, body) == expected
-    assert reader.stats.decode.worker_fallbacks >= 1
-    assert reader.stats.decode.in_workers == 0
+    s = reader.statistics()
+    assert s.decode.worker_fallbacks >= 1
+    assert s.decode.in_workers == 0
     assert not pool.usable
     specs = chunk_specs(store.load_layout(xorb_hash), 0, 1, verify=True)
     with pytest.raises(WorkerLost):
-        _run(pool, lambda: pool.decode(str(store.xorb_path(xorb_hash)), xorb_hash, specs))
+        _run(pool, lambda: pool.decode(0, str(store.xorb_path(xorb_hash)), xorb_hash, specs))
+    reader.runs.clear()
+    assert _free_slots(pool) == pool.statistics().slots  # no slot kept by the jobs that met dead workers
 
 
 def _whole_file(store: Store, idx: index.Index, file_hash: bytes) -> list[bytes | memoryview]:
@@ -188,8 +218,8 @@ def test_close_ends_the_workers() -> None:
 def test_integrity_errors_keep_their_class(tmp_path: Path, pool: DecodePool) -> None:
     store, _, xorb_hash = _store(tmp_path, size=5000)
     layout = store.load_layout(xorb_hash)
-    specs: list[ChunkSpec] = [(i, a, b, n, b"\x01" * 32) for (i, a, b, n, _) in chunk_specs(layout, 0, 5, verify=True)]
-    _, got = _run(pool, lambda: pool.decode(str(store.xorb_path(xorb_hash)), xorb_hash, specs))
+    specs = [spec._replace(expected=b"\x01" * 32) for spec in chunk_specs(layout, 0, 5, verify=True)]
+    _, got = _decode(pool, str(store.xorb_path(xorb_hash)), xorb_hash, specs)
     assert all(isinstance(c, IntegrityError) for c in got)
     assert "chunk 0 at offset 0" in str(got[0]) and "footer says 0101" in str(got[0])
 
@@ -245,9 +275,10 @@ def test_layout_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, 
     assert isinstance(missing, MissingObjectError) and "cannot open" in str(missing)
 
 
-def test_chunks_held_in_shared_memory_never_block_or_corrupt_reads(tmp_path: Path) -> None:
-    """Two slots in all and a cache that keeps every chunk: each new job must copy out the oldest
-    slot's chunks to take it, while concurrent reads spanning several xorbs hold chunks of both."""
+def test_runs_held_in_shared_memory_never_block_or_corrupt_reads(tmp_path: Path) -> None:
+    """A few slots in all and a cache that could keep every chunk: new jobs take the slots of runs
+    no read is using (or decode in the daemon when every slot is in use), while concurrent reads
+    spanning several xorbs pin runs of all of them."""
     rng = random.Random(11)
     content = rng.randbytes(150_000) + bytes(rng.choice(b"abc") for _ in range(150_000))
     b = StoreBuilder(tmp_path, max_xorb_chunks=40)
@@ -258,8 +289,9 @@ def test_chunks_held_in_shared_memory_never_block_or_corrupt_reads(tmp_path: Pat
     idx = index.build([parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()])
     entry = idx.get(file_hash)
     assert entry is not None
-    pool = DecodePool(1, slots_per_worker=1, slot_size=64 * 1024, held_slots=1)
+    pool = DecodePool(1, slots=4, slot_size=16 * 1024)
     pool.min_job_bytes = 0
+    slots = pool.statistics().slots
     reader = Reader(idx, store, pool=pool, cache_size=1 << 30)
     ranges = [(o, rng.randrange(1, 120_000)) for o in (rng.randrange(len(content)) for _ in range(60))]
 
@@ -276,33 +308,37 @@ def test_chunks_held_in_shared_memory_never_block_or_corrupt_reads(tmp_path: Pat
                     nursery.start_soon(read, i, offset, size)
         for i, (offset, size) in enumerate(ranges):
             assert got[i] == content[offset : offset + size], (offset, size)
-        again = bytes(await reader.read(entry, 0, len(content)))  # all from the cache, most of it copied out
-        assert again == content
-        held = [c for c in reader.cache._lru.values() if isinstance(c, SharedChunk)]
-        assert any(c.lease is None for c in held) and any(c.lease is not None for c in held)
+        assert bytes(await reader.read(entry, 0, len(content))) == content
 
     try:
         run_served(reader.start, body)
-        assert reader.stats.decode.in_workers > 0
-        assert reader.stats.decode.worker_fallbacks == 0
-        assert len(pool._free) + len(pool._leases) == 2  # no slot lost
+        s = reader.statistics()
+        assert s.decode.in_workers > 0 and s.decode.worker_fallbacks == 0
+        assert s.cache.evictions > 0  # runs gave up their slots
+        assert s.cache.shared_bytes <= slots * 16 * 1024
+        reader.runs.clear()
+        assert _free_slots(pool) == slots  # no slot lost
     finally:
         reader.close()
 
 
-def test_no_view_of_shared_memory_leaves_a_read(tmp_path: Path, pool: DecodePool) -> None:
-    """A read inside one chunk that is still in shared memory comes back as a copy, not a view of the slot."""
+def test_a_read_inside_one_run_is_a_view_of_it(tmp_path: Path, pool: DecodePool) -> None:
+    """Zero copy: a read inside one run decoded by a worker is handed on as a view of shared memory."""
     store, file_hash, _ = _store(tmp_path)
     idx = index.build([parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()])
     entry = idx.get(file_hash)
     assert entry is not None
     reader = Reader(idx, store, pool=pool, cache_size=1 << 20)
-
-    async def body() -> list[bytes | memoryview]:
-        await reader.read(entry, 0, 8000)  # loads chunks 0..7 in one job: they stay in shared memory
-        assert isinstance(reader.cache._lru[next(iter(reader.cache._lru))], SharedChunk)
-        return [await reader.read(entry, 100, 10), await reader.read(entry, 1500, 3000)]
-
     whole = b"".join(bytes(c) for c in _whole_file(store, idx, file_hash))
-    for got, (offset, size) in zip(_run(pool, body), [(100, 10), (1500, 3000)], strict=True):
-        assert type(got) is bytes and got == whole[offset : offset + size]
+
+    async def body() -> None:
+        await reader.read(entry, 0, 8000)  # chunks 0..7 in one job: one run in a slot
+        for offset, size in [(100, 10), (1500, 3000)]:
+            got = await reader.read(entry, offset, size)
+            assert isinstance(got, memoryview) and bytes(got) == whole[offset : offset + size]
+
+    try:
+        _run(pool, body)
+        assert reader.statistics().cache.shared_bytes == 8000
+    finally:
+        reader.runs.clear()

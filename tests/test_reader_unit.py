@@ -54,7 +54,11 @@ def opened(root: Path, **options: object) -> Iterator[tuple[Index, Reader]]:
     try:
         shards = [parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()]
         idx = index.build(shards)
-        yield idx, Reader(idx, store, pool=_pool, **options)  # type: ignore[arg-type]
+        reader = Reader(idx, store, pool=_pool, **options)  # type: ignore[arg-type]
+        try:
+            yield idx, reader
+        finally:
+            reader.runs.clear()  # the shared pool's slots are free again for the next test
     finally:
         store.close()
 
@@ -107,7 +111,7 @@ def test_mixed_schemes(tmp_path: Path, layout: writer.Layout, suffix: str) -> No
         assert len(idx) == len(files)
         for i, (fh, content) in enumerate(files.items()):
             check_ranges(idx, reader, fh, content, seed=i)
-        assert reader.stats.errors.integrity == reader.stats.errors.format == 0
+        assert reader.statistics().errors.integrity == reader.statistics().errors.format == 0
 
 
 @pytest.mark.parametrize("scheme", [0, 1, 2])
@@ -224,8 +228,8 @@ def test_adjacent_chunks_are_one_store_read(tmp_path: Path) -> None:
     fh = b.add_file(content, chunk_size=1000, scheme=[0, 1])
     b.finish()
     with opened(tmp_path) as (idx, reader):
-        s = reader.stats
         assert read(idx, reader, fh) == content
+        s = reader.statistics()
         assert s.store.reads == 1
         assert s.store.layouts == 1
         (built,) = b.xorbs.values()
@@ -233,6 +237,7 @@ def test_adjacent_chunks_are_one_store_read(tmp_path: Path) -> None:
         assert (s.cache.misses, s.cache.hits) == (10, 0)
         assert s.decode.chunks == 10 and s.decode.bytes == 10_000
         assert read(idx, reader, fh) == content  # all from the cache
+        s = reader.statistics()
         assert s.store.reads == 1
         assert (s.cache.misses, s.cache.hits) == (10, 10)
 
@@ -245,10 +250,10 @@ def test_partly_cached_range_needs_one_read_per_gap(tmp_path: Path) -> None:
     b.finish()
     with opened(tmp_path) as (idx, reader):
         assert read(idx, reader, fh, 3500, 2000) == content[3500:5500]  # chunks 3, 4, 5
-        assert reader.stats.store.reads == 1
+        assert reader.statistics().store.reads == 1
         assert read(idx, reader, fh) == content  # chunks 0-2 and 6-9 are two runs
-        assert reader.stats.store.reads == 3
-        assert reader.stats.cache.hits == 3
+        assert reader.statistics().store.reads == 3
+        assert reader.statistics().cache.hits == 3
 
 
 def test_long_runs_are_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,8 +265,8 @@ def test_long_runs_are_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     b.finish()
     with opened(tmp_path) as (idx, reader):
         assert read(idx, reader, fh) == content
-        assert reader.stats.store.reads == 5
-        assert reader.stats.store.bytes == 10 * 1008
+        assert reader.statistics().store.reads == 5
+        assert reader.statistics().store.bytes == 10 * 1008
 
 
 def test_small_cache_still_reads_correctly(tmp_path: Path) -> None:
@@ -272,8 +277,8 @@ def test_small_cache_still_reads_correctly(tmp_path: Path) -> None:
     b.finish()
     with opened(tmp_path, cache_size=2500) as (idx, reader):
         check_ranges(idx, reader, fh, content, seed=11)
-        assert reader.stats.cache.bytes <= 2500
-        assert reader.stats.cache.evictions > 0
+        assert reader.statistics().cache.bytes <= 2500
+        assert reader.statistics().cache.evictions > 0
 
 
 def test_prefetch_then_read(tmp_path: Path) -> None:
@@ -286,11 +291,11 @@ def test_prefetch_then_read(tmp_path: Path) -> None:
         entry = idx.get(fh)
         assert entry is not None
         running(reader, "prefetch", entry, 0, 4000)
-        assert reader.stats.prefetch.requests == 1
-        assert reader.stats.prefetch.chunks == 4
+        assert reader.statistics().prefetch.requests == 1
+        assert reader.statistics().prefetch.chunks == 4
         assert read(idx, reader, fh, 0, 8000) == content
-        assert reader.stats.prefetch.hits == 4
-        assert reader.stats.store.reads == 2
+        assert reader.statistics().prefetch.hits == 4
+        assert reader.statistics().store.reads == 2
 
 
 # -- errors -------------------------------------------------------------------------
@@ -316,14 +321,14 @@ def test_corrupted_chunk(tmp_path: Path, footer: bool) -> None:
     with opened(tmp_path) as (idx, reader):
         with pytest.raises(IntegrityError):
             read(idx, reader, fh, 4000, 1000)
-        assert reader.stats.errors.integrity == 1
+        assert reader.statistics().errors.integrity == 1
         with pytest.raises(IntegrityError):
             read(idx, reader, fh)
-        assert reader.stats.errors.integrity == 2
+        assert reader.statistics().errors.integrity == 2
         if footer:  # the footer's hashes are intact: only chunk 4 is unreadable
             assert read(idx, reader, fh, 0, 4000) == content[:4000]
             assert read(idx, reader, fh, 5000, 5000) == content[5000:]
-            assert (xorb_hash, 4) not in reader.cache and (xorb_hash, 3) in reader.cache
+            assert not reader.runs.holds(xorb_hash, 4) and reader.runs.holds(xorb_hash, 3)
         else:  # the xorb's name no longer matches its chunks: all of it is refused
             with pytest.raises(IntegrityError):
                 read(idx, reader, fh, 0, 1)
@@ -338,7 +343,7 @@ def test_unverified_read_returns_the_corruption(tmp_path: Path) -> None:
     with opened(tmp_path, verify=False) as (idx, reader):
         got = read(idx, reader, fh)
         assert got != bytes(3000) and len(got) == 3000
-        assert reader.stats.errors.integrity == 0
+        assert reader.statistics().errors.integrity == 0
 
 
 def test_missing_xorb(tmp_path: Path) -> None:
@@ -352,7 +357,7 @@ def test_missing_xorb(tmp_path: Path) -> None:
         assert read(idx, reader, fh, 0, 2048) == content[:2048]
         with pytest.raises(MissingObjectError):
             read(idx, reader, fh, 2048, 1)
-        assert reader.stats.errors.missing == 1
+        assert reader.statistics().errors.missing == 1
 
 
 def _store_with_terms(root: Path, terms_for: str) -> tuple[bytes, bytes]:
@@ -376,7 +381,7 @@ def test_term_size_mismatch(tmp_path: Path) -> None:
     with opened(tmp_path) as (idx, reader):
         with pytest.raises(IntegrityError):
             read(idx, reader, fh)
-        assert reader.stats.errors.integrity == 1
+        assert reader.statistics().errors.integrity == 1
 
 
 def test_chunk_range_beyond_xorb(tmp_path: Path) -> None:
@@ -384,7 +389,7 @@ def test_chunk_range_beyond_xorb(tmp_path: Path) -> None:
     with opened(tmp_path) as (idx, reader):
         with pytest.raises(MissingObjectError):
             read(idx, reader, fh)
-        assert reader.stats.errors.missing == 1
+        assert reader.statistics().errors.missing == 1
 
 
 def test_chunk_header_disagreeing_with_footer_is_a_xorb_format_error(tmp_path: Path) -> None:
@@ -406,26 +411,26 @@ def test_chunk_header_disagreeing_with_footer_is_a_xorb_format_error(tmp_path: P
         assert read(idx, reader, fh, 0, 1000) == b"x" * 1000
         with pytest.raises(XorbFormatError):
             read(idx, reader, fh, 1000, 1)
-        assert reader.stats.errors.format == 1
+        assert reader.statistics().errors.format == 1
 
 
-def test_drop_behind_keeps_only_the_chunk_a_reader_is_inside(tmp_path: Path) -> None:
+def test_runs_read_through_are_evicted_first(tmp_path: Path) -> None:
     rng = random.Random(16)
     b = StoreBuilder(tmp_path)
     content = _content(rng, 10_000)
     fh = b.add_file(content, chunk_size=1000, scheme=[0, 1, 2])
     b.finish()
-    ((xorb_hash, _),) = b.xorbs.items()
-    with opened(tmp_path) as (idx, reader):
+    with opened(tmp_path, cache_size=4000) as (idx, reader):
         entry = idx.get(fh)
         assert entry is not None
+        assert read(idx, reader, fh, 0, 2000) == content[:2000]  # a run of chunks 0-1, read at random
         got = b""
-        for offset in range(0, 10_000, 1500):  # requests end inside chunks 1, 2, 4, 5, 7, 8
-            got += bytes(running(reader, "read", entry, offset, 1500, drop_behind=True))
-            end = min(offset + 1500, 10_000)
-            inside = {(xorb_hash, end // 1000)} if end % 1000 else set()
-            assert set(reader.cache.keys()) == inside, offset
-        assert got == content
-        assert reader.stats.cache.dropped == 10
-        assert reader.stats.cache.evictions == 0
-        assert read(idx, reader, fh) == content  # nothing lost: dropped chunks are read again
+        for offset in range(2000, 10_000, 1000):  # a sequential reader, one chunk per read
+            got += bytes(running(reader, "read", entry, offset, 1000, read_through=True))
+        assert got == content[2000:]
+        s = reader.statistics()
+        assert s.cache.bytes <= 4000
+        assert s.cache.evictions == s.cache.evicted_read == 6  # chunks 2-7; 8 and 9 fill the rest
+        reads = s.store.reads
+        assert read(idx, reader, fh, 0, 2000) == content[:2000]
+        assert reader.statistics().store.reads == reads  # chunks 0-1 were kept

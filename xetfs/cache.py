@@ -1,7 +1,7 @@
-"""A byte-bounded LRU with single-flight loading (trio).
+"""A byte-bounded LRU with single-flight loading (trio), for xorb layouts.
 
-``LoadingCache`` knows nothing about xorbs: it maps hashable keys to byte
-buffers, holds at most ``capacity`` bytes (``cachetools.LRUCache`` with
+``LoadingCache`` knows nothing about xorbs: it maps hashable keys to sized
+values, holds at most ``capacity`` bytes (``cachetools.LRUCache`` with
 ``getsizeof=len``), and loads misses through a callable it is given.
 Concurrent lookups of a key that is being loaded wait for that one load
 instead of starting their own.  Statistics are counted here, at the lookup
@@ -12,19 +12,16 @@ Single-threaded: call only from the trio thread that owns it.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence, Sized
 from typing import Generic, TypeVar
 
 import trio
 from cachetools import LRUCache
 
-from xetfs.stats import CacheCounters, PrefetchCounters
+from xetfs.stats import CacheCounters
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Sized)
-
-PASSED_MEMORY = 4096  # discarded keys that prefetch skips (a few hundred MiB of chunks)
 
 # A loader returns, for each key it was given, the value or the exception
 # that stopped that key (so one bad chunk does not fail its neighbours).
@@ -58,24 +55,15 @@ class _Lru(LRUCache[K, V]):
 
 
 class LoadingCache(Generic[K, V]):
-    def __init__(
-        self,
-        capacity: int,
-        counters: CacheCounters | None = None,
-        prefetch_counters: PrefetchCounters | None = None,
-    ) -> None:
+    def __init__(self, capacity: int, counters: CacheCounters | None = None) -> None:
         self.capacity = max(0, capacity)
         self.counters = counters or CacheCounters()
         self.counters.capacity_bytes = self.capacity
-        self.prefetch_counters = prefetch_counters or PrefetchCounters()
         self._lru: _Lru[K, V] = _Lru(max(1, self.capacity), self._evicted)
         self._flights: dict[K, _Flight[K, V]] = {}
-        self._prefetched: set[K] = set()
-        self._passed: OrderedDict[K, None] = OrderedDict()  # recently discarded keys, oldest first
 
     def _evicted(self, key: K, value: V) -> None:
         self.counters.evictions += 1
-        self._prefetched.discard(key)
 
     def __contains__(self, key: K) -> bool:
         return key in self._lru
@@ -84,35 +72,17 @@ class LoadingCache(Generic[K, V]):
         """The cached keys (in no particular order)."""
         return list(self._lru.keys())
 
-    def discard(self, keys: Sequence[K]) -> None:
-        """Let go of ``keys`` (those present); counted as ``dropped``, not as evictions.
-
-        ``prefetch`` then leaves them alone for a while: a prefetch that fell
-        behind its reader must not decode again what the reader has passed.
-        """
-        for key in keys:
-            if self._lru.pop(key, None) is not None:
-                self.counters.dropped += 1
-                self._prefetched.discard(key)
-            self._passed[key] = None
-        while len(self._passed) > PASSED_MEMORY:
-            self._passed.popitem(last=False)
-        self._sync()
-
     @property
     def size(self) -> int:
         return int(self._lru.currsize)
 
-    def _store(self, key: K, value: V, *, prefetched: bool) -> None:
-        self._passed.pop(key, None)
+    def _store(self, key: K, value: V) -> None:
         if self.capacity and len(value) <= self.capacity:
             self._lru[key] = value
-            if prefetched:
-                self._prefetched.add(key)
 
     def _sync(self) -> None:
         self.counters.bytes = int(self._lru.currsize)
-        self.counters.entries = len(self._lru)
+        self.counters.runs = len(self._lru)
 
     async def get_many(self, keys: Sequence[K], load: Loader[K, V]) -> list[V]:
         """Values for ``keys`` in order; misses are loaded with one call of ``load``.
@@ -136,9 +106,6 @@ class LoadingCache(Generic[K, V]):
             if value is not None:
                 c.hits += 1
                 found[key] = value
-                if key in self._prefetched:
-                    self._prefetched.discard(key)
-                    self.prefetch_counters.hits += 1
             elif key in self._flights:
                 c.joined += 1
                 waits.append((key, self._flights[key]))
@@ -146,7 +113,7 @@ class LoadingCache(Generic[K, V]):
                 c.misses += 1
                 missing.append(key)
         if missing:
-            loaded = await self._load(missing, load, prefetched=False)
+            loaded = await self._load(missing, load)
             for key in missing:
                 found[key] = _value(loaded[key])
         for key, flight in waits:
@@ -163,25 +130,9 @@ class LoadingCache(Generic[K, V]):
             else:
                 c.hits += 1
                 found[key] = outcome
-                if key in self._prefetched:
-                    self._prefetched.discard(key)
-                    self.prefetch_counters.hits += 1
         return [found[key] for key in keys]
 
-    async def prefetch(self, keys: Sequence[K], load: Loader[K, V]) -> int:
-        """Load the keys that are neither cached nor loading; returns how many were loaded.
-
-        Keys already present are not counted as lookups.
-        """
-        missing = [k for k in keys if k not in self._lru and k not in self._flights and k not in self._passed]
-        if not missing:
-            return 0
-        self.counters.misses += len(missing)
-        self.prefetch_counters.chunks += len(missing)
-        await self._load(missing, load, prefetched=True)
-        return len(missing)
-
-    async def _load(self, keys: list[K], load: Loader[K, V], *, prefetched: bool) -> Mapping[K, V | Exception]:
+    async def _load(self, keys: list[K], load: Loader[K, V]) -> Mapping[K, V | Exception]:
         flight: _Flight[K, V] = _Flight()
         for key in keys:
             self._flights[key] = flight
@@ -191,7 +142,7 @@ class LoadingCache(Generic[K, V]):
             for key in keys:
                 value = values[key]
                 if not isinstance(value, Exception):
-                    self._store(key, value, prefetched=prefetched)
+                    self._store(key, value)
             self._sync()
             return values
         except BaseException as exc:

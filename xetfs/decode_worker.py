@@ -3,22 +3,17 @@
 The daemon (``pool.DecodePool``) starts workers with ``python -m
 xetfs.decode_worker SHM_FD SLOTS SLOT_SIZE``.  ``SHM_FD`` is a shared memory
 file of ``SLOTS * SLOT_SIZE`` bytes, split into slots; the daemon lends one
-slot per job.  Jobs arrive on stdin and results leave on stdout as
-length-prefixed pickles (both ends are this package).
+slot per decode job.  Messages are the typed records below, sent as
+length-prefixed pickles (both ends are this package):
 
-A job is one of:
+* ``DecodeJob`` → ``Decoded``: read the run of adjacent chunks ``specs``
+  describes from the xorb file at ``path``, decode and verify each, and write
+  the decoded bytes one after another into the slot.  ``Decoded.sizes``
+  holds, per chunk, its decoded length or the ``WorkerError`` that stopped it.
+* ``LayoutJob`` → ``LayoutLoaded``: read and check the xorb's layout
+  (``store.read_layout``: footer, Merkle root against the name).
 
-* ``("chunks", job_id, slot, path, xorb_hash, specs)``: read the chunks
-  ``specs`` describes (``format.xorb.ChunkSpec``, one run of adjacent chunks)
-  from the xorb file at ``path``, decode and verify each, and write the
-  decoded bytes one after another into the slot.  The result is ``(job_id,
-  (outcomes, read_bytes))`` with, per chunk, its decoded length or ``(error
-  class name, message)``.
-* ``("layout", job_id, path, xorb_hash)``: read and check the xorb's layout
-  (``store.read_layout``: footer, Merkle root against the name).  The result
-  is ``(job_id, layout)`` or ``(job_id, (error class name, message))``.
-
-Before the first job the worker sends ``READY``.  It exits when stdin
+Before the first job the worker sends ``Ready``.  It exits when stdin
 closes, that is when the daemon goes away.
 """
 
@@ -31,42 +26,80 @@ import pickle
 import signal
 import struct
 import sys
-from typing import Any
-
-from cachetools import LRUCache
+from dataclasses import dataclass
 
 from xetfs import errors
 from xetfs.errors import XetfsError
 from xetfs.format.xorb import ChunkSpec, XorbLayout, decode_chunks
 from xetfs.hashes import to_hex
 from xetfs.malloc import keep_freed_memory
-from xetfs.store import open_xorb, read_chunk_run, read_layout
+from xetfs.store import OpenFiles, read_chunk_run, read_layout
 
 FRAME = struct.Struct("<I")
-READY: tuple[int, None] = (0, None)  # the result a worker sends once it can take jobs (job ids start at 1)
 MAX_OPEN_FILES = 64
 
-# What a worker may name in a result, mapped back to the class the daemon raises.
+# What a worker may name in an error, mapped back to the class the daemon raises.
 _ERROR_CLASSES: dict[str, type[XetfsError]] = {
     cls.__name__: cls
     for cls in (errors.XorbFormatError, errors.FormatError, errors.IntegrityError, errors.MissingObjectError)
 }
 
-Outcome = int | tuple[str, str]
+
+@dataclass(frozen=True, slots=True)
+class WorkerError:
+    """An error as a worker reports it: its class name and message."""
+
+    kind: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: XetfsError) -> WorkerError:
+        return cls(type(exc).__name__, str(exc))
+
+    def error(self) -> XetfsError:
+        """The error as the class the daemon would have raised."""
+        return _ERROR_CLASSES.get(self.kind, errors.XorbFormatError)(self.message)
 
 
-def error_outcome(exc: XetfsError) -> tuple[str, str]:
-    """How a worker names an error in a result: ``(class name, message)``."""
-    return type(exc).__name__, str(exc)
+@dataclass(frozen=True, slots=True)
+class DecodeJob:
+    job_id: int
+    slot: int
+    path: str
+    xorb_hash: bytes
+    specs: list[ChunkSpec]
 
 
-def outcome_error(outcome: tuple[str, str]) -> XetfsError:
-    """The error a worker named (``error_outcome``), as the class the daemon would have raised."""
-    name, message = outcome
-    return _ERROR_CLASSES.get(name, errors.XorbFormatError)(message)
+@dataclass(frozen=True, slots=True)
+class LayoutJob:
+    job_id: int
+    path: str
+    xorb_hash: bytes
 
 
-def encode_frame(message: Any) -> bytes:
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    job_id: int
+    sizes: list[int | WorkerError]  # per chunk, in order
+    read_bytes: int  # bytes read from the store
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutLoaded:
+    job_id: int
+    layout: XorbLayout | WorkerError
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A worker can take jobs."""
+
+
+Job = DecodeJob | LayoutJob
+Result = Decoded | LayoutLoaded | Ready
+
+
+def encode_frame(message: Job | Result) -> bytes:
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return FRAME.pack(len(body)) + body
 
@@ -83,54 +116,38 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
     return b"".join(parts)
 
 
-class _Files(LRUCache[str, int]):
-    """Open xorb files by path; the least recently used are closed."""
-
-    def popitem(self) -> tuple[str, int]:
-        path, fd = super().popitem()
-        os.close(fd)
-        return path, fd
-
-    def fd(self, path: str, xorb_hash: bytes) -> int:
-        fd = self.get(path)
-        if fd is None:
-            fd = self[path] = open_xorb(path, xorb_hash)
-        return fd
-
-
-def run_job(
-    files: _Files, out: memoryview, path: str, xorb_hash: bytes, specs: list[ChunkSpec]
-) -> tuple[list[Outcome], int]:
-    """Decode one run into ``out``; the outcomes and the bytes read from the store."""
-    (first, start, _, _, _), (last, _, end, _, _) = specs[0], specs[-1]
+def run_job(files: OpenFiles, out: memoryview, job: DecodeJob) -> Decoded:
+    """Decode one run into ``out``."""
+    first, last = job.specs[0], job.specs[-1]
     try:
-        data = read_chunk_run(files.fd(path, xorb_hash), start, end, first, last + 1, where=f"xorb {to_hex(xorb_hash)}")
+        fd = files.fd(job.path, job.xorb_hash)
+        where = f"xorb {to_hex(job.xorb_hash)}"
+        data = read_chunk_run(fd, first.phys_start, last.phys_end, first.chunk, last.chunk + 1, where=where)
     except XetfsError as exc:
-        return [error_outcome(exc)] * len(specs), 0
-    outcomes: list[Outcome] = []
+        return Decoded(job.job_id, [WorkerError.of(exc)] * len(job.specs), 0)
+    sizes: list[int | WorkerError] = []
     pos = 0
-    for chunk in decode_chunks(data, xorb_hash, specs):
+    for chunk in decode_chunks(data, job.xorb_hash, job.specs):
         if isinstance(chunk, XetfsError):
-            outcomes.append(error_outcome(chunk))
+            sizes.append(WorkerError.of(chunk))
             continue
         size = len(chunk)
         out[pos : pos + size] = chunk
         pos += size
-        outcomes.append(size)
-    return outcomes, len(data)
+        sizes.append(size)
+    return Decoded(job.job_id, sizes, len(data))
 
 
-def load_layout(files: _Files, path: str, xorb_hash: bytes) -> XorbLayout | tuple[str, str]:
-    """The checked layout of the xorb at ``path``, or ``(error class name, message)``."""
+def load_layout(files: OpenFiles, job: LayoutJob) -> LayoutLoaded:
     try:
-        return read_layout(files.fd(path, xorb_hash), xorb_hash)
+        return LayoutLoaded(job.job_id, read_layout(files.fd(job.path, job.xorb_hash), job.xorb_hash))
     except XetfsError as exc:
-        return error_outcome(exc)
+        return LayoutLoaded(job.job_id, WorkerError.of(exc))
 
 
 def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> None:
     """Answer jobs until ``jobs_fd`` closes."""
-    files = _Files(MAX_OPEN_FILES)
+    files = OpenFiles(MAX_OPEN_FILES)
     while True:
         head = _read_exactly(jobs_fd, FRAME.size)
         if head is None:
@@ -139,15 +156,12 @@ def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> 
         if body is None:
             return
         job = pickle.loads(body)
-        result: Any
-        if job[0] == "layout":
-            _, job_id, path, xorb_hash = job
-            result = load_layout(files, path, xorb_hash)
+        result: Result
+        if isinstance(job, LayoutJob):
+            result = load_layout(files, job)
         else:
-            _, job_id, slot, path, xorb_hash, specs = job
-            out = shared[slot * slot_size : (slot + 1) * slot_size]
-            result = run_job(files, out, path, xorb_hash, specs)
-        os.write(results_fd, encode_frame((job_id, result)))
+            result = run_job(files, shared[job.slot * slot_size : (job.slot + 1) * slot_size], job)
+        os.write(results_fd, encode_frame(result))
 
 
 def main() -> None:
@@ -158,9 +172,12 @@ def main() -> None:
     shm_fd, slots, slot_size = (int(a) for a in sys.argv[1:4])
     shared = mmap.mmap(shm_fd, slots * slot_size)
     with contextlib.suppress(BrokenPipeError):
-        os.write(sys.stdout.fileno(), encode_frame(READY))
+        os.write(sys.stdout.fileno(), encode_frame(Ready()))
         serve(sys.stdin.fileno(), sys.stdout.fileno(), memoryview(shared), slot_size)
 
 
 if __name__ == "__main__":
-    main()
+    # Run the module's named copy, so that the records pickle as ``xetfs.decode_worker.*``, not ``__main__.*``.
+    from xetfs.decode_worker import main as _main
+
+    _main()

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import stat
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
@@ -25,9 +26,9 @@ import trio
 
 from xetfs.errors import XetfsError
 from xetfs.index import FileEntry
-from xetfs.readahead import Readahead
+from xetfs.policy import ReadPolicy
 from xetfs.reader import Reader
-from xetfs.stream import Stream
+from xetfs.stats import IndexCounters, ReadCounters, document
 from xetfs.tree import Kind, Node, Tree
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ BLOCK_SIZE = 1024 * 1024  # st_blksize: tells tools to read in large pieces
 ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
 XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
 MIN_CACHE_FOR_PREFETCH = 64 * 1024 * 1024
+PREFETCH_TASKS = 2  # prefetch windows of one handle decoding at once: the next starts while the last finishes
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,8 @@ class FsOptions:
 @dataclass
 class _Handle:
     node: Node
-    readahead: Readahead = field(default_factory=Readahead)
+    policy: ReadPolicy = field(default_factory=ReadPolicy)
     prefetching: int = 0  # prefetch tasks running for this handle
-    stream: Stream | None = None  # bytes decoded for a sequential reader (not with direct I/O)
     snapshot: bytes = b""  # the stats document, for a stats handle
 
 
@@ -87,20 +88,24 @@ class XetFS(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
 
-    def __init__(self, tree: Tree, reader: Reader, options: FsOptions | None = None) -> None:
+    def __init__(
+        self, tree: Tree, reader: Reader, options: FsOptions | None = None, index_counters: IndexCounters | None = None
+    ) -> None:
         super().__init__()
         self.tree = tree
         self.reader = reader
-        self.stats = reader.stats
+        self.index_counters = index_counters or IndexCounters()
+        self._reads = ReadCounters()
+        self._started = time.time()
         self.options = options or FsOptions()
         self._handles: dict[int, _Handle] = {}
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store never changes
         self._next_fh = 1
         self._nursery: trio.Nursery | None = None
-        self._prefetch = self.options.prefetch and reader.cache.capacity >= MIN_CACHE_FOR_PREFETCH
+        self._prefetch = self.options.prefetch and reader.runs.capacity >= MIN_CACHE_FOR_PREFETCH
         if self.options.prefetch and not self._prefetch:
-            log.info("prefetch off: the chunk cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
+            log.info("prefetch off: the cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
 
     def start_background(self, nursery: trio.Nursery) -> None:
         """Give the filesystem a nursery for readahead tasks."""
@@ -230,14 +235,12 @@ class XetFS(pyfuse3.Operations):
             self._handles[fh] = handle
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
         direct = self.options.direct_io
-        # Without the page cache (direct I/O) the chunk cache is all there is: no stream.
-        handle.stream = None if direct else self.reader.stream()
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
 
     # pyfuse3 replies with any buffer (PyObject_GetBuffer): a memoryview saves a copy.  A view
-    # of the workers' shared memory (a stream's bytes) is valid until the next await; pyfuse3
-    # copies it into the reply as soon as this returns, so nothing below may await.
+    # of the workers' shared memory is valid until the next await; pyfuse3 copies it into the
+    # reply as soon as this returns, so nothing after the reader's read may await.
     @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         handle = self._handles.get(fh)
@@ -250,21 +253,20 @@ class XetFS(pyfuse3.Operations):
         entry = handle.node.entry
         if entry is None:
             raise pyfuse3.FUSEError(errno.EIO)
-        self.stats.reads.requests += 1
-        # A sequential reader's bytes stay in the kernel's page cache (keep_cache).
-        ahead = handle.readahead
-        streaming = not self.options.direct_io and (off == ahead.next_offset or ahead.window > 0)
-        # A sequential reader's reads go through its stream, even when they arrive out of order;
-        # so does a first read at offset 0, which most likely starts one.
-        stream = handle.stream if handle.stream and (streaming or off == 0 or handle.stream.near(off)) else None
+        self._reads.requests += 1
+        busy = handle.prefetching >= PREFETCH_TASKS or self._nursery is None or not self._prefetch
+        decision = handle.policy.on_read(off, size, entry.size, busy=busy)
+        if decision.prefetch is not None and self._nursery is not None:
+            handle.prefetching += 1
+            self._nursery.start_soon(self._prefetch_task, handle, entry, *decision.prefetch)
+        # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
+        read_through = decision.sequential and not self.options.direct_io
         try:
-            data = await self.reader.read(entry, off, size, drop_behind=streaming, stream=stream)
+            data = await self.reader.read(entry, off, size, read_through=read_through)
         except XetfsError as exc:
             log.error("read of %s at offset %d (%d bytes) failed: %s", self._describe(handle.node), off, size, exc)
             raise pyfuse3.FUSEError(errno.EIO) from None
-        self.stats.reads.bytes += len(data)
-        if self._prefetch:
-            self._maybe_prefetch(handle, entry, off, len(data))
+        self._reads.bytes += len(data)
         return data
 
     def _describe(self, node: Node) -> str:
@@ -279,26 +281,16 @@ class XetFS(pyfuse3.Operations):
             name = self._names[node.inode] = self.tree.name_of(node.inode) or ""
         return f"{name} (file {entry.hex})" if name and name != entry.hex else f"file {entry.hex}"
 
-    def _maybe_prefetch(self, handle: _Handle, entry: FileEntry, off: int, length: int) -> None:
-        busy = handle.prefetching >= self.reader.prefetch_tasks or self._nursery is None
-        ahead = handle.readahead.on_read(off, length, entry.size, busy=busy)
-        if ahead is None or self._nursery is None:
-            return
-        handle.prefetching += 1
-        self._nursery.start_soon(self._prefetch_task, handle, entry, *ahead)
-
     async def _prefetch_task(self, handle: _Handle, entry: FileEntry, offset: int, length: int) -> None:
         try:
-            await self.reader.prefetch(entry, offset, length, handle.stream)
+            await self.reader.prefetch(entry, offset, length)
         except Exception:
             log.exception("prefetch of %s failed", self._describe(handle.node))
         finally:
             handle.prefetching -= 1
 
     async def release(self, fh: int) -> None:
-        handle = self._handles.pop(fh, None)
-        if handle is not None and handle.stream is not None:
-            handle.stream.restart()
+        self._handles.pop(fh, None)
 
     async def flush(self, fh: int) -> None:
         pass
@@ -310,7 +302,10 @@ class XetFS(pyfuse3.Operations):
 
     def stats_document(self) -> bytes:
         """The live counters as JSON (``.xetfs/stats``)."""
-        return (json.dumps(self.stats.snapshot().to_dict(), indent=2) + "\n").encode()
+        r = self.reader.statistics()
+        groups = {"reads": self._reads, "cache": r.cache, "decode": r.decode, "store": r.store, "prefetch": r.prefetch,
+                  "workers": r.workers, "errors": r.errors, "index": self.index_counters}  # fmt: skip
+        return (json.dumps(document(groups, self._started), indent=2) + "\n").encode()
 
     # -- every way of writing is refused --------------------------------------
 

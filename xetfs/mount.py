@@ -31,7 +31,7 @@ from xetfs.indexer import load_index
 from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import Manifest
 from xetfs.pack import find_manifest, load_manifest
-from xetfs.pool import DecodePool, default_workers
+from xetfs.pool import DecodePool, default_workers, slots_for
 from xetfs.reader import Reader, inline_io, threaded_io
 from xetfs.store import Store
 from xetfs.tree import build_tree
@@ -113,7 +113,6 @@ def build_fs(config: MountConfig) -> XetFS:
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
     reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, pool=_decode_pool(config, threaded))
     counters = loaded.counters()
-    reader.stats.index = counters
     log.info(
         "indexed %d files, %d terms, %d xorbs from %d shards (%d skipped)",
         counters.files, counters.terms, counters.xorbs, counters.shards, counters.shards_skipped,
@@ -125,7 +124,7 @@ def build_fs(config: MountConfig) -> XetFS:
         mtime_ns=int(store.mtime * 1e9),
         prefetch=config.prefetch,
     )
-    return XetFS(tree, reader, options)
+    return XetFS(tree, reader, options, counters)
 
 
 def _decode_pool(config: MountConfig, threaded: bool) -> DecodePool | None:
@@ -139,7 +138,7 @@ def _decode_pool(config: MountConfig, threaded: bool) -> DecodePool | None:
         log.info("decoding in the daemon")
         return None
     log.info("decoding in %d worker processes", workers)
-    return DecodePool(workers)
+    return DecodePool(workers, slots=slots_for(config.cache_size, workers))
 
 
 # Filesystems whose reads can stall indefinitely (network, FUSE, cluster).

@@ -2,23 +2,18 @@
 
 Decoding and hashing chunks is CPU work, and in the daemon it would share
 one core (and the GIL) with answering FUSE.  ``DecodePool`` hands runs of
-chunks to worker processes (``decode_worker``) instead: each job gets a slot
-of a shared memory file and the worker writes the decoded, verified bytes
-there.  The chunks stay in their slot (``SharedChunk``) until the cache lets
-them go, so a chunk is copied once in the daemon, into its reply; a whole run
-for a sequential reader (``decode_whole``, see ``stream``) is one piece, and
-the reply may take it straight from the slot.  When slots run short, the
-chunks of the oldest slot are copied out to free it (``detach``).  Threads
-would not help here: python-lz4, pyfuse3's reply and most of the decode path
-hold the GIL, and a thread hop costs more than decoding a chunk.
+chunks to worker processes (``decode_worker``) instead.  Each decode job
+writes into a slot of one shared memory file; the caller takes a slot
+(``take_slot``), owns it while the run decoded there is held, and gives it
+back explicitly (``free_slot``) when the run is evicted.  Threads would not
+help: python-lz4, pyfuse3's reply and most of the decode path hold the GIL,
+and a thread hop costs more than decoding a chunk.
 
-Checking a xorb's layout (reading its footer and tying its ~1,000 chunk
-hashes to the xorb's name: milliseconds of Python) is a job too; the daemon
-only unpickles the result.  A decode job costs a process round trip, so the
-reader only sends runs worth it (``min_job_bytes``) and decodes small ones
-itself.  A worker that dies fails its pending jobs with ``WorkerLost``; the
-reader then does the work in the daemon, so a lost worker costs speed,
-never a read.
+Checking a xorb's layout (its footer, and the ~1,000 chunk hashes tied to
+the xorb's name: milliseconds of Python) is a job too; the daemon only
+unpickles the result.  A worker that dies fails its pending jobs with
+``WorkerLost``; the caller then does the work in the daemon, so a lost
+worker costs speed, never a read.
 """
 
 from __future__ import annotations
@@ -30,23 +25,30 @@ import os
 import pickle
 import subprocess
 import sys
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import trio
 
-from xetfs.decode_worker import FRAME, READY, Outcome, encode_frame, outcome_error
-from xetfs.errors import XetfsError
+from xetfs.decode_worker import (
+    FRAME,
+    Decoded,
+    DecodeJob,
+    Job,
+    LayoutJob,
+    LayoutLoaded,
+    Ready,
+    Result,
+    encode_frame,
+)
 from xetfs.format.xorb import ChunkSpec, XorbLayout
+from xetfs.stats import WorkerCounters
 
 log = logging.getLogger(__name__)
 
-SLOT_SIZE = 2 * 1024 * 1024  # decoded bytes per job at most
+SLOT_SIZE = 1024 * 1024  # decoded bytes per job at most: the size of a sequential reader's run
 SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones queued behind it
-HELD_SLOTS = 16  # more slots, for decoded chunks the cache still holds (a prefetch window)
+KEEP_FREE_SLOTS = 4  # free slots beyond the jobs in flight that keep their pages; the rest are returned
 MIN_JOB_BYTES = 256 * 1024  # smaller runs are decoded in the daemon
 MAX_WORKERS = 8
 
@@ -56,61 +58,21 @@ def default_workers() -> int:
     return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
 
 
+def slots_for(cache_size: int, workers: int) -> int:
+    """Slots for a cache of ``cache_size`` bytes: as many as it can fill, and the jobs in flight."""
+    return max(0, cache_size) // SLOT_SIZE + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
+
+
 class WorkerLost(Exception):
     """The worker holding a job exited; the caller should decode it itself."""
 
 
-class SharedChunk:
-    """A decoded chunk, still in the shared-memory slot its worker wrote it to.
-
-    ``data`` is a view of the slot while ``lease`` keeps the slot from being
-    reused; ``detach`` copies the bytes out and lets the lease go.  Take a
-    view of ``data`` only to copy it, with no ``await`` in between: the
-    slot may be detached and given to another job at any await.
-    """
-
-    __slots__ = ("__weakref__", "data", "lease")
-
-    def __init__(self, data: memoryview, lease: _Lease) -> None:
-        self.data: memoryview | bytes = data
-        self.lease: _Lease | None = lease
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def detach(self) -> None:
-        if self.lease is not None:
-            self.data = bytes(self.data)
-            self.lease = None
-
-
-class _Lease:
-    """One slot's claim on shared memory; the slot is free again once no chunk refers to its lease."""
-
-    __slots__ = ("__weakref__", "chunks")
-
-    def __init__(self) -> None:
-        self.chunks: list[weakref.ref[SharedChunk]] = []
-
-    def share(self, view: memoryview) -> SharedChunk:
-        """A chunk of the slot's bytes ``view`` under this lease."""
-        chunk = SharedChunk(view, self)
-        self.chunks.append(weakref.ref(chunk))
-        return chunk
-
-    def detach(self) -> None:
-        for ref in self.chunks:
-            chunk = ref()
-            if chunk is not None:
-                chunk.detach()
-
-
 @dataclass(eq=False)
-class _Job:
+class _Pending:
     slot: int | None  # None: a layout job, which needs no shared memory
-    whole: bool = False  # the run's chunks come back as one piece (``decode_whole``)
     done: trio.Event = field(default_factory=trio.Event)
-    result: Any = None  # what ``_finish`` made of the worker's answer; None if the worker was lost
+    result: Result | None = None  # None if the worker was lost
+    abandoned: bool = False  # the caller was cancelled: the slot is freed when the worker is done with it
 
 
 @dataclass(eq=False)
@@ -119,7 +81,7 @@ class _Worker:
     process: subprocess.Popen[bytes]
     jobs_fd: int
     results_fd: int
-    pending: dict[int, _Job] = field(default_factory=dict)
+    pending: dict[int, _Pending] = field(default_factory=dict)
     unread: bytearray = field(default_factory=bytearray)  # results received in part
     alive: bool = True
     collecting: bool = False  # a task is reading its results
@@ -127,31 +89,31 @@ class _Worker:
 
 
 class DecodePool:
-    def __init__(
-        self,
-        workers: int,
-        *,
-        slots_per_worker: int = SLOTS_PER_WORKER,
-        slot_size: int = SLOT_SIZE,
-        held_slots: int = HELD_SLOTS,
-    ) -> None:
+    def __init__(self, workers: int, *, slots: int | None = None, slot_size: int = SLOT_SIZE) -> None:
         if workers < 1:
             raise ValueError("a decode pool needs at least one worker")
         self.slot_size = slot_size
         self.min_job_bytes = MIN_JOB_BYTES
-        self.capacity = workers * slots_per_worker  # jobs the reader keeps in flight
-        self._slot_count = slots = self.capacity + held_slots
+        self.capacity = workers * SLOTS_PER_WORKER  # jobs worth keeping in flight
+        self._slot_count = slots = max(slots or 0, self.capacity + KEEP_FREE_SLOTS)
         self._memfd = os.memfd_create("xetfs-decode", os.MFD_CLOEXEC)
         os.ftruncate(self._memfd, slots * slot_size)
         self._shared = mmap.mmap(self._memfd, slots * slot_size)
         self._view = memoryview(self._shared)
-        self._free = list(range(slots))
-        self._slot_waiters = trio.lowlevel.ParkingLot()  # decode calls waiting for a slot
-        self._leases: OrderedDict[int, weakref.ref[_Lease]] = OrderedDict()  # slot -> lease, oldest first
+        self._touched: list[int] = []  # free slots whose pages are still in memory (reused first)
+        self._fresh = list(range(slots - 1, -1, -1))  # free slots without pages
         self._next_id = 0
         self._count = workers
         self._workers: list[_Worker] = []
         self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
+        self._counters = WorkerCounters(workers=workers, slots=slots, slot_bytes=slot_size)
+
+    def statistics(self) -> WorkerCounters:
+        """A snapshot of the pool's counters."""
+        c = self._counters
+        c.alive = sum(w.alive for w in self._workers)
+        c.free_slots = len(self._touched) + len(self._fresh)
+        return replace(c)
 
     @property
     def usable(self) -> bool:
@@ -170,6 +132,40 @@ class DecodePool:
     async def wait_ready(self) -> None:
         """Wait until a worker can take jobs, or none ever will (after ``start``)."""
         await self._some_ready.wait()
+
+    # -- slots ------------------------------------------------------------
+
+    def take_slot(self) -> int | None:
+        """A free slot (one whose pages are in memory first), or None if all are taken."""
+        self._trim()
+        if self._touched:
+            return self._touched.pop()
+        if self._fresh:
+            return self._fresh.pop()
+        return None
+
+    def free_slot(self, slot: int) -> None:
+        """Give ``slot`` back; whoever held a run there must not use its bytes after the next await."""
+        self._touched.append(slot)
+
+    def view(self, slot: int, length: int) -> memoryview:
+        """The first ``length`` bytes of ``slot``."""
+        base = slot * self.slot_size
+        return self._view[base : base + length]
+
+    def _trim(self) -> None:
+        """Return the pages of free slots beyond the few worth keeping to the system.
+
+        Done here, when a slot is taken, never in ``free_slot``: a view of a freed
+        slot may still be on its way into a reply until the next await.
+        """
+        while len(self._touched) > self.capacity + KEEP_FREE_SLOTS:
+            slot = self._touched.pop(0)
+            self._shared.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
+            self._fresh.append(slot)
+            self._counters.slots_returned += 1
+
+    # -- workers ----------------------------------------------------------
 
     def _spawn(self, number: int) -> _Worker:
         shm = (str(self._memfd), str(self._slot_count), str(self.slot_size))
@@ -198,98 +194,55 @@ class DecodePool:
                 worker.collecting = True
                 nursery.start_soon(self._collect, worker)
 
-    async def decode(
-        self, path: str, xorb_hash: bytes, specs: list[ChunkSpec]
-    ) -> tuple[int, list[SharedChunk | XetfsError]]:
-        """Read, decode and verify one run of adjacent chunks of the xorb at ``path``.
+    async def decode(self, slot: int, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> Decoded:
+        """Read, decode and verify one run of adjacent chunks of the xorb at ``path`` into ``slot``.
 
-        Returns the bytes read from the store and, per chunk, its bytes (in
-        shared memory) or its error.  Raises ``WorkerLost`` if no worker
-        could finish the job.  The run must decode to at most ``slot_size``
-        bytes.
+        The run must decode to at most ``slot_size`` bytes.  Returns, per
+        chunk, its decoded size or its error; the bytes lie back to back from
+        the slot's start.  Raises ``WorkerLost`` if no worker could finish
+        the job (the slot is still the caller's).  If the caller is
+        cancelled, the slot is freed once the worker is done with it.
         """
-        slot = await self._take_slot()
-        result: tuple[int, list[SharedChunk | XetfsError]] = await self._submit(
-            _Job(slot), lambda job_id: ("chunks", job_id, slot, path, xorb_hash, specs)
-        )
+        result = await self._submit(_Pending(slot), lambda job_id: DecodeJob(job_id, slot, path, xorb_hash, specs))
+        assert isinstance(result, Decoded)
+        self._counters.jobs += 1
         return result
-
-    async def decode_whole(self, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> tuple[int, SharedChunk]:
-        """Like ``decode``, but the run's bytes come back as one piece of shared memory.
-
-        The chunks of a run are written one after another, so the piece is
-        their concatenation.  Raises the first chunk's error if any failed
-        (the slot is then free again at once), or ``WorkerLost``.
-        """
-        slot = await self._take_slot()
-        result: tuple[int, SharedChunk | XetfsError] = await self._submit(
-            _Job(slot, whole=True), lambda job_id: ("chunks", job_id, slot, path, xorb_hash, specs)
-        )
-        read_bytes, data = result
-        if isinstance(data, XetfsError):
-            raise data
-        return read_bytes, data
 
     async def layout(self, path: str, xorb_hash: bytes) -> XorbLayout:
         """The checked layout of the xorb at ``path`` (``store.read_layout``, run by a worker).
 
         Raises what ``read_layout`` would raise, or ``WorkerLost``.
         """
-        result: XorbLayout | XetfsError = await self._submit(
-            _Job(None), lambda job_id: ("layout", job_id, path, xorb_hash)
-        )
-        if isinstance(result, XetfsError):
-            raise result
-        return result
+        result = await self._submit(_Pending(None), lambda job_id: LayoutJob(job_id, path, xorb_hash))
+        assert isinstance(result, LayoutLoaded)
+        self._counters.layout_jobs += 1
+        if isinstance(result.layout, XorbLayout):
+            return result.layout
+        raise result.layout.error()
 
-    async def _submit(self, job: _Job, message: Callable[[int], tuple[Any, ...]]) -> Any:
-        """Send ``message(job_id)`` to the least busy worker and wait for ``job``'s result."""
+    async def _submit(self, pending: _Pending, job: Callable[[int], Job]) -> Result:
+        """Send ``job(job_id)`` to the least busy worker and wait for its result."""
         workers = [w for w in self._workers if self._takes_jobs(w)]
         if not workers:
-            if job.slot is not None:
-                self._release(job.slot)
             raise WorkerLost("no decode worker is running")
         worker = min(workers, key=lambda w: len(w.pending))
         job_id = self._next_id = self._next_id + 1
-        worker.pending[job_id] = job
+        worker.pending[job_id] = pending
         try:
-            os.write(worker.jobs_fd, encode_frame(message(job_id)))
+            os.write(worker.jobs_fd, encode_frame(job(job_id)))
         except OSError:
             self._lose(worker)
-        # A cancelled wait does not free the slot: the worker may still be
-        # writing into it.  Its chunks free it once nobody holds them.
-        await job.done.wait()
-        if job.result is None:
+        try:
+            await pending.done.wait()
+        except BaseException:
+            if not pending.done.is_set():
+                pending.abandoned = True  # the worker may still write into the slot: it is freed when done
+            elif pending.slot is not None:
+                self.free_slot(pending.slot)  # done already: nobody else will
+            raise
+        if pending.result is None:
             raise WorkerLost(f"decode worker {worker.number} exited")
-        return job.result
-
-    async def _take_slot(self) -> int:
-        """A free slot, waiting for one if need be.
-
-        With none free, the oldest slot whose chunks are held is copied out;
-        with none held either (all are decoding), a job must finish first.
-        """
-        while not self._free:
-            self._reclaim()
-            if not self._free:
-                await self._slot_waiters.park()
-        return self._free.pop()
-
-    def _release(self, slot: int) -> None:
-        self._free.append(slot)
-        self._slot_waiters.unpark()
-
-    def _reclaim(self) -> None:
-        """Free a slot by copying out the chunks of the oldest slot still held, if any is."""
-        while not self._free and self._leases:
-            _, ref = self._leases.popitem(last=False)
-            lease = ref()
-            if lease is not None:
-                lease.detach()  # the lease ends, and its slot is free, once its chunks let it go
-
-    def _lease_ended(self, slot: int) -> None:
-        self._leases.pop(slot, None)
-        self._release(slot)
+        return pending.result
 
     async def _collect(self, worker: _Worker) -> None:
         """Finish ``worker``'s jobs as their results arrive, until it exits (or this is cancelled)."""
@@ -316,71 +269,41 @@ class DecodePool:
                 (length,) = FRAME.unpack_from(buffer)
                 if len(buffer) < FRAME.size + length:
                     break
-                body = bytes(buffer[FRAME.size : FRAME.size + length])
+                message: Result = pickle.loads(bytes(buffer[FRAME.size : FRAME.size + length]))
                 del buffer[: FRAME.size + length]
-                message = pickle.loads(body)
-                if message == READY:
+                if isinstance(message, Ready):
                     log.info("decode worker %d ready", worker.number)
                     worker.ready = True
                     self._some_ready.set()
                 else:
-                    self._finish(worker, *message)
+                    self._finish(worker, message)
 
-    def _finish(self, worker: _Worker, job_id: int, result: Any) -> None:
-        job = worker.pending.pop(job_id)
-        if job.slot is None:
-            job.result = outcome_error(result) if isinstance(result, tuple) else result
-        else:
-            outcomes, read_bytes = result
-            chunks = self._whole(job.slot, outcomes) if job.whole else self._chunks(job.slot, outcomes)
-            job.result = (read_bytes, chunks)
-        job.done.set()
-
-    def _chunks(self, slot: int, outcomes: list[Outcome]) -> list[SharedChunk | XetfsError]:
-        """Each chunk, left in ``slot`` under one lease, or its error; the slot is free again once the lease ends."""
-        lease = self._lease(slot)
-        base = slot * self.slot_size
-        values: list[SharedChunk | XetfsError] = []
-        for outcome in outcomes:
-            if isinstance(outcome, int):
-                values.append(lease.share(self._view[base : base + outcome]))
-                base += outcome
-            else:
-                values.append(outcome_error(outcome))
-        return values
-
-    def _whole(self, slot: int, outcomes: list[Outcome]) -> SharedChunk | XetfsError:
-        """The run's bytes as one chunk left in ``slot``, or its first error (and the slot is free again)."""
-        sizes = [o for o in outcomes if isinstance(o, int)]
-        if len(sizes) < len(outcomes):
-            self._release(slot)
-            return outcome_error(next(o for o in outcomes if not isinstance(o, int)))
-        base = slot * self.slot_size
-        return self._lease(slot).share(self._view[base : base + sum(sizes)])
-
-    def _lease(self, slot: int) -> _Lease:
-        """A new lease on ``slot``: it is free again once no chunk refers to the lease."""
-        lease = _Lease()
-        self._leases[slot] = weakref.ref(lease)
-        weakref.finalize(lease, self._lease_ended, slot)
-        self._slot_waiters.unpark()  # a waiting decode may copy the slot's chunks out to take it
-        return lease
+    def _finish(self, worker: _Worker, result: Decoded | LayoutLoaded) -> None:
+        pending = worker.pending.pop(result.job_id)
+        pending.result = result
+        if pending.abandoned and pending.slot is not None:
+            self.free_slot(pending.slot)
+        pending.done.set()
 
     def _lose(self, worker: _Worker) -> None:
         if worker.alive:
             worker.alive = False
             code = worker.process.poll()
             log.error("decode worker %d stopped (exit status %s); decoding in the daemon", worker.number, code)
+            self._counters.lost += 1
         if not any(w.alive for w in self._workers):
             self._some_ready.set()  # nobody is left to wait for
-        for job in worker.pending.values():
-            if job.slot is not None:
-                self._release(job.slot)
-            job.done.set()
+        for pending in worker.pending.values():
+            if pending.abandoned and pending.slot is not None:
+                self.free_slot(pending.slot)
+            pending.done.set()
         worker.pending.clear()
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop the workers (closing their input ends them) and free the shared memory."""
+        """Stop the workers (closing their input ends them) and free the shared memory.
+
+        Runs still held in slots must be let go first (``RunStore.clear``).
+        """
         for worker in self._workers:
             worker.alive = False
             with contextlib.suppress(OSError):
@@ -393,10 +316,6 @@ class DecodePool:
             except subprocess.TimeoutExpired:
                 worker.process.kill()
                 worker.process.wait()
-        for ref in list(self._leases.values()):
-            lease = ref()
-            if lease is not None:
-                lease.detach()  # chunks the cache still holds keep their bytes
         with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
             self._view.release()
             self._shared.close()

@@ -1,47 +1,57 @@
-"""The verified read path: file bytes from index, cache, store and decoder.
+"""The verified read path: file bytes from index, layouts, runs and decoder.
 
 ``Reader.read(entry, offset, size)`` returns exactly those bytes of a file.
 It maps the range to term slices (``Index.locate``), each slice to chunks of
-a xorb (``chunk_span``), takes the chunks from the cache and loads the
-missing ones: adjacent chunks of one xorb are read with one ``pread``, every
-decoded chunk is checked against its hash from the xorb footer (which is
-itself tied to the xorb's name) before it is cached or returned.
+a xorb (``chunk_span``), and takes the chunks from the store of decoded runs
+(``runs.RunStore``), which loads the gaps through ``_load``: one read of the
+run's serialized chunks from the store (``Store.read_chunks``, the I/O seam),
+then decode and verify every chunk against its hash from the xorb footer
+(itself tied to the xorb's name) before it is kept or served.  Runs worth a
+process round trip are read, decoded and verified by a worker process into
+shared memory instead (``pool.DecodePool``); small ones in the daemon.
+
+The range a read or a prefetch window asks for is what is decoded: gaps are
+cut into runs of at most one slot (about 1 MiB), so a sequential reader's
+prefetch gets 1 MiB runs and a small random read only the chunks it touches.
 
 Runs on one trio thread.  Blocking store reads go through ``io``, which may
-run them inline (fastest) or in a worker thread with a time bound.  With a
-``DecodePool``, runs big enough to be worth a process round trip are read
-and decoded by worker processes instead, several at a time.
+run them inline (fastest) or in a worker thread with a time bound.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import trio
 
 from xetfs import hashes
-from xetfs.cache import Loader, LoadingCache
+from xetfs.cache import LoadingCache
 from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError
-from xetfs.format.xorb import ChunkSpec, XorbLayout, chunk_specs, decode_run
-from xetfs.index import FileEntry, Index, chunk_span
-from xetfs.pool import DecodePool, SharedChunk, WorkerLost
-from xetfs.stats import CacheCounters, Stats
+from xetfs.format.chunk import Buffer
+from xetfs.format.xorb import XorbLayout, chunk_specs, decode_chunks
+from xetfs.index import ChunkSpan, FileEntry, Index, chunk_span
+from xetfs.pool import DecodePool, WorkerLost
+from xetfs.runs import Loaded, Run, RunStore
+from xetfs.stats import (
+    CacheCounters,
+    DecodeCounters,
+    ErrorCounters,
+    PrefetchCounters,
+    StoreCounters,
+    WorkerCounters,
+)
 from xetfs.store import Store
-from xetfs.stream import Budget, Segment, Stream
 
 T = TypeVar("T")
-ChunkKey = tuple[bytes, int]
-Chunk = bytes | SharedChunk  # a decoded chunk: in the daemon's memory, or still where its worker wrote it
 Io = Callable[..., Awaitable[Any]]
 
 DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
 LAYOUT_CACHE_SIZE = 32 * 1024 * 1024
-MAX_RUN_BYTES = 8 * 1024 * 1024  # one pread covers at most this much of a xorb
-PREFETCH_BATCH = 16  # chunks (about 1 MiB) decoded per prefetch step
-MIN_STREAM_BUDGET = 32 * 1024 * 1024
+RUN_BYTES = 1024 * 1024  # decoded bytes per run at most (without workers; with them, a slot)
+MAX_RUN_BYTES = 8 * 1024 * 1024  # one store read covers at most this much of a xorb
 
 
 async def inline_io(fn: Callable[..., T], *args: Any) -> T:
@@ -68,6 +78,18 @@ def _describe_call(args: tuple[Any, ...]) -> str:
     return f"{where} chunks [{ints[-2]}, {ints[-1]})" if len(ints) >= 2 else where
 
 
+@dataclass(frozen=True)
+class ReaderStatistics:
+    """Snapshots of the counters of the read path, by group (as in ``.xetfs/stats``)."""
+
+    cache: CacheCounters
+    decode: DecodeCounters
+    store: StoreCounters
+    prefetch: PrefetchCounters
+    errors: ErrorCounters
+    workers: WorkerCounters
+
+
 class Reader:
     def __init__(
         self,
@@ -75,25 +97,30 @@ class Reader:
         store: Store,
         *,
         cache_size: int = DEFAULT_CACHE_SIZE,
-        stats: Stats | None = None,
         verify: bool = True,
         io: Io = inline_io,
         pool: DecodePool | None = None,
     ) -> None:
         self.index = index
         self.store = store
-        self.stats = stats or Stats()
         self.verify = verify
         self._io = io
         self._pool = pool
-        # A run must fit a worker's slot; without workers only MAX_RUN_BYTES bounds it.
-        self._max_run_decoded = pool.slot_size if pool else sys.maxsize
-        self.cache: LoadingCache[ChunkKey, Chunk] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
-        self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE, CacheCounters())
-        # Bytes decoded for sequential readers are held apart from the cache: a quarter of its size more
-        # (at least a few prefetch windows), none when the cache is off.
-        capacity = self.cache.capacity
-        self._stream_budget = Budget(max(capacity // 4, MIN_STREAM_BUDGET) if capacity else 0, self.stats.stream)
+        self._run_bytes = pool.slot_size if pool else RUN_BYTES
+        self.runs = RunStore(cache_size, pool.free_slot if pool else None)
+        self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE)
+        self._decode = DecodeCounters()
+        self._store = StoreCounters()
+        self._errors = ErrorCounters()
+        self._prefetch_requests = 0
+
+    def statistics(self) -> ReaderStatistics:
+        prefetch = replace(self.runs.prefetch_statistics(), requests=self._prefetch_requests)
+        workers = self._pool.statistics() if self._pool is not None else WorkerCounters()
+        cache = self.runs.statistics()
+        return ReaderStatistics(
+            cache, replace(self._decode), replace(self._store), prefetch, replace(self._errors), workers
+        )
 
     # -- public API ---------------------------------------------------------
 
@@ -108,86 +135,55 @@ class Reader:
             await self._pool.wait_ready()
 
     def close(self) -> None:
-        """Stop the decode workers, if any."""
+        """Let go of every run and stop the decode workers, if any."""
+        self.runs.clear()
         if self._pool is not None:
             self._pool.close()
             self._pool = None
 
-    async def read(
-        self, entry: FileEntry, offset: int, size: int, *, drop_behind: bool = False, stream: Stream | None = None
-    ) -> bytes | memoryview:
+    async def read(self, entry: FileEntry, offset: int, size: int, *, read_through: bool = False) -> bytes | memoryview:
         """Bytes ``[offset, offset + size)`` of ``entry``, clipped at end of file.
 
-        With ``drop_behind`` (a sequential reader whose bytes the kernel
-        keeps in its page cache), chunks read to their end leave the cache
-        at once: a streamed file then recycles a few MiB of memory instead
-        of filling the whole cache with bytes nobody asks for again.
-
-        With ``stream`` (that reader's ``Stream``) and decode workers, the
-        parts of the range the stream lacks are decoded into it, and the
-        bytes are taken from there.  They may come back as a view of shared
-        memory: copy it or hand it on before the next await.
+        Bytes from a single run come back as a view of its memory (perhaps
+        shared memory): copy it or hand it on before the next await.  With
+        ``read_through`` (a sequential reader whose bytes the kernel keeps in
+        its page cache), runs read to their end are evicted before others.
 
         Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError`` or
-        ``StoreTimeoutError``; each is counted in ``stats.errors``.
+        ``StoreTimeoutError``; each is counted in the ``errors`` statistics.
         """
-        pool = self._ready_pool() if stream is not None else None
-        if stream is not None and pool is not None and offset < entry.size:
-            size = min(size, entry.size - offset)
-            with contextlib.suppress(XetfsError):  # the ordinary path below meets it again, and reports it
-                await self._stream_ahead(pool, stream, entry, offset, size, prefetch=False)
-            taken = await stream.take(offset, size)
-            if taken is not None:
-                data, chunks = taken
-                self.stats.prefetch.hits += chunks
-                return data
-        finished: list[ChunkKey] | None = [] if drop_behind else None
+        held: list[list[Run]] = []
         try:
-            pieces = await self._collect(entry, offset, size, prefetch=False, finished=finished)
+            spans = await self._spans(entry, offset, size)
+            for layout, span in spans:
+                held.append(await self._get(layout, span.xorb_hash, span.start, span.stop, prefetch=False))
+            # From here to the return, no await: a run released below may be evicted and its slot reused.
+            parts = []
+            for (layout, span), runs in zip(spans, held, strict=True):
+                lo = layout.unpacked_start(span.start) + span.skip
+                hi = lo + span.length
+                for run in runs:
+                    parts.append(run.view(lo, hi))
+                    if read_through and run.hi <= hi:
+                        self.runs.read_through(run)
         except XetfsError as exc:
             self._count_error(exc)
             raise
-        # From here to the copy, no await: a chunk in shared memory may be
-        # detached and its slot reused at any await (pool.SharedChunk).
-        parts = [memoryview(c.data if isinstance(c, SharedChunk) else c)[skip : skip + n] for c, skip, n in pieces]
-        data = parts[0] if len(parts) == 1 and isinstance(pieces[0][0], bytes) else b"".join(parts)
-        if finished:
-            self.cache.discard(finished)
-        return data
+        finally:
+            for runs in held:
+                self.runs.release(runs)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def stream(self) -> Stream | None:
-        """A new ``Stream`` for one open file (sharing this reader's budget), or None without decode workers."""
-        if self._pool is None or not self._stream_budget.limit:
-            return None
-        return Stream(self._stream_budget)
-
-    @property
-    def prefetch_tasks(self) -> int:
-        """How many prefetches of one file may run at once.
-
-        Without workers one at a time (they would only take turns on this
-        thread); with workers a new window may start while the last one's
-        final batches are decoding, so the workers never run dry.
-        """
-        return 2 if self._ready_pool() else 1
-
-    async def prefetch(self, entry: FileEntry, offset: int, size: int, stream: Stream | None = None) -> None:
-        """Load the chunks under ``[offset, offset + size)`` into the cache; errors are ignored.
+    async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
+        """Load the chunks under ``[offset, offset + size)`` that no run holds; errors are ignored.
 
         They will be met, counted and reported by the read that needs the
-        bytes.  With ``stream`` and decode workers, the chunks go into the
-        stream as whole runs instead: those it lacks, not behind its reads,
-        as far as its byte budget has room.
+        bytes.
         """
-        pool = self._ready_pool()
-        if stream is not None and pool is None and self._pool is not None and self._pool.starting:
-            return  # the stream's reads will be decoded once the workers are up; not twice by prefetch now
-        self.stats.prefetch.requests += 1
+        self._prefetch_requests += 1
         with contextlib.suppress(XetfsError):
-            if stream is None or pool is None:
-                await self._collect(entry, offset, size, prefetch=True)
-            else:
-                await self._stream_ahead(pool, stream, entry, offset, size, prefetch=True)
+            for layout, span in await self._spans(entry, offset, size):
+                await self._get(layout, span.xorb_hash, span.start, span.stop, prefetch=True)
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """The verified layout of a xorb (cached)."""
@@ -200,237 +196,93 @@ class Reader:
         """The decode pool, if it can take jobs now."""
         return self._pool if self._pool is not None and self._pool.usable else None
 
-    async def _collect(
-        self, entry: FileEntry, offset: int, size: int, *, prefetch: bool, finished: list[ChunkKey] | None = None
-    ) -> list[tuple[Chunk, int, int]]:
-        """``(chunk, skip, length)`` for each piece of ``[offset, offset + size)`` (with ``prefetch``: just load them).
-
-        ``finished`` collects the keys of the chunks this range reads up to their end.
-        """
-        parts: list[tuple[Chunk, int, int]] = []
+    async def _spans(self, entry: FileEntry, offset: int, size: int) -> list[tuple[XorbLayout, ChunkSpan]]:
+        spans = []
         for piece in self.index.locate(entry, offset, size):
             layout = await self.layout(piece.xorb_hash)
-            span = chunk_span(piece, layout)
-            keys = [(span.xorb_hash, i) for i in range(span.start, span.stop)]
+            spans.append((layout, chunk_span(piece, layout)))
+        return spans
 
-            async def load(
-                missing: Sequence[ChunkKey], layout: XorbLayout = layout
-            ) -> dict[ChunkKey, Chunk | Exception]:
-                return await self._load_chunks(missing, layout)
+    async def _get(self, layout: XorbLayout, xorb_hash: bytes, first: int, stop: int, *, prefetch: bool) -> list[Run]:
+        def cut(lo: int, hi: int) -> list[tuple[int, int]]:
+            pieces = []
+            while lo < hi:
+                end = self._run_stop(layout, lo, hi)
+                pieces.append((lo, end))
+                lo = end
+            return pieces
 
-            if prefetch:
-                await self._prefetch_batches(keys, load)
-                continue
-            chunks = await self.cache.get_many(keys, load)
-            skip, left = span.skip, span.length
-            for key, chunk in zip(keys, chunks, strict=True):
-                if skip >= len(chunk):
-                    skip -= len(chunk)
-                    continue
-                take = min(left, len(chunk) - skip)
-                parts.append((chunk, skip, take))
-                if finished is not None and skip + take == len(chunk):
-                    finished.append(key)
-                left -= take
-                skip = 0
-                if not left:
-                    break
-        return parts
+        async def load(lo: int, hi: int) -> Loaded:
+            return await self._load(xorb_hash, layout, lo, hi)
 
-    async def _prefetch_batches(self, keys: list[ChunkKey], load: Loader[ChunkKey, Chunk]) -> None:
-        """Load ``keys`` in small batches, each its own load, in order.
+        return await self.runs.get(xorb_hash, first, stop, cut, load, prefetch=prefetch)
 
-        A reader that catches up waits for the batch holding its chunk, not
-        for the whole window.  With workers, as many batches are in flight
-        as the pool has slots, handed out in file order.
-        """
-        batches = [keys[i : i + PREFETCH_BATCH] for i in range(0, len(keys), PREFETCH_BATCH)]
-        pool = self._ready_pool()
-        if pool is None:
-            for batch in batches:
-                await self.cache.prefetch(batch, load)
-                await trio.lowlevel.checkpoint()
-            return
-        in_flight = trio.Semaphore(pool.capacity)
-
-        async def one(batch: list[ChunkKey]) -> None:
-            try:
-                with contextlib.suppress(XetfsError):
-                    await self.cache.prefetch(batch, load)
-            finally:
-                in_flight.release()
-
-        async with trio.open_nursery() as nursery:
-            for batch in batches:
-                await in_flight.acquire()
-                nursery.start_soon(one, batch)
-
-    async def _stream_ahead(
-        self, pool: DecodePool, stream: Stream, entry: FileEntry, offset: int, size: int, *, prefetch: bool
-    ) -> None:
-        """Decode the chunks under ``[offset, offset + size)`` of ``entry`` that ``stream`` lacks into it.
-
-        Returns once those segments are decoded (or failed).
-        """
-        jobs: list[tuple[Segment, str, bytes, list[ChunkSpec]]] = []
-        started = 0
-
-        async def one(segment: Segment, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> None:
-            data = None
-            try:
-                read_bytes, data = await pool.decode_whole(path, xorb_hash, specs)
-            except (XetfsError, WorkerLost):
-                pass  # the read of these bytes goes the ordinary way, and reports the error
-            else:
-                self._count_decoded(read_bytes, segment.chunks, len(data))
-                self.stats.decode.in_workers += segment.chunks
-                if prefetch:
-                    self.stats.prefetch.chunks += segment.chunks
-            finally:
-                stream.budget.settle(segment, data)
-                segment.done.set()
-                in_flight.release()
-
-        try:
-            async with stream.planning:
-                if not stream.near(offset):
-                    stream.restart()
-                # Only what this read (or prefetch) asks for: a read that arrived ahead of
-                # others leaves them a gap, which they fill themselves.  Prefetch never goes
-                # behind the reads (what lies there was read already, or a read is on its
-                # way) and plans only what the budget has room for.
-                start = max(offset, stream.read_to) if prefetch else offset
-                room = stream.budget.room(offset + size - start) if prefetch else offset + size - start
-                for lo, hi in stream.missing(start, offset + size):
-                    if room <= 0:
-                        break
-                    planned = await self._plan(entry, lo, min(hi, lo + room))
-                    segments = [segment for segment, *_ in planned]
-                    stream.add(segments)
-                    stream.budget.plan(segments)
-                    room -= sum(s.end - s.start for s in segments)
-                    jobs += planned
-            in_flight = trio.Semaphore(pool.capacity)
-            async with trio.open_nursery() as nursery:
-                for job in jobs:
-                    await in_flight.acquire()
-                    nursery.start_soon(one, *job)
-                    started += 1
-        finally:
-            # Segments planned but never started (a later piece failed to plan, or this was
-            # cancelled) count as failed, so no read waits for them.
-            for segment, *_ in jobs[started:]:
-                stream.budget.settle(segment, None)
-                segment.done.set()
-
-    async def _plan(self, entry: FileEntry, lo: int, hi: int) -> list[tuple[Segment, str, bytes, list[ChunkSpec]]]:
-        """Segments (and their decode jobs) for the whole chunks under ``[lo, hi)`` of ``entry``, in file order."""
-        planned = []
-        for piece in self.index.locate(entry, lo, hi - lo):
-            layout = await self.layout(piece.xorb_hash)
-            span = chunk_span(piece, layout)
-            path = str(self.store.xorb_path(span.xorb_hash))
-            # The span's first chunk starts ``skip`` bytes before the piece.
-            at = entry.term_start(piece.term) + piece.offset - span.skip
-            first = span.start
-            while first < span.stop:
-                stop = self._run_stop(layout, first, span.stop, PREFETCH_BATCH)
-                end = at + layout.range_size(first, stop)
-                segment = Segment(at, end, stop - first, unread=end - at)
-                planned.append((segment, path, span.xorb_hash, chunk_specs(layout, first, stop, verify=self.verify)))
-                at, first = end, stop
-        return planned
-
-    def _run_stop(self, layout: XorbLayout, start: int, limit: int, most: int = sys.maxsize) -> int:
-        """Where a run of adjacent chunks from ``start`` ends: before ``limit``, at most ``most`` chunks,
-        one ``pread`` of at most ``MAX_RUN_BYTES`` and decoding to at most a job's slot (at least one chunk)."""
-        end = min(limit, start + most)
+    def _run_stop(self, layout: XorbLayout, start: int, limit: int) -> int:
+        """Where a run from chunk ``start`` ends: before ``limit``, one store read of at most
+        ``MAX_RUN_BYTES``, decoding to at most a run's bytes (at least one chunk)."""
         stop = start + 1
         while (
-            stop < end
+            stop < limit
             and layout.phys_ends[stop] - layout.phys_start(start) <= MAX_RUN_BYTES
-            and layout.range_size(start, stop + 1) <= self._max_run_decoded
+            and layout.range_size(start, stop + 1) <= self._run_bytes
         ):
             stop += 1
         return stop
 
-    async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
-        out = {}
-        for xorb_hash in keys:
-            out[xorb_hash] = _Sized(await self._load_layout(xorb_hash))
-            self.stats.store.layouts += 1
-        return out
-
-    async def _load_layout(self, xorb_hash: bytes) -> XorbLayout:
-        """Read and check a layout, in a decode worker when one is ready (it takes milliseconds)."""
+    async def _load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
+        """Read, decode and verify chunks ``[first, stop)``: in a worker if worth it, else here."""
         pool = self._ready_pool()
-        if pool is not None:
+        size = layout.range_size(first, stop)
+        # With every slot in use (runs that reads are using, jobs in flight), decode here rather than wait.
+        slot = self._take_slot(pool) if pool is not None and pool.min_job_bytes <= size <= pool.slot_size else None
+        if pool is not None and slot is not None:
             try:
-                layout = await pool.layout(str(self.store.xorb_path(xorb_hash)), xorb_hash)
-            except WorkerLost:
-                self.stats.decode.worker_fallbacks += 1
+                path = str(self.store.xorb_path(xorb_hash))
+                decoded = await pool.decode(slot, path, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
+            except (WorkerLost, XetfsError) as exc:
+                pool.free_slot(slot)
+                if isinstance(exc, XetfsError):
+                    raise
+                self._decode.worker_fallbacks += 1
             else:
-                self.stats.decode.layouts_in_workers += 1
-                return layout
-        loaded: XorbLayout = await self._io(self.store.load_layout, xorb_hash)
-        return loaded
+                sizes = [s if isinstance(s, int) else s.error() for s in decoded.sizes]
+                self._decode.in_workers += sum(isinstance(s, int) for s in sizes)
+                self._count(decoded.read_bytes, sizes)
+                if all(isinstance(s, int) for s in sizes):
+                    run = Run(xorb_hash, first, stop, layout.unpacked_start(first), pool.view(slot, size), slot)
+                    return Loaded([run], {})
+                # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
+                pieces, at = [], 0
+                for s in sizes:
+                    pieces.append(bytes(pool.view(slot, at + s)[at:]) if isinstance(s, int) else s)
+                    at += s if isinstance(s, int) else 0
+                pool.free_slot(slot)
+                return _runs(xorb_hash, layout, first, pieces)
+        phys = (layout.phys_start(first), layout.phys_ends[stop - 1])
+        data = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
+        chunks = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
+        self._count(len(data), chunks)
+        return _runs(xorb_hash, layout, first, chunks)
 
-    async def _load_chunks(self, keys: Sequence[ChunkKey], layout: XorbLayout) -> dict[ChunkKey, Chunk | Exception]:
-        """Read and decode the given chunks of one xorb, one pread per run of adjacent chunks.
+    def _take_slot(self, pool: DecodePool) -> int | None:
+        """A free slot, evicting the least useful run held in one if need be; None if every slot is in use."""
+        slot = pool.take_slot()
+        if slot is None and self.runs.free_a_slot():
+            slot = pool.take_slot()
+        return slot
 
-        Each key maps to its bytes or to the error that stopped it: a bad
-        chunk fails only itself, a failed read only its run.
-        """
-        out: dict[ChunkKey, Chunk | Exception] = {}
-        xorb_hash = keys[0][0]
-        indices = sorted(i for _, i in keys)
-        group_start = prev = indices[0]
-        for i in [*indices[1:], -1]:
-            if i == prev + 1:
-                prev = i
-                continue
-            start = group_start  # chunks [group_start, prev] are adjacent: read them in runs
-            while start <= prev:
-                stop = self._run_stop(layout, start, prev + 1)
-                try:
-                    run = await self._load_run(xorb_hash, layout, start, stop)
-                except XetfsError as exc:
-                    out.update(((xorb_hash, k), exc) for k in range(start, stop))
-                else:
-                    self._count_run(run)
-                    out.update(((xorb_hash, k), chunk) for k, chunk in enumerate(run.chunks, start))
-                start = stop
-            group_start = prev = i
-        return out
-
-    async def _load_run(self, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> _Run:
-        pool = self._ready_pool()
-        if pool is not None and layout.range_size(start, stop) >= pool.min_job_bytes:
-            specs = chunk_specs(layout, start, stop, verify=self.verify)
-            try:
-                read_bytes, chunks = await pool.decode(str(self.store.xorb_path(xorb_hash)), xorb_hash, specs)
-            except WorkerLost:
-                self.stats.decode.worker_fallbacks += 1
-            else:
-                self.stats.decode.in_workers += sum(not isinstance(c, XetfsError) for c in chunks)
-                return _Run(read_bytes, chunks)
-        phys = (layout.phys_start(start), layout.phys_ends[stop - 1])
-        data = await self._io(self.store.read_chunks, xorb_hash, *phys, start, stop)
-        return _Run(len(data), decode_run(data, xorb_hash, layout, start, stop, verify=self.verify))
-
-    def _count_run(self, run: _Run) -> None:
-        decoded = [c for c in run.chunks if not isinstance(c, Exception)]
-        self._count_decoded(run.read_bytes, len(decoded), sum(len(c) for c in decoded))
-
-    def _count_decoded(self, read_bytes: int, chunks: int, size: int) -> None:
-        """Count one read from the store that decoded ``chunks`` chunks (``size`` bytes)."""
-        self.stats.store.reads += 1
-        self.stats.store.bytes += read_bytes
-        self.stats.decode.chunks += chunks
-        self.stats.decode.bytes += size
+    def _count(self, read_bytes: int, chunks: Sequence[Buffer | int | XetfsError]) -> None:
+        """Count one store read that decoded ``chunks`` (bytes, sizes or errors)."""
+        self._store.reads += 1
+        self._store.bytes += read_bytes
+        self._decode.runs += 1
+        for c in chunks:
+            if not isinstance(c, XetfsError):
+                self._decode.chunks += 1
+                self._decode.bytes += c if isinstance(c, int) else len(memoryview(c))
 
     def _count_error(self, exc: XetfsError) -> None:
-        errors = self.stats.errors
+        errors = self._errors
         if isinstance(exc, IntegrityError):
             errors.integrity += 1
         elif isinstance(exc, MissingObjectError):
@@ -440,15 +292,43 @@ class Reader:
         else:
             errors.format += 1
 
+    async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
+        out = {}
+        for xorb_hash in keys:
+            out[xorb_hash] = _Sized(await self._load_layout(xorb_hash))
+            self._store.layouts += 1
+        return out
 
-class _Run:
-    """What reading one run of adjacent chunks produced."""
+    async def _load_layout(self, xorb_hash: bytes) -> XorbLayout:
+        """Read and check a layout, in a decode worker when one is ready (it takes milliseconds)."""
+        pool = self._ready_pool()
+        if pool is not None:
+            try:
+                layout = await pool.layout(str(self.store.xorb_path(xorb_hash)), xorb_hash)
+            except WorkerLost:
+                self._decode.worker_fallbacks += 1
+            else:
+                self._decode.layouts_in_workers += 1
+                return layout
+        loaded: XorbLayout = await self._io(self.store.load_layout, xorb_hash)
+        return loaded
 
-    __slots__ = ("chunks", "read_bytes")
 
-    def __init__(self, read_bytes: int, chunks: Sequence[Chunk | XetfsError]) -> None:
-        self.read_bytes = read_bytes
-        self.chunks = chunks
+def _runs(xorb_hash: bytes, layout: XorbLayout, first: int, chunks: Sequence[Buffer | XetfsError]) -> Loaded:
+    """Runs of the adjacent chunks that decoded (from chunk ``first`` on), and the errors of those that did not."""
+    runs: list[Run] = []
+    errors: dict[int, XetfsError] = {}
+    start, pieces = first, list[Buffer]()
+    for i, chunk in enumerate([*chunks, None], first):
+        if isinstance(chunk, XetfsError) or chunk is None:
+            if pieces:
+                runs.append(Run(xorb_hash, start, i, layout.unpacked_start(start), b"".join(pieces)))
+            if chunk is not None:
+                errors[i] = chunk
+            start, pieces = i + 1, []
+        else:
+            pieces.append(chunk)
+    return Loaded(runs, errors)
 
 
 class _Sized:

@@ -1,37 +1,51 @@
-"""Live counters of a mount or reader, and their frozen snapshot.
+"""Counters of a mount, each group owned by the component where its events happen.
 
-Counters are plain integers bumped at the site where the event happens
-(the cache counts its own hits and misses, the reader its decodes).  A
-``Snapshot`` is an immutable nested mapping, ready for JSON.
+A component keeps its group as plain integers bumped at the site of the
+event, and hands out copies (``statistics()``): the run store its cache
+counters, the reader its decodes, store reads, prefetch requests and
+errors, the pool its workers, the filesystem its requests.  ``document``
+puts the copies together as the JSON of ``.xetfs/stats``.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
-from types import MappingProxyType
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
 @dataclass
 class CacheCounters:
+    """The store of decoded runs (``runs.RunStore``); hits and misses count chunk lookups by reads."""
+
     capacity_bytes: int = 0
-    bytes: int = 0
-    entries: int = 0
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    joined: int = 0  # lookups that waited for another request's load (counted as hits too)
-    dropped: int = 0  # entries let go once a sequential read had passed them (not evictions)
+    bytes: int = 0  # decoded bytes held now, shared memory included
+    shared_bytes: int = 0  # of those, in decode workers' shared memory
+    runs: int = 0  # runs held now
+    chunks: int = 0  # chunks in those runs
+    hits: int = 0  # chunks a read found held, or loading for another request
+    misses: int = 0  # chunks a read had to load itself
+    joined: int = 0  # of the hits, chunks another request was loading
+    evictions: int = 0  # runs let go to stay within capacity (or to free a slot)
+    evicted_read: int = 0  # of those, runs a sequential reader had read through (let go first)
+
+
+@dataclass
+class PrefetchCounters:
+    requests: int = 0  # prefetch windows asked for
+    chunks: int = 0  # chunks decoded for them
+    hits: int = 0  # of those, chunks a read later used
 
 
 @dataclass
 class DecodeCounters:
     chunks: int = 0
     bytes: int = 0
-    in_workers: int = 0  # of those chunks, decoded by a worker process
+    runs: int = 0  # store reads decoded (one run of adjacent chunks each)
+    in_workers: int = 0  # chunks decoded by a worker process
     layouts_in_workers: int = 0  # xorb layouts read and checked by a worker process
-    worker_fallbacks: int = 0  # runs decoded in the daemon because their worker was lost
+    worker_fallbacks: int = 0  # jobs done in the daemon because their worker was lost
 
 
 @dataclass
@@ -39,33 +53,25 @@ class StoreCounters:
     reads: int = 0
     bytes: int = 0
     layouts: int = 0  # xorb footers loaded
-    timeouts: int = 0
+
+
+@dataclass
+class WorkerCounters:
+    workers: int = 0  # started
+    alive: int = 0
+    slots: int = 0  # shared-memory slots
+    slot_bytes: int = 0
+    free_slots: int = 0
+    jobs: int = 0  # decode jobs done
+    layout_jobs: int = 0
+    lost: int = 0  # workers that died
+    slots_returned: int = 0  # free slots whose pages were given back to the system
 
 
 @dataclass
 class ReadCounters:
     requests: int = 0
     bytes: int = 0
-
-
-@dataclass
-class PrefetchCounters:
-    requests: int = 0
-    chunks: int = 0
-    hits: int = 0
-
-
-@dataclass
-class StreamCounters:
-    """Runs decoded for sequential readers and held apart from the cache (``stream.Budget``)."""
-
-    limit_bytes: int = 0
-    bytes: int = 0  # held now
-    runs: int = 0  # decoded and held
-    chunks: int = 0  # in those runs
-    read_chunks: int = 0  # of those, in runs read to their end
-    evicted: int = 0  # runs let go unread to stay within the limit, or held unread for seconds
-    unread: int = 0  # runs let go unread because their reader moved elsewhere or closed the file
 
 
 @dataclass
@@ -85,37 +91,8 @@ class IndexCounters:
     shards_skipped: int = 0
 
 
-@dataclass
-class Stats:
-    cache: CacheCounters = field(default_factory=CacheCounters)
-    decode: DecodeCounters = field(default_factory=DecodeCounters)
-    store: StoreCounters = field(default_factory=StoreCounters)
-    reads: ReadCounters = field(default_factory=ReadCounters)
-    prefetch: PrefetchCounters = field(default_factory=PrefetchCounters)
-    stream: StreamCounters = field(default_factory=StreamCounters)
-    errors: ErrorCounters = field(default_factory=ErrorCounters)
-    index: IndexCounters = field(default_factory=IndexCounters)
-    started: float = field(default_factory=time.time)
-
-    def snapshot(self) -> Snapshot:
-        groups: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name == "started":
-                continue
-            groups[f.name] = MappingProxyType({g.name: getattr(value, g.name) for g in fields(value)})
-        groups["uptime_seconds"] = round(time.time() - self.started, 3)
-        return Snapshot(MappingProxyType(groups))
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """An immutable copy of the counters at one moment."""
-
-    groups: MappingProxyType[str, Any]
-
-    def __getitem__(self, key: str) -> Any:
-        return self.groups[key]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: dict(v) if isinstance(v, MappingProxyType) else v for k, v in self.groups.items()}
+def document(groups: Mapping[str, Any], started: float) -> dict[str, Any]:
+    """The stats document: each counter group as a mapping, and the uptime."""
+    out: dict[str, Any] = {name: asdict(group) for name, group in groups.items()}
+    out["uptime_seconds"] = round(time.time() - started, 3)
+    return out

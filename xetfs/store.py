@@ -1,5 +1,11 @@
 """Where a store's objects live, and the only module that opens store files.
 
+The read path takes xorb bytes from here through one seam: ``load_layout``
+(a xorb's checked footer) and ``read_chunks`` (the raw serialized chunks
+``[first, stop)``, headers included, as they lie in the xorb).  Nothing above
+it assumes a local file; ``xorb_path`` is offered to decode workers, which
+read local xorbs themselves.
+
 A store is a directory.  Accepted layouts (FORMAT.md section 4):
 
 * what hf_xet writes for ``local://DIR``: ``DIR/xet/xorbs/{xorbs,shards}``,
@@ -70,7 +76,7 @@ class Store:
                 m = _XORB_NAME.fullmatch(entry.name)
                 if m and entry.is_file():
                     self._xorbs.setdefault(hashes.from_hex(m.group(1)), Path(entry.path))
-        self._fds: LRUCache[bytes, int] = _FdCache(MAX_OPEN_FILES)
+        self._files = OpenFiles(MAX_OPEN_FILES)
         self._lock = threading.Lock()
         self.mtime = root.stat().st_mtime
 
@@ -115,11 +121,7 @@ class Store:
 
     def _fd(self, xorb_hash: bytes) -> int:
         with self._lock:
-            fd = self._fds.get(xorb_hash)
-            if fd is None:
-                fd = open_xorb(self.xorb_path(xorb_hash), xorb_hash)
-                self._fds[xorb_hash] = fd
-            return fd
+            return self._files.fd(str(self.xorb_path(xorb_hash)), xorb_hash)
 
     def read_xorb(self, xorb_hash: bytes, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a xorb file; a short read is a format error."""
@@ -135,7 +137,7 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
-            self._fds.clear()
+            self._files.clear()
 
 
 def open_xorb(path: str | os.PathLike[str], xorb_hash: bytes) -> int:
@@ -221,10 +223,16 @@ def _sizes(layout: XorbLayout) -> Iterator[int]:
         prev = end
 
 
-class _FdCache(LRUCache[bytes, int]):
-    """Open xorb descriptors; the least recently used is closed when full."""
+class OpenFiles(LRUCache[str, int]):
+    """Open xorb descriptors by path, the least recently used closed when full (the daemon's and each worker's)."""
 
-    def popitem(self) -> tuple[bytes, int]:
+    def fd(self, path: str, xorb_hash: bytes) -> int:
+        fd = self.get(path)
+        if fd is None:
+            fd = self[path] = open_xorb(path, xorb_hash)
+        return fd
+
+    def popitem(self) -> tuple[str, int]:
         key, fd = super().popitem()
         os.close(fd)
         return key, fd

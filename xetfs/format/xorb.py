@@ -12,6 +12,7 @@ import struct
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from xetfs.errors import IntegrityError, XetfsError, XorbFormatError
 from xetfs.format.chunk import HEADER_SIZE, MAX_COMPRESSED, MAX_UNCOMPRESSED, Buffer, decode_chunk, parse_chunk_header
@@ -190,17 +191,21 @@ def walk_headers_with(read: Callable[[int, int], bytes], size: int, *, where: st
     return XorbLayout(None, tuple(phys), tuple(unpacked), None)
 
 
-# What decoding one chunk needs to know: its index in the xorb, where its
-# header starts and its payload ends in the xorb file, its decoded size and
-# (to verify it) the hash its decoded bytes must have.
-ChunkSpec = tuple[int, int, int, int, bytes | None]
+class ChunkSpec(NamedTuple):
+    """What decoding one chunk needs to know."""
+
+    chunk: int  # its index in the xorb
+    phys_start: int  # where its header starts in the xorb file
+    phys_end: int  # where its payload ends
+    size: int  # decoded bytes
+    expected: bytes | None  # the hash its decoded bytes must have (None: not verified)
 
 
 def chunk_specs(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> list[ChunkSpec]:
     """Specs of chunks ``[start, stop)``; hashes only with ``verify`` and when the layout has them."""
     hashes = layout.chunk_hashes if verify else None
     return [
-        (i, layout.phys_start(i), layout.phys_ends[i], layout.chunk_size(i), hashes[i] if hashes else None)
+        ChunkSpec(i, layout.phys_start(i), layout.phys_ends[i], layout.chunk_size(i), hashes[i] if hashes else None)
         for i in range(start, stop)
     ]
 
@@ -226,7 +231,7 @@ def decode_chunks(data: Buffer, xorb_hash: bytes, specs: list[ChunkSpec]) -> lis
     others still decode.
     """
     view = memoryview(data)
-    base = specs[0][1] if specs else 0
+    base = specs[0].phys_start if specs else 0
     xorb = f"xorb {to_hex(xorb_hash)}"  # for messages; built once per run, not per chunk
     out: list[Buffer | XetfsError] = []
     for spec in specs:

@@ -1,0 +1,93 @@
+"""The per-handle read policy (xetfs.policy): sequential detection and the prefetch window."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from xetfs.policy import ReadPolicy
+
+MiB = 1024 * 1024
+SIZE = 1024 * MiB
+
+
+def policy() -> ReadPolicy:
+    return ReadPolicy(initial=2 * MiB, maximum=16 * MiB, slack=4 * MiB)
+
+
+def test_first_read_and_random_reads_prefetch_nothing() -> None:
+    p = policy()
+    first = p.on_read(0, MiB, SIZE)
+    assert not first.sequential and first.prefetch is None
+    rng = random.Random(1)
+    for _ in range(1000):
+        d = p.on_read(rng.randrange(SIZE // 4096) * 4096 + 1, 4096, SIZE)
+        assert d.prefetch is None and not d.sequential
+
+
+def test_small_random_reads_near_each_other_are_not_a_stream() -> None:
+    p = policy()
+    for off in (10 * MiB, 10 * MiB + 8192, 10 * MiB - 4096, 10 * MiB + 65536):
+        assert p.on_read(off, 4096, SIZE).prefetch is None
+
+
+def test_sequential_reads_prefetch_ahead_with_a_growing_window() -> None:
+    p = policy()
+    p.on_read(0, MiB, SIZE)
+    asked: list[tuple[int, int]] = []
+    for k in range(1, 64):
+        d = p.on_read(k * MiB, MiB, SIZE)
+        assert d.sequential
+        if d.prefetch:
+            asked.append(d.prefetch)
+    # Contiguous, never overlapping, always ahead of the reader, bounded window.
+    for (a_off, a_len), (b_off, _) in itertools.pairwise(asked):
+        assert a_off + a_len == b_off
+    assert asked[0][0] == 2 * MiB
+    assert max(length for _, length in asked) <= 16 * MiB
+    assert asked[-1][0] + asked[-1][1] <= 64 * MiB + 16 * MiB
+
+
+def test_reads_that_arrive_out_of_order_stay_in_the_stream() -> None:
+    p = policy()
+    p.on_read(0, MiB, SIZE)
+    p.on_read(MiB, MiB, SIZE)
+    for off in (3 * MiB, 2 * MiB, 5 * MiB, 4 * MiB):
+        assert p.on_read(off, MiB, SIZE).sequential, off
+    assert p.front == 6 * MiB
+
+
+def test_a_seek_starts_over_and_the_window_regrows_from_a_quarter() -> None:
+    p = policy()
+    for k in range(10):
+        p.on_read(k * MiB, MiB, SIZE)
+    assert p.window == 16 * MiB
+    d = p.on_read(500 * MiB, MiB, SIZE)
+    assert not d.sequential and d.prefetch is None
+    assert p.window == 4 * MiB
+    assert p.on_read(501 * MiB, MiB, SIZE).prefetch == (502 * MiB, 8 * MiB)
+
+
+def test_busy_reads_are_recorded_and_the_gap_is_asked_for_later() -> None:
+    p = policy()
+    p.on_read(0, MiB, SIZE)
+    assert p.on_read(MiB, MiB, SIZE).prefetch == (2 * MiB, 2 * MiB)
+    assert p.on_read(2 * MiB, MiB, SIZE, busy=True).prefetch is None
+    got = p.on_read(3 * MiB, MiB, SIZE).prefetch
+    assert got is not None and got[0] == 4 * MiB  # the window refused while busy is asked for now
+    for k in range(4, 12):
+        p.on_read(k * MiB, MiB, SIZE, busy=True)
+    got = p.on_read(12 * MiB, MiB, SIZE).prefetch
+    assert got is not None and got[0] == 13 * MiB  # the reader overtook it: start at the reader
+
+
+def test_never_past_the_end_of_the_file() -> None:
+    p = policy()
+    size = 5 * MiB + 7
+    p.on_read(0, MiB, size)
+    ends = []
+    for k in range(1, 6):
+        got = p.on_read(k * MiB, min(MiB, size - k * MiB), size).prefetch
+        if got:
+            ends.append(got[0] + got[1])
+    assert ends and max(ends) == size

@@ -1,0 +1,238 @@
+"""The store of decoded runs (xetfs/runs.py) with a counting fake loader.
+
+Chunk ``i`` of every xorb decodes to 10 bytes of ``i % 256``; a run's bytes
+are its chunks back to back.  Concurrency is made deterministic with trio
+events and ``trio.testing.wait_all_tasks_blocked`` (never sleeps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import pytest
+import trio
+import trio.testing
+
+from xetfs.errors import IntegrityError
+from xetfs.runs import Loaded, Run, RunStore, State
+
+X = b"x" * 32
+CHUNK = 10
+
+
+def chunk_bytes(i: int) -> bytes:
+    return bytes([i % 256]) * CHUNK
+
+
+def cut_by(n: int) -> Callable[[int, int], list[tuple[int, int]]]:
+    """Pieces of at most ``n`` chunks."""
+    return lambda lo, hi: [(a, min(a + n, hi)) for a in range(lo, hi, n)]
+
+
+class FakeLoader:
+    """Counts calls; may hold them until ``gate`` is set, fail chunks in ``bad``, or hand out slots."""
+
+    def __init__(self, *, gated: bool = False, bad: Sequence[int] = (), slots: bool = False) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.gate = trio.Event()
+        if not gated:
+            self.gate.set()
+        self.bad = set(bad)
+        self.slots = slots
+        self.next_slot = 0
+
+    async def __call__(self, first: int, stop: int) -> Loaded:
+        self.calls.append((first, stop))
+        await self.gate.wait()
+        runs, errors, start = [], {}, first
+        for i in range(first, stop + 1):
+            if i == stop or i in self.bad:
+                if start < i:
+                    data = b"".join(chunk_bytes(k) for k in range(start, i))
+                    slot = self.next_slot if self.slots else None
+                    self.next_slot += 1
+                    runs.append(Run(X, start, i, start * CHUNK, data, slot))
+                if i in self.bad:
+                    errors[i] = IntegrityError(f"chunk {i} is bad")
+                start = i + 1
+        return Loaded(runs, errors)
+
+
+def run(fn: Callable[[], Awaitable[object]]) -> object:
+    return trio.run(fn)
+
+
+async def read(store: RunStore, first: int, stop: int, load: FakeLoader, n: int = 4) -> bytes:
+    """Chunks ``[first, stop)`` joined, as a reader takes them (pinned, then released)."""
+    runs = await store.get(X, first, stop, cut_by(n), load)
+    try:
+        return b"".join(bytes(r.view(first * CHUNK, stop * CHUNK)) for r in runs)
+    finally:
+        store.release(runs)
+
+
+def expected(first: int, stop: int) -> bytes:
+    return b"".join(chunk_bytes(i) for i in range(first, stop))
+
+
+def test_gaps_are_loaded_once_in_pieces_and_then_hit() -> None:
+    store, load = RunStore(10_000), FakeLoader()
+
+    async def body() -> None:
+        assert await read(store, 3, 6, load) == expected(3, 6)
+        assert await read(store, 0, 12, load) == expected(0, 12)  # gaps [0, 3) and [6, 12): the latter in two pieces
+        assert sorted(load.calls) == [(0, 3), (3, 6), (6, 10), (10, 12)]
+        assert await read(store, 2, 11, load) == expected(2, 11)
+        assert len(load.calls) == 4
+
+    run(body)
+    c = store.statistics()
+    assert (c.misses, c.hits) == (12, 3 + 9)
+    assert (c.runs, c.chunks, c.bytes) == (4, 12, 120)
+
+
+def test_concurrent_readers_wait_for_one_load() -> None:
+    store, load = RunStore(10_000), FakeLoader(gated=True)
+    got: list[bytes] = []
+
+    async def body() -> None:
+        async def one(first: int, stop: int) -> None:
+            got.append(await read(store, first, stop, load, n=100))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, 0, 8)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(one, 2, 10)  # chunks 2-7 are loading: it waits for them, loads 8-9
+            nursery.start_soon(one, 4, 6)
+            await trio.testing.wait_all_tasks_blocked()
+            load.gate.set()
+
+    run(body)
+    assert sorted(got) == sorted([expected(0, 8), expected(2, 10), expected(4, 6)])
+    assert load.calls == [(0, 8), (8, 10)]
+    c = store.statistics()
+    assert c.joined == 6 + 2 and c.misses == 10 and c.hits == 8
+
+
+def test_a_bad_chunk_fails_only_the_reads_that_need_it_and_is_not_kept() -> None:
+    store, load = RunStore(10_000), FakeLoader(gated=True, bad=[5])
+    outcomes: dict[str, object] = {}
+
+    async def body() -> None:
+        async def one(name: str, first: int, stop: int) -> None:
+            try:
+                outcomes[name] = await read(store, first, stop, load, n=100)
+            except IntegrityError as exc:
+                outcomes[name] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one, "loader", 0, 10)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(one, "waiter", 4, 6)  # shares the verdict: no second load
+            nursery.start_soon(one, "neighbour", 6, 9)
+            await trio.testing.wait_all_tasks_blocked()
+            load.gate.set()
+        assert len(load.calls) == 1
+        assert await read(store, 0, 5, load) == expected(0, 5)
+        with pytest.raises(IntegrityError):
+            await read(store, 5, 6, load)  # tried again, and fails again
+        assert load.calls[1:] == [(5, 6)]
+
+    run(body)
+    assert isinstance(outcomes["loader"], IntegrityError) and isinstance(outcomes["waiter"], IntegrityError)
+    assert outcomes["neighbour"] == expected(6, 9)
+    assert not store.holds(X, 5) and store.holds(X, 4) and store.holds(X, 6)
+
+
+def test_a_cancelled_load_lets_its_waiters_load_it() -> None:
+    store, load = RunStore(10_000), FakeLoader(gated=True)
+    got: list[bytes] = []
+
+    async def body() -> None:
+        async with trio.open_nursery() as outer:
+            with trio.CancelScope() as scope:
+                outer.start_soon(lambda: waiter())
+                async with trio.open_nursery() as inner:
+                    inner.start_soon(read, store, 0, 4, load)
+                    await trio.testing.wait_all_tasks_blocked()
+                    scope.cancel()
+            await trio.testing.wait_all_tasks_blocked()
+            load.gate.set()
+
+    async def waiter() -> None:
+        await trio.testing.wait_all_tasks_blocked()
+        got.append(await read(store, 0, 4, load))
+
+    run(body)
+    assert got == [expected(0, 4)]
+    assert load.calls == [(0, 4), (0, 4)]
+
+
+def test_lru_with_runs_read_through_evicted_first_and_slots_freed_at_once() -> None:
+    freed: list[int] = []
+    store, load = RunStore(40 * CHUNK, freed.append), FakeLoader(slots=True)
+
+    async def body() -> None:
+        for first in (0, 10, 20, 30):  # four runs of 10 chunks fill the store
+            await read(store, first, first + 10, load, n=10)
+        runs = await store.get(X, 10, 20, cut_by(10), load)
+        store.read_through(runs[0])  # the page cache serves these now
+        store.release(runs)
+        await read(store, 0, 10, load, n=10)  # 0-9 are the most recently used now
+        await read(store, 40, 50, load, n=10)  # evicts 10-19 (read through) before 20-29 (oldest)
+        assert not store.holds(X, 10) and store.holds(X, 20) and freed == [1]
+        await read(store, 50, 60, load, n=10)  # then the least recently used
+        assert not store.holds(X, 20) and freed == [1, 2]
+        assert runs[0].state is State.GONE and runs[0].data == b""
+
+    run(body)
+    c = store.statistics()
+    assert (c.evictions, c.evicted_read) == (2, 1)
+    assert c.bytes == c.shared_bytes == 40 * CHUNK
+
+
+def test_pinned_runs_are_not_evicted_and_capacity_zero_keeps_nothing() -> None:
+    store, load = RunStore(0), FakeLoader()
+
+    async def body() -> None:
+        runs = await store.get(X, 0, 4, cut_by(2), load)
+        assert [r.state for r in runs] == [State.HELD, State.HELD]  # pinned: kept while the read uses them
+        assert await read(store, 4, 6, load) == expected(4, 6)
+        assert all(r.state is State.HELD for r in runs)
+        store.release(runs)
+        assert all(r.state is State.GONE for r in runs)
+
+    run(body)
+    c = store.statistics()
+    assert (c.bytes, c.runs) == (0, 0)
+
+
+def test_prefetch_pins_nothing_and_counts_its_hits_once() -> None:
+    store, load = RunStore(10_000), FakeLoader()
+
+    async def body() -> None:
+        assert await store.get(X, 0, 8, cut_by(4), load, prefetch=True) == []
+        assert await read(store, 0, 2, load) == expected(0, 2)
+        assert await read(store, 1, 3, load) == expected(1, 3)
+        assert await read(store, 0, 8, load) == expected(0, 8)
+
+    run(body)
+    p = store.prefetch_statistics()
+    assert (p.chunks, p.hits) == (8, 8)  # two runs of 4, each counted once when first read
+    c = store.statistics()
+    assert c.misses == 0 and c.hits == 2 + 2 + 8
+
+
+def test_free_a_slot_takes_an_unpinned_slot_run() -> None:
+    freed: list[int] = []
+    store, load = RunStore(10_000, freed.append), FakeLoader(slots=True)
+
+    async def body() -> None:
+        pinned = await store.get(X, 0, 4, cut_by(4), load)
+        await read(store, 4, 8, load)
+        assert store.free_a_slot() and freed == [1]
+        assert not store.free_a_slot()  # the other is pinned
+        store.release(pinned)
+        assert store.free_a_slot() and freed == [1, 0]
+
+    run(body)

@@ -1,0 +1,326 @@
+"""The one store of decoded bytes: runs of verified chunks, shared by every reader (trio).
+
+A ``Run`` holds the decoded chunks ``[first, stop)`` of one xorb back to
+back, in memory it owns: a slot of the decode workers' shared memory, or a
+daemon buffer for runs decoded inline.  Runs are shared by every open file
+and by every file whose terms use those chunks.  For each xorb the store
+keeps its runs, and the loads in progress, in chunk order without overlap,
+so ``get`` can tell which runs cover a chunk range and where the gaps are.
+A gap is loaded once: the range is cut into pieces (the caller's ``cut``),
+each registered as a ``Load`` before it starts, and readers that need the
+same chunks wait for that load.
+
+All decoded bytes count against one limit, ``capacity``.  Eviction is LRU,
+except that runs a sequential reader has read through (``read_through``:
+the kernel's page cache serves those bytes now) go first.  A run a read
+is using is pinned and never evicted; ``release`` unpins it.  An evicted
+run gives its slot back at once (``free_slot``); nothing waits for the
+garbage collector.
+
+Single-threaded: call only from the trio thread that owns it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+import trio
+
+from xetfs.errors import XetfsError
+from xetfs.stats import CacheCounters, PrefetchCounters
+
+
+class State(enum.Enum):
+    HELD = "held"  # its bytes may be read
+    GONE = "gone"  # evicted: its memory is given back
+
+
+@dataclass(eq=False)
+class Run:
+    """Decoded chunks ``[first, stop)`` of a xorb: its decoded bytes ``[lo, hi)``, in ``data``."""
+
+    xorb_hash: bytes
+    first: int
+    stop: int
+    lo: int
+    data: memoryview | bytes
+    slot: int | None = None  # the shared-memory slot ``data`` lies in, if any
+    state: State = State.HELD
+    pins: int = 0  # reads using it now
+    prefetched: bool = False  # loaded by prefetch and not read yet
+
+    @property
+    def hi(self) -> int:
+        return self.lo + len(self.data)
+
+    def view(self, lo: int, hi: int) -> memoryview:
+        """Decoded xorb bytes ``[lo, hi)`` (clipped to the run); valid until the next await."""
+        return memoryview(self.data)[max(lo, self.lo) - self.lo : min(hi, self.hi) - self.lo]
+
+
+class LoadState(enum.Enum):
+    LOADING = "loading"
+    DONE = "done"  # ``runs`` and ``errors`` are final
+    CANCELLED = "cancelled"  # the loading task went away: waiters look again
+
+
+@dataclass(eq=False)
+class Load:
+    """Chunks ``[first, stop)`` of a xorb being loaded; waiters wait for ``done``."""
+
+    first: int
+    stop: int
+    state: LoadState = LoadState.LOADING
+    done: trio.Event = field(default_factory=trio.Event)
+    runs: list[Run] = field(default_factory=list)
+    errors: dict[int, XetfsError] = field(default_factory=dict)  # chunk index -> what stopped it
+
+
+@dataclass
+class Loaded:
+    """What a loader made of a piece: runs for the chunks that decoded, errors for those that did not."""
+
+    runs: list[Run]
+    errors: dict[int, XetfsError]
+
+
+Cut = Callable[[int, int], Sequence[tuple[int, int]]]
+Loader = Callable[[int, int], Awaitable[Loaded]]
+Entry = Run | Load
+
+
+class RunStore:
+    def __init__(self, capacity: int, free_slot: Callable[[int], None] | None = None) -> None:
+        self.capacity = max(0, capacity)
+        self._free_slot = free_slot
+        self._xorbs: dict[bytes, list[Entry]] = {}  # per xorb, by first chunk, never overlapping
+        self._lru: OrderedDict[Run, None] = OrderedDict()  # held runs, least recently used first
+        self._read: OrderedDict[Run, None] = OrderedDict()  # held runs read through: evicted before the rest
+        self._c = CacheCounters(capacity_bytes=self.capacity)
+        self._p = PrefetchCounters()
+
+    def statistics(self) -> CacheCounters:
+        """A snapshot of the cache counters."""
+        return replace(self._c)
+
+    def prefetch_statistics(self) -> PrefetchCounters:
+        """A snapshot of the prefetch counters (requests are counted by the reader)."""
+        return replace(self._p)
+
+    # -- lookups ----------------------------------------------------------
+
+    async def get(
+        self, xorb_hash: bytes, first: int, stop: int, cut: Cut, load: Loader, *, prefetch: bool = False
+    ) -> list[Run]:
+        """Runs covering chunks ``[first, stop)``, in order; gaps are loaded with ``cut`` and ``load``.
+
+        A read (not ``prefetch``) gets its runs pinned and must ``release``
+        them; each chunk counts as one hit or one miss.  Raises the error of
+        the first chunk in the range that failed to load (waiters of a load
+        share its verdict).  With ``prefetch``, nothing is pinned or counted
+        as a lookup, and no error is raised.
+        """
+        have: dict[int, Run] = {}  # by first chunk: runs pinned for this call
+        counted = False
+        try:
+            while True:
+                entries, gaps = self._cover(xorb_hash, first, stop)
+                waits = []
+                for entry in entries:
+                    if isinstance(entry, Run):
+                        if entry.first not in have:
+                            have[entry.first] = self._use(entry, first, stop, prefetch, counted)
+                    else:
+                        waits.append(entry)
+                        if not counted and not prefetch:
+                            n = _overlap(entry, first, stop)
+                            self._c.hits += n
+                            self._c.joined += n
+                new = [self._register(xorb_hash, a, b) for lo, hi in gaps for a, b in cut(lo, hi)]
+                if not prefetch:
+                    self._c.misses += sum(_overlap(ld, first, stop) for ld in new)
+                else:
+                    self._p.chunks += sum(ld.stop - ld.first for ld in new)
+                counted = True
+                if not waits and not new:
+                    break
+                async with trio.open_nursery() as nursery:
+                    for ld in new:
+                        nursery.start_soon(self._load, xorb_hash, ld, load, prefetch)
+                    for ld in waits:
+                        nursery.start_soon(ld.done.wait)
+                for ld in [*new, *waits]:
+                    if ld.state is LoadState.CANCELLED:
+                        continue  # look again: this time we may load it ourselves
+                    failed = [i for i in sorted(ld.errors) if first <= i < stop]
+                    if failed and not prefetch:
+                        raise ld.errors[failed[0]]
+                    for run in ld.runs:
+                        if run.state is State.HELD and run.first not in have and run.first < stop and run.stop > first:
+                            have[run.first] = self._use(run, first, stop, prefetch, counted)
+                if prefetch or self._covered(have, first, stop):
+                    break
+        except BaseException:
+            if not prefetch:
+                self.release(have.values())
+            raise
+        if prefetch:
+            return []
+        return [have[k] for k in sorted(have)]
+
+    def holds(self, xorb_hash: bytes, chunk: int) -> bool:
+        """Whether a held run has chunk ``chunk`` of the xorb."""
+        entries, _ = self._cover(xorb_hash, chunk, chunk + 1)
+        return any(isinstance(e, Run) for e in entries)
+
+    def release(self, runs: Iterable[Run]) -> None:
+        """A read is done with ``runs`` (from ``get``); evict past capacity."""
+        for run in runs:
+            run.pins -= 1
+        self._evict_to(self.capacity)
+
+    def read_through(self, run: Run) -> None:
+        """A sequential reader has read ``run`` to its end: the page cache serves it now, evict it first."""
+        if run.state is State.HELD and run not in self._read:
+            self._lru.pop(run, None)
+            self._read[run] = None
+
+    def free_a_slot(self) -> bool:
+        """Evict the least useful run held in a slot that no read is using; False if there is none."""
+        for queue in (self._read, self._lru):
+            for run in queue:
+                if run.slot is not None and not run.pins:
+                    self._evict(run)
+                    return True
+        return False
+
+    def clear(self) -> None:
+        """Evict every run (before the slots go away)."""
+        for queue in (self._read, self._lru):
+            for run in list(queue):
+                self._evict(run)
+
+    # -- internals ----------------------------------------------------------
+
+    def _use(self, run: Run, first: int, stop: int, prefetch: bool, counted: bool) -> Run:
+        if prefetch:
+            return run
+        run.pins += 1
+        if not counted:
+            self._c.hits += _overlap(run, first, stop)
+        if run.prefetched:
+            run.prefetched = False
+            self._p.hits += run.stop - run.first
+        if run in self._lru:
+            self._lru.move_to_end(run)
+        return run
+
+    def _cover(self, xorb_hash: bytes, first: int, stop: int) -> tuple[list[Entry], list[tuple[int, int]]]:
+        """The entries overlapping chunks ``[first, stop)`` and the gaps between them, in order."""
+        entries = self._xorbs.get(xorb_hash, [])
+        at = max(0, bisect.bisect_right(entries, first, key=lambda e: e.first) - 1)
+        found: list[Entry] = []
+        gaps = []
+        pos = first
+        for entry in entries[at:]:
+            if entry.first >= stop:
+                break
+            if entry.stop <= pos:
+                continue
+            if entry.first > pos:
+                gaps.append((pos, entry.first))
+            found.append(entry)
+            pos = entry.stop
+        if pos < stop:
+            gaps.append((pos, stop))
+        return found, gaps
+
+    def _register(self, xorb_hash: bytes, first: int, stop: int) -> Load:
+        entries = self._xorbs.setdefault(xorb_hash, [])
+        ld = Load(first, stop)
+        bisect.insort(entries, ld, key=lambda e: e.first)
+        return ld
+
+    async def _load(self, xorb_hash: bytes, ld: Load, load: Loader, prefetch: bool) -> None:
+        try:
+            loaded = await load(ld.first, ld.stop)
+        except XetfsError as exc:
+            ld.errors = dict.fromkeys(range(ld.first, ld.stop), exc)
+            ld.state = LoadState.DONE
+        except BaseException:
+            ld.state = LoadState.CANCELLED
+            raise
+        else:
+            ld.runs, ld.errors = loaded.runs, loaded.errors
+            ld.state = LoadState.DONE
+        finally:
+            entries = self._xorbs[xorb_hash]  # holds ``ld`` until here, so it was never dropped
+            entries.remove(ld)
+            for run in ld.runs:
+                run.prefetched = prefetch
+                bisect.insort(entries, run, key=lambda e: e.first)
+                self._hold(run)
+            if not entries:
+                del self._xorbs[xorb_hash]
+            ld.done.set()
+        # Pins are taken by the waiters once they run; until then, keep what was just loaded.
+        self._evict_to(self.capacity, spare=ld.runs)
+
+    def _hold(self, run: Run) -> None:
+        self._lru[run] = None
+        c = self._c
+        c.bytes += len(run.data)
+        c.shared_bytes += len(run.data) if run.slot is not None else 0
+        c.runs += 1
+        c.chunks += run.stop - run.first
+
+    def _evict_to(self, limit: int, spare: Sequence[Run] = ()) -> None:
+        """Evict unpinned runs (read-through ones first, then least recently used) until ``limit`` bytes are held."""
+        for queue in (self._read, self._lru):
+            for run in list(queue):
+                if self._c.bytes <= limit:
+                    return
+                if not run.pins and run not in spare:
+                    self._evict(run)
+
+    def _evict(self, run: Run) -> None:
+        c = self._c
+        c.evictions += 1
+        if run in self._read:
+            c.evicted_read += 1
+            del self._read[run]
+        else:
+            del self._lru[run]
+        c.bytes -= len(run.data)
+        if run.slot is not None:
+            c.shared_bytes -= len(run.data)
+        c.runs -= 1
+        c.chunks -= run.stop - run.first
+        entries = self._xorbs[run.xorb_hash]
+        entries.remove(run)
+        if not entries:
+            del self._xorbs[run.xorb_hash]
+        run.state = State.GONE
+        run.data = b""
+        if run.slot is not None:
+            slot, run.slot = run.slot, None
+            if self._free_slot is not None:
+                self._free_slot(slot)
+
+    @staticmethod
+    def _covered(have: dict[int, Run], first: int, stop: int) -> bool:
+        pos = first
+        for k in sorted(have):
+            run = have[k]
+            if run.first > pos:
+                return False
+            pos = max(pos, run.stop)
+        return pos >= stop
+
+
+def _overlap(entry: Entry, first: int, stop: int) -> int:
+    return max(0, min(entry.stop, stop) - max(entry.first, first))
