@@ -280,12 +280,11 @@ class RunStore:
 
     def _evict_to(self, limit: int, spare: Sequence[Run] = ()) -> None:
         """Evict unpinned runs (read-through ones first, then least recently used) until ``limit`` bytes are held."""
-        for queue in (self._read, self._lru):
-            for run in list(queue):
-                if self._c.bytes <= limit:
-                    return
-                if not run.pins and run not in spare:
-                    self._evict(run)
+        while self._c.bytes > limit:
+            victim = next((r for q in (self._read, self._lru) for r in q if not r.pins and r not in spare), None)
+            if victim is None:
+                return  # the rest is in use
+            self._evict(victim)
 
     def _evict(self, run: Run) -> None:
         c = self._c
