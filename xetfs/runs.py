@@ -148,11 +148,14 @@ class RunStore:
                 counted = True
                 if not waits and not new:
                     break
-                async with trio.open_nursery() as nursery:
-                    for ld in new:
-                        nursery.start_soon(self._load, xorb_hash, ld, load, prefetch)
-                    for ld in waits:
-                        nursery.start_soon(ld.done.wait)
+                if len(new) + len(waits) == 1:  # the common case, without a nursery's cost
+                    await (self._load(xorb_hash, new[0], load, prefetch) if new else waits[0].done.wait())
+                else:
+                    async with trio.open_nursery() as nursery:
+                        for ld in new:
+                            nursery.start_soon(self._load, xorb_hash, ld, load, prefetch)
+                        for ld in waits:
+                            nursery.start_soon(ld.done.wait)
                 for ld in [*new, *waits]:
                     if ld.state is LoadState.CANCELLED:
                         continue  # look again: this time we may load it ourselves
