@@ -236,3 +236,24 @@ def test_free_a_slot_takes_an_unpinned_slot_run() -> None:
         assert store.free_a_slot() and freed == [1, 0]
 
     run(body)
+
+
+def test_recycle_slot_takes_only_private_runs_read_through() -> None:
+    freed: list[int] = []
+    store, load = RunStore(10_000, freed.append), FakeLoader(slots=True)
+
+    async def body() -> None:
+        runs = []
+        for first in (0, 4, 8):
+            (run,) = await store.get(X, first, first + 4, cut_by(4), load)
+            runs.append(run)
+        runs[0].private = runs[1].private = True
+        assert not store.recycle_slot()  # nothing read through yet
+        store.read_through(runs[0])
+        store.read_through(runs[2])  # read through, but its xorb is used by other terms too
+        store.release(runs)
+        assert store.recycle_slot() and freed == [0]
+        assert not store.recycle_slot()  # runs[1] was not read through, runs[2] is not private
+        assert store.free_a_slot() and freed == [0, 2]  # the read-through one before the LRU
+
+    run(body)

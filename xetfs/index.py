@@ -76,6 +76,7 @@ class Index:
         self.files: dict[bytes, FileEntry] = {}
         self.xorbs: list[bytes] = []
         self._xorb_ids: dict[bytes, int] = {}
+        self._term_refs = array("I")  # per xorb id: the terms that use it
         self.listed_xorbs: set[bytes] = set()
         self.shards = 0
         self.terms = 0
@@ -94,13 +95,16 @@ class Index:
         if xid is None:
             xid = self._xorb_ids[xorb_hash] = len(self.xorbs)
             self.xorbs.append(xorb_hash)
+            self._term_refs.append(0)
         return xid
 
     def _entry(self, record: FileRecord) -> FileEntry:
         xorb_ids, starts, stops, ends = array("I"), array("I"), array("I"), array("Q")
         total = 0
         for term in record.terms:
-            xorb_ids.append(self._xorb_id(term.xorb_hash))
+            xid = self._xorb_id(term.xorb_hash)
+            self._term_refs[xid] += 1
+            xorb_ids.append(xid)
             starts.append(term.start)
             stops.append(term.end)
             total += term.size
@@ -117,6 +121,11 @@ class Index:
     def all_xorbs(self) -> set[bytes]:
         """Xorbs referenced by a term or listed in a CAS section."""
         return self.listed_xorbs.union(self.xorbs)
+
+    def shared(self, xorb_hash: bytes) -> bool:
+        """Whether more than one term (of one file or several) uses the xorb: its chunks may be read again."""
+        xid = self._xorb_ids.get(xorb_hash)
+        return xid is None or self._term_refs[xid] > 1
 
     def get(self, file_hash: bytes) -> FileEntry | None:
         return self.files.get(file_hash)

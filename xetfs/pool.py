@@ -135,12 +135,12 @@ class DecodePool:
 
     # -- slots ------------------------------------------------------------
 
-    def take_slot(self) -> int | None:
-        """A free slot (one whose pages are in memory first), or None if all are taken."""
+    def take_slot(self, *, fresh: bool = True) -> int | None:
+        """A free slot whose pages are in memory, else (with ``fresh``) one without; None if there is none."""
         self._trim()
         if self._touched:
             return self._touched.pop()
-        if self._fresh:
+        if fresh and self._fresh:
             return self._fresh.pop()
         return None
 

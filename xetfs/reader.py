@@ -250,6 +250,7 @@ class Reader:
                 self._count(decoded.read_bytes, sizes)
                 if all(isinstance(s, int) for s in sizes):
                     run = Run(xorb_hash, first, stop, layout.unpacked_start(first), pool.view(slot, size), slot)
+                    run.private = not self.index.shared(xorb_hash)
                     return Loaded([run], {})
                 # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
                 pieces, at = [], 0
@@ -265,8 +266,17 @@ class Reader:
         return _runs(xorb_hash, layout, first, chunks)
 
     def _take_slot(self, pool: DecodePool) -> int | None:
-        """A free slot, evicting the least useful run held in one if need be; None if every slot is in use."""
-        slot = pool.take_slot()
+        """A free slot, or None if every slot is in use.
+
+        In order: a free slot already in memory; the slot of a private run a sequential reader
+        has read through; a slot never used (touching new memory costs far more than reusing);
+        the slot of the least useful run no read is using.
+        """
+        slot = pool.take_slot(fresh=False)
+        if slot is None and self.runs.recycle_slot():
+            slot = pool.take_slot(fresh=False)
+        if slot is None:
+            slot = pool.take_slot()
         if slot is None and self.runs.free_a_slot():
             slot = pool.take_slot()
         return slot

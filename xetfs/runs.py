@@ -12,7 +12,9 @@ same chunks wait for that load.
 
 All decoded bytes count against one limit, ``capacity``.  Eviction is LRU,
 except that runs a sequential reader has read through (``read_through``:
-the kernel's page cache serves those bytes now) go first.  A run a read
+the kernel's page cache serves those bytes now) go first; and the slots of
+such runs whose xorb no other term uses are reused before new shared memory
+is touched (``recycle_slot``), which costs far more.  A run a read
 is using is pinned and never evicted; ``release`` unpins it.  An evicted
 run gives its slot back at once (``free_slot``); nothing waits for the
 garbage collector.
@@ -52,6 +54,7 @@ class Run:
     state: State = State.HELD
     pins: int = 0  # reads using it now
     prefetched: bool = False  # loaded by prefetch and not read yet
+    private: bool = False  # no other term uses its xorb: once read through, nobody will ask for it again
 
     @property
     def hi(self) -> int:
@@ -191,6 +194,18 @@ class RunStore:
         if run.state is State.HELD and run not in self._read:
             self._lru.pop(run, None)
             self._read[run] = None
+
+    def recycle_slot(self) -> bool:
+        """Evict the oldest private run a sequential reader has read through, if one holds a slot.
+
+        Its memory is warm, and reusing it costs far less than touching new
+        memory; nobody else will read those chunks, and the page cache has them.
+        """
+        for run in self._read:
+            if run.private and run.slot is not None and not run.pins:
+                self._evict(run)
+                return True
+        return False
 
     def free_a_slot(self) -> bool:
         """Evict the least useful run held in a slot that no read is using; False if there is none."""
