@@ -130,8 +130,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
         load_manifest(config.names)
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
-    spawn_daemon(_child_argv(args, config), config.mountpoint, log_file)
-    print(f"mounted {config.store} at {config.mountpoint} (log: {log_file})", file=sys.stderr)
+    warnings, n = spawn_daemon(_child_argv(args, config), config.mountpoint, log_file)
+    for warning in warnings:
+        print(f"xetfs: warning: {warning}", file=sys.stderr)
+    count = f" with {n} warning{'s' if n != 1 else ''} about the store" if n else ""
+    print(f"mounted {config.store} at {config.mountpoint}{count} (log: {log_file})", file=sys.stderr)
     return 0
 
 
