@@ -54,13 +54,14 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.set_defaults(func=cmd_mount)
 
     p = sub.add_parser("umount", help="unmount a xetfs mount")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="where the store is mounted")
     p.add_argument("-z", "--lazy", action="store_true", help="lazy unmount (detach now, clean up when unused)")
-    p.add_argument("--force", action="store_true", help="abort the FUSE connection first (a hung daemon; root)")
+    p.add_argument("--force", action="store_true",
+                   help="abort the FUSE connection first (hung daemon; root); unmounts non-xetfs mounts")  # fmt: skip
     p.set_defaults(func=cmd_umount)
 
     p = sub.add_parser("stats", help="show the live counters of a mount")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="where the store is mounted")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_stats)
 
