@@ -691,18 +691,7 @@ def test_signal_during_heavy_reads_unmounts_quickly(basic_store: OracleStore, si
         assert "unmounted" in m.log()
 
 
-@fuse
-def test_umount_force_cleans_a_stopped_daemon(basic_store: OracleStore) -> None:
-    with mounted(basic_store.path) as m:
-        os.kill(m.proc.pid, signal.SIGSTOP)
-        try:
-            proc = run_xetfs("umount", "--force", m.path, timeout=30)
-            assert proc.returncode == 0, proc.stderr.decode()
-            assert not is_mounted(m.path)
-        finally:
-            os.kill(m.proc.pid, signal.SIGCONT)
-        wait_until(lambda: m.proc.poll() is not None, 10, "the daemon to exit after the abort")
-        assert os.listdir(m.path) == []
+# ``xetfs umount --force`` of a stopped daemon, with fusectl mounted or not: test_first_use.py.
 
 
 # -- the fuzzer, briefly -----------------------------------------------------------------

@@ -8,6 +8,7 @@ stderr and a non-zero exit status; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import math
@@ -214,15 +215,40 @@ def cmd_cat(args: argparse.Namespace) -> int:
     entry = find_file(index, args.hash)
     end = entry.size if args.length is None else min(entry.size, args.offset + args.length)
     reader = Reader(index, store, cache_size=64 * 1024 * 1024)
-    out = sys.stdout.buffer
+    write = _stdout_writer()
 
     async def run() -> None:
         for offset in range(args.offset, end, CAT_BLOCK):
-            out.write(await reader.read(entry, offset, min(CAT_BLOCK, end - offset)))
+            write(await reader.read(entry, offset, min(CAT_BLOCK, end - offset)))
 
     trio.run(run)
-    out.flush()
+    sys.stdout.buffer.flush()
     return EXIT_OK
+
+
+def _stdout_writer() -> Callable[[bytes | memoryview], None]:
+    """A function writing all of its bytes to stdout; a closed pipe raises ``BrokenPipeError``.
+
+    Straight to the file descriptor when there is one: a buffered stream can
+    end a large write early when the reader goes away, without an error, and
+    the rest would be lost silently.
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, io.UnsupportedOperation):  # not a file (captured output)
+
+        def write_buffered(data: bytes | memoryview) -> None:
+            sys.stdout.buffer.write(data)
+
+        return write_buffered
+    sys.stdout.flush()
+
+    def write_all(data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    return write_all
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
