@@ -208,7 +208,10 @@ _MTIME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(?:Z|
 
 
 def parse_mtime(value: object) -> int | None:
-    """``"2024-05-01T12:00:00.5Z"`` -> nanoseconds since the epoch; None when ``value`` is not such a time."""
+    """``"2024-05-01T12:00:00.5Z"`` -> nanoseconds since the epoch.
+
+    None when ``value`` is not such a time, or one that 64-bit nanoseconds cannot hold.
+    """
     m = _MTIME.fullmatch(value) if isinstance(value, str) else None
     if m is None:
         return None
@@ -216,7 +219,8 @@ def parse_mtime(value: object) -> int | None:
         seconds = datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
-    return int(seconds) * 1_000_000_000 + int((m[2] or "0").ljust(9, "0"))
+    ns = int(seconds) * 1_000_000_000 + int((m[2] or "0").ljust(9, "0"))
+    return ns if -(2**63) <= ns < 2**63 else None  # what st_mtime_ns can hold (years 1677 to 2262)
 
 
 def format_mtime(ns: int) -> str:
