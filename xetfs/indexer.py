@@ -14,7 +14,7 @@ from xetfs.errors import FormatError, StoreError
 from xetfs.format.shard import parse_shard
 from xetfs.index import Index
 from xetfs.stats import IndexCounters
-from xetfs.store import Store
+from xetfs.store import StoreLike
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class LoadResult:
         )
 
 
-def load_index(store: Store, *, strict: bool = False) -> LoadResult:
+def load_index(store: StoreLike, *, strict: bool = False) -> LoadResult:
     """Index every shard of ``store``.
 
     Raises ``StoreError`` when the store has no shards, or, with ``strict``,
@@ -42,7 +42,7 @@ def load_index(store: Store, *, strict: bool = False) -> LoadResult:
     """
     shard_files = store.shard_files()
     if not shard_files:
-        raise StoreError(f"store {store.root}: no shards in {store.root / 'shards'}")
+        raise StoreError(f"store {store.location}: no shards in {store.location}/shards")
     result = LoadResult(Index())
     for shard_file in shard_files:
         try:

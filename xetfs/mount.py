@@ -25,20 +25,29 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from xetfs.diskcache import DEFAULT_SIZE as DEFAULT_DISK_CACHE
+from xetfs.diskcache import DiskCache
+from xetfs.diskcache import default_dir as default_cache_dir
 from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
 from xetfs.indexer import load_index
 from xetfs.malloc import keep_freed_memory
-from xetfs.manifest import Manifest
-from xetfs.pack import find_manifest, load_manifest
+from xetfs.manifest import Manifest, parse_manifest
+from xetfs.objects import RemoteOptions, is_url
+from xetfs.pack import MANIFEST_NAME, find_manifest, load_manifest
 from xetfs.pool import DecodePool, default_workers
+from xetfs.readahead import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
 from xetfs.reader import Reader, inline_io, threaded_io
-from xetfs.store import Store
+from xetfs.remote import RemoteStore
+from xetfs.stats import Stats
+from xetfs.store import Store, StoreLike
 from xetfs.tree import build_tree
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report
+REMOTE_FETCH_WIDTH = 8  # prefetch batches in flight for a remote store
+REMOTE_PREFETCH = 64 * 1024 * 1024  # how far prefetch may run ahead of a reader of a remote store
 KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions"}
 
 
@@ -48,7 +57,7 @@ class MountError(XetfsError):
 
 @dataclass(frozen=True)
 class MountConfig:
-    store: Path
+    store: str  # a directory (absolute) or a URL
     mountpoint: Path
     options: frozenset[str] = frozenset()
     uid: int | None = None
@@ -62,6 +71,9 @@ class MountConfig:
     io_mode: str = "auto"  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
     io_timeout: float = 30.0
     workers: int | None = None  # decode worker processes; None: one per CPU
+    cache_dir: Path | None = None  # disk cache of remote stores; None: the default
+    disk_cache_size: int = DEFAULT_DISK_CACHE
+    headers: tuple[str, ...] = ()  # for a remote store: extra header lines (the environment adds more)
 
 
 def parse_options(values: list[str]) -> frozenset[str]:
@@ -93,25 +105,49 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
         raise MountError("FUSE is not available on this machine (no /dev/fuse; install fuse3)")
 
 
-def _load_manifest(config: MountConfig) -> Manifest | None:
-    path = config.names or find_manifest(config.store)
+def _load_manifest(config: MountConfig, store: StoreLike) -> Manifest | None:
+    if isinstance(store, RemoteStore) and config.names is None:
+        data = store.read_meta(MANIFEST_NAME)
+        return None if data is None else parse_manifest(data, source=f"{store.location}/{MANIFEST_NAME}")
+    path = config.names or find_manifest(Path(config.store))
     return None if path is None else load_manifest(path)
+
+
+def open_mount_store(config: MountConfig, stats: Stats) -> StoreLike:
+    """The store to mount; a remote one reads through the disk cache (unless it is off)."""
+    if not is_url(config.store):
+        return Store.open(config.store)
+    deadline = config.io_timeout
+    options = RemoteOptions.from_env(
+        headers=list(config.headers), deadline=deadline, request_timeout=max(1.0, deadline / 3),
+        connect_timeout=max(1.0, min(5.0, deadline / 3)),
+    )  # fmt: skip
+    cache = None
+    if config.disk_cache_size:
+        cache = DiskCache(config.cache_dir or default_cache_dir(), config.disk_cache_size, stats.remote)
+        log.info("disk cache: %s, %d bytes at most", cache.directory, config.disk_cache_size)
+    return RemoteStore.open(config.store, options, cache=cache, counters=stats.remote)
 
 
 def build_fs(config: MountConfig) -> XetFS:
     """Open the store, index it and assemble the filesystem (no FUSE yet)."""
-    store = Store.open(config.store)
+    stats = Stats()
+    store = open_mount_store(config, stats)
+    remote = isinstance(store, RemoteStore)
     loaded = load_index(store, strict=config.strict)
-    manifest = _load_manifest(config)
+    manifest = _load_manifest(config, store)
     for warning in manifest.warnings if manifest else ():
         log.warning("names: %s", warning)
     tree, warnings = build_tree(loaded.index, manifest)
     for warning in warnings:
         log.warning("names: %s", warning)
-    threaded = choose_io_mode(config.io_mode, store.root) == "thread"
+    # A remote store is read in the daemon's threads (obstore releases the GIL), many requests at once.
+    threaded = remote or choose_io_mode(config.io_mode, Path(config.store)) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
-    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, pool=_decode_pool(config, threaded))
+    pool = _decode_pool(config, threaded)
+    width = REMOTE_FETCH_WIDTH if remote else 1
+    reader = Reader(loaded.index, store, cache_size=config.cache_size, stats=stats, io=io, pool=pool, fetch_width=width)
     counters = loaded.counters()
     reader.stats.index = counters
     log.info(
@@ -124,6 +160,7 @@ def build_fs(config: MountConfig) -> XetFS:
         direct_io=config.direct_io,
         mtime_ns=int(store.mtime * 1e9),
         prefetch=config.prefetch,
+        prefetch_max=REMOTE_PREFETCH if remote else DEFAULT_PREFETCH,
     )
     return XetFS(tree, reader, options)
 
@@ -252,8 +289,10 @@ def _report(fd: int | None, message: str) -> None:
         os.close(fd)
 
 
-def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> None:
+def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path, env: dict[str, str] | None = None) -> None:
     """Start the daemon (``argv`` + ``--foreground --ready-fd N``) and wait until it serves.
+
+    ``env`` is added to the daemon's environment (secrets go there, never into ``argv``).
 
     Raises ``MountError`` with the daemon's own message when it fails.
     """
@@ -268,6 +307,7 @@ def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> None:
             pass_fds=(write_fd,),
             start_new_session=True,
             cwd="/",
+            env={**os.environ, **(env or {})},
         )
     os.close(write_fd)
     message = _read_report(read_fd, child, READY_TIMEOUT)

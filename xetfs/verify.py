@@ -25,7 +25,7 @@ from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
 from xetfs.format.xorb import XorbLayout, decode_run
 from xetfs.index import EMPTY_SHA256, Index
 from xetfs.reader import Reader
-from xetfs.store import Store
+from xetfs.store import StoreLike
 
 READ_SIZE = 8 * 1024 * 1024
 
@@ -62,7 +62,7 @@ class Report:
 
 @dataclass
 class _Audit:
-    store: Store
+    store: StoreLike
     progress: Progress
     report: Report = field(default_factory=Report)
     layouts: dict[bytes, XorbLayout] = field(default_factory=dict)
@@ -73,11 +73,11 @@ class _Audit:
         self.report.problems.append(message)
 
 
-async def audit(store: Store, progress: Progress | None = None) -> Report:
+async def audit(store: StoreLike, progress: Progress | None = None) -> Report:
     """Check everything in ``store``; progress counts xorb bytes scanned plus file bytes read."""
     a = _Audit(store, progress or _NoProgress())
     shards = _check_shards(a)
-    xorb_bytes = sum(store.xorb_path(x).stat().st_size for x in store.xorb_hashes())
+    xorb_bytes = sum(store.xorb_size(x) for x in store.xorb_hashes())
     file_bytes = {r.file_hash: r.size for shard in shards for r in shard.files if r.sha256 is not None}
     a.progress.reset(total=xorb_bytes + sum(file_bytes.values()))
     for xorb_hash in sorted(store.xorb_hashes()):
