@@ -227,8 +227,16 @@ class ObstoreSource:
                     raise
                 except Exception as exc:  # obstore's errors, and our own _Transient
                     self._error()
-                    message = self._message(exc)
-                    if _unreachable(message):
+                    message, full = self._message(exc), str(exc)
+                    status = _status(full)
+                    if status == 404:
+                        raise MissingObjectError(f"{self._where(name or what)}: not found") from None
+                    if status in (401, 403):
+                        raise StoreError(f"{self._where(what)}: access refused (HTTP {status})") from None
+                    if status is not None and 400 <= status < 500 and status not in (408, 429):
+                        raise StoreError(f"{self._where(what)}: {message}") from None
+                    if _unreachable(full):
+                        message = f"{message} (no connection: {_connect_reason(full)})"
                         self._mark_down(message)
                         raise StoreError(f"{self._where(what)}: server unreachable: {message}") from None
                     left = deadline - time.monotonic()
@@ -267,8 +275,8 @@ class ObstoreSource:
         return f"{self.location}/{what}"
 
     def _message(self, exc: BaseException) -> str:
-        # obstore messages span lines and nest causes; one line, no secrets.
-        text = " ".join(str(exc).split())
+        # obstore messages go on with a multi-line debug dump of their causes: the first line, no secrets.
+        text = " ".join(str(exc).split("Debug source:")[0].split())
         return redact(text[:300], self._secrets)
 
 
@@ -276,10 +284,20 @@ class _Transient(Exception):
     """A response that was not what was asked for (e.g. a short body); worth another try."""
 
 
+def _status(message: str) -> int | None:
+    """The HTTP status an obstore error message reports, if any."""
+    m = re.search(r"status code: (\d{3})", message)
+    return int(m.group(1)) if m else None
+
+
 def _unreachable(message: str) -> bool:
     """Whether an error says no connection could be made at all (as opposed to one that broke)."""
-    lowered = message.lower()
-    return "connection refused" in lowered or "dns error" in lowered or "tcp connect error" in lowered
+    return "ConnectError" in message or "dns error" in message.lower()
+
+
+def _connect_reason(message: str) -> str:
+    m = re.search(r'message: "([^"]{1,80})"', message)
+    return m.group(1) if m else "cannot connect"
 
 
 def _open(url: str, options: RemoteOptions) -> Any:

@@ -4,7 +4,8 @@ Owns the planning of a pack (which files, under which names), the upload
 through the official client (``hf_xet.upload_files`` with a ``local://``
 endpoint), and the names manifest beside the store
 (``STORE/xetfs-manifest.json``, Hub tree-listing JSON, merged with the one
-already there).  Also where a mount looks for that manifest.
+already there), and the store's listing (``remote.publish``), which lets a
+plain HTTP server serve it.  Also where a mount looks for that manifest.
 
 Naming: a directory that is the only SRC contributes its contents relative to
 itself; otherwise a directory contributes ``<its name>/...`` and a file its
@@ -39,6 +40,7 @@ from xetfs.manifest import (
     parse_manifest,
     path_problem,
 )
+from xetfs.remote import publish
 
 MANIFEST_NAME = "xetfs-manifest.json"
 
@@ -313,6 +315,7 @@ def pack(
     for message in messages:
         warn(message)
     write_manifest(manifest_path, merged)
+    publish(store_dir)  # the listing an HTTP server needs to serve the store
     return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files))
 
 
