@@ -25,9 +25,10 @@ import trio
 from mounting import mounted, wait_until
 from oracle import CliRunner, hf_xet_env
 
-from xetfs.diskcache import DiskCache
+from xetfs.diskcache import CachedSource, DiskCache
+from xetfs.errors import StoreError
 from xetfs.indexer import load_index
-from xetfs.objects import RemoteOptions
+from xetfs.objects import RemoteOptions, redact
 from xetfs.reader import Reader
 from xetfs.remote import LISTING_NAME, RemoteStore
 from xetfs.stats import RemoteCounters
@@ -252,6 +253,82 @@ def test_disk_cache_lru_and_restart(tmp_path: Path) -> None:
     again = DiskCache(tmp_path, 10_000)  # a restart, or another mount
     assert again.get("k7") == bytes([7]) * 1500
     assert again.counters.disk_bytes == counters.disk_bytes
+
+
+class CountingSource:
+    """A fake ``ObjectSource`` that records every call (unit tests of ``CachedSource``)."""
+
+    location = "fake://store"
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+        self.calls: list[tuple[object, ...]] = []
+        self.down = False
+
+    def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
+        self.calls.append(("read", name))
+        if self.down:
+            raise StoreError("fake://store: server unreachable")
+        return self.objects[name]
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        self.calls.append(("range", name, start, end))
+        if self.down:
+            raise StoreError("fake://store: server unreachable")
+        return self.objects[name][start:end]
+
+    def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
+        return None
+
+
+def test_cached_source_fetches_missing_blocks_in_merged_ranges(tmp_path: Path) -> None:
+    data = oracle.random_bytes(5500, 9)
+    fake = CountingSource({"x": data})
+    cached = CachedSource(fake, DiskCache(tmp_path, 1 << 20), block=1000)
+    cached.sizes["x"] = len(data)
+    assert cached.read_range("x", 1500, 3500) == data[1500:3500]
+    assert fake.calls == [("range", "x", 1000, 4000)]  # three blocks, one request
+    fake.calls.clear()
+    assert cached.read_range("x", 1999, 3001) == data[1999:3001]
+    assert fake.calls == []
+    assert cached.read_range("x", 0, 5500) == data
+    assert fake.calls == [("range", "x", 0, 1000), ("range", "x", 4000, 5500)]  # only the gaps
+
+
+def test_cached_source_drops_corrupt_entries_and_falls_back_when_down(tmp_path: Path) -> None:
+    data = oracle.random_bytes(3000, 10)
+    fake = CountingSource({"x": data, "listing": b"v1"})
+    cache = DiskCache(tmp_path, 1 << 20)
+    cached = CachedSource(fake, cache, block=1000)
+    cached.sizes["x"] = len(data)
+    assert cached.read_range("x", 0, 3000) == data
+    assert cached.read("listing", limit=100, fresh=True) == b"v1"
+    for path in (tmp_path / "v1").rglob("*"):
+        if path.is_file() and path.stat().st_size > 1000:
+            oracle.flip_byte(path, path.stat().st_size - 1)
+    fake.calls.clear()
+    assert cached.read_range("x", 0, 3000) == data  # every block failed its check: fetched again
+    assert fake.calls == [("range", "x", 0, 3000)]
+    assert cache.counters.disk_corrupt == 3
+    fake.down = True
+    assert cached.read_range("x", 500, 2500) == data[500:2500]  # from the cache
+    assert cached.read("listing", limit=100, fresh=True) == b"v1"  # the server is down: the cached copy
+    with pytest.raises(StoreError):
+        cached.read("other", limit=100, fresh=True)
+
+
+def test_secrets_go_to_the_daemon_by_environment_not_argv(tmp_path: Path) -> None:
+    from xetfs.cli import build_parser
+    from xetfs.commands import _child_argv, _config
+    from xetfs.remoteargs import headers_env
+
+    args = build_parser().parse_args(
+        ["mount", "http://127.0.0.1:9/s", str(tmp_path), "--header", f"Authorization: Bearer {TOKEN}"]
+    )
+    argv = _child_argv(args, _config(args))
+    assert not any(TOKEN in a for a in argv), argv
+    assert TOKEN in headers_env(args)["XETFS_HTTP_HEADERS"]
+    assert redact(f"GET http://u:{TOKEN}@h/x Bearer {TOKEN}", [TOKEN]) == "GET http://***@h/x Bearer ***"
 
 
 # -- S3 (moto's server) ------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from xetfs.objects import RemoteOptions, is_url
 from xetfs.pack import MANIFEST_NAME, find_manifest, load_manifest
 from xetfs.pool import DecodePool, default_workers
 from xetfs.readahead import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
-from xetfs.reader import Reader, inline_io, threaded_io
+from xetfs.reader import PREFETCH_BATCH, Reader, inline_io, threaded_io
 from xetfs.remote import RemoteStore
 from xetfs.stats import Stats
 from xetfs.store import Store, StoreLike
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report
 REMOTE_FETCH_WIDTH = 8  # prefetch batches in flight for a remote store
+REMOTE_BATCH = 64  # chunks (about 4 MiB) per prefetch request to a remote store
 REMOTE_PREFETCH = 64 * 1024 * 1024  # how far prefetch may run ahead of a reader of a remote store
 KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions"}
 
@@ -146,8 +147,10 @@ def build_fs(config: MountConfig) -> XetFS:
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
     pool = _decode_pool(config, threaded)
-    width = REMOTE_FETCH_WIDTH if remote else 1
-    reader = Reader(loaded.index, store, cache_size=config.cache_size, stats=stats, io=io, pool=pool, fetch_width=width)
+    reader = Reader(
+        loaded.index, store, cache_size=config.cache_size, stats=stats, io=io, pool=pool,
+        fetch_width=REMOTE_FETCH_WIDTH if remote else 1, prefetch_batch=REMOTE_BATCH if remote else PREFETCH_BATCH,
+    )  # fmt: skip
     counters = loaded.counters()
     reader.stats.index = counters
     log.info(

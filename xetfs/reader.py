@@ -80,9 +80,11 @@ class Reader:
         io: Io = inline_io,
         pool: DecodePool | None = None,
         fetch_width: int = 1,
+        prefetch_batch: int = PREFETCH_BATCH,
     ) -> None:
-        """``fetch_width``: without decode workers, how many prefetch batches load at once (a remote
-        store's reads wait on the network, so several are in flight)."""
+        """``fetch_width``: without decode workers, how many prefetch batches load at once, and
+        ``prefetch_batch``: chunks per batch (one store read).  A remote store's reads wait on the
+        network: several larger ones are in flight."""
         self.index = index
         self.store = store
         self.stats = stats or Stats()
@@ -90,6 +92,7 @@ class Reader:
         self._io = io
         self._pool = pool
         self._fetch_width = fetch_width
+        self._prefetch_batch = prefetch_batch
         # A run must fit a worker's slot; without workers only MAX_RUN_BYTES bounds it.
         self._max_run_decoded = pool.slot_size if pool else sys.maxsize
         self.cache: LoadingCache[ChunkKey, Chunk] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
@@ -248,7 +251,8 @@ class Reader:
         for the whole window.  With workers, as many batches are in flight
         as the pool has slots (without, ``fetch_width``), handed out in file order.
         """
-        batches = [keys[i : i + PREFETCH_BATCH] for i in range(0, len(keys), PREFETCH_BATCH)]
+        step = self._prefetch_batch
+        batches = [keys[i : i + step] for i in range(0, len(keys), step)]
         pool = self._ready_pool()
         if pool is None and self._fetch_width <= 1:
             for batch in batches:
