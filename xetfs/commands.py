@@ -139,7 +139,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
             logging.getLogger().handlers[:] = [handler]
         return run_daemon(config, args.ready_fd)
     # Check what can be checked here, so the usual mistakes fail fast and plainly.
-    from xetfs.objects import is_url
+    from xetfs.objects import is_url, public_url
     from xetfs.remoteargs import headers_env
 
     if not is_url(config.store):
@@ -149,7 +149,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
     spawn_daemon(_child_argv(args, config), config.mountpoint, log_file, env=headers_env(args))
-    print(f"mounted {config.store} at {config.mountpoint} (log: {log_file})", file=sys.stderr)
+    shown = public_url(config.store) if is_url(config.store) else config.store
+    print(f"mounted {shown} at {config.mountpoint} (log: {log_file})", file=sys.stderr)
     return 0
 
 
