@@ -142,14 +142,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from xetfs.objects import is_url, public_url
     from xetfs.remoteargs import headers_env
 
-    if not is_url(config.store):
+    if not is_url(str(config.store)):
         Store.open(config.store)
     if config.names is not None:
         load_manifest(config.names)
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
     spawn_daemon(_child_argv(args, config), config.mountpoint, log_file, env=headers_env(args))
-    shown = public_url(config.store) if is_url(config.store) else config.store
+    shown = public_url(str(config.store)) if is_url(str(config.store)) else config.store
     print(f"mounted {shown} at {config.mountpoint} (log: {log_file})", file=sys.stderr)
     return 0
 

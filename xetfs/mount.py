@@ -58,7 +58,7 @@ class MountError(XetfsError):
 
 @dataclass(frozen=True)
 class MountConfig:
-    store: str  # a directory (absolute) or a URL
+    store: str | Path  # a directory (absolute) or a URL
     mountpoint: Path
     options: frozenset[str] = frozenset()
     uid: int | None = None
@@ -116,8 +116,9 @@ def _load_manifest(config: MountConfig, store: StoreLike) -> Manifest | None:
 
 def open_mount_store(config: MountConfig, stats: Stats) -> StoreLike:
     """The store to mount; a remote one reads through the disk cache (unless it is off)."""
-    if not is_url(config.store):
-        return Store.open(config.store)
+    location = os.fspath(config.store)
+    if not is_url(location):
+        return Store.open(location)
     deadline = config.io_timeout
     options = RemoteOptions.from_env(
         headers=list(config.headers), deadline=deadline, request_timeout=max(1.0, deadline / 3),
@@ -127,7 +128,7 @@ def open_mount_store(config: MountConfig, stats: Stats) -> StoreLike:
     if config.disk_cache_size:
         cache = DiskCache(config.cache_dir or default_cache_dir(), config.disk_cache_size, stats.remote)
         log.info("disk cache: %s, %d bytes at most", cache.directory, config.disk_cache_size)
-    return RemoteStore.open(config.store, options, cache=cache, counters=stats.remote)
+    return RemoteStore.open(location, options, cache=cache, counters=stats.remote)
 
 
 def build_fs(config: MountConfig) -> XetFS:
