@@ -255,6 +255,15 @@ def test_disk_cache_lru_and_restart(tmp_path: Path) -> None:
     assert again.counters.disk_bytes == counters.disk_bytes
 
 
+def test_disk_cache_bound_holds_for_two_writers(tmp_path: Path) -> None:
+    a, b = DiskCache(tmp_path, 20_000), DiskCache(tmp_path, 20_000)
+    for i in range(30):
+        (a if i % 2 else b).put(f"k{i}", bytes([i]) * 1500)
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "v1").rglob("*") if p.is_file())
+    assert on_disk <= 20_000, on_disk
+    assert a.counters.disk_evictions + b.counters.disk_evictions > 0
+
+
 class CountingSource:
     """A fake ``ObjectSource`` that records every call (unit tests of ``CachedSource``)."""
 

@@ -11,9 +11,12 @@ mounts (processes) may share it, and it survives restarts:
   as a miss, so it is fetched again and never served;
 * a hit touches the entry's mtime, and eviction (under an ``flock`` of the
   cache, so two mounts do not evict at once) deletes the oldest entries
-  until the cache is back below 90 % of its size;
-* a write that fails (a full disk) is dropped and counted; the fetched bytes
-  are still served.
+  until the cache is back below 90 % of its size; each mount counts the
+  whole cache again whenever it wrote a twentieth of its size, so the
+  bound holds for all the mounts that share it;
+* a write that fails (a full disk) is dropped and counted, and the oldest
+  tenth of the cache is deleted to make room; the fetched bytes are still
+  served.
 
 The bytes of an entry are checked again above the cache like any other
 (chunk hashes, Merkle roots): the entry hash only decides whether to use it.
@@ -67,6 +70,7 @@ class DiskCache:
         self._tmp = directory / "tmp"
         self._lock = threading.Lock()
         self._warned = False
+        self._since_scan = 0  # bytes this process wrote since it last counted the whole cache
         try:
             self._entries.mkdir(parents=True, exist_ok=True)
             self._tmp.mkdir(exist_ok=True)
@@ -121,17 +125,21 @@ class DiskCache:
             if not warned:
                 log.warning("disk cache %s: cannot write entries (%s); serving without caching", self.directory,
                             exc.strerror)  # fmt: skip
-            self.evict()  # a full disk: make room for the next ones
+            self.evict(shrink=True)  # a full disk: make room for the next ones
             return
+        size = len(header) + len(data)
         with self._lock:
-            self._total += len(header) + len(data)
+            self._total += size
+            self._since_scan += size
             self.counters.disk_bytes = self._total
-            over = self._total > self.capacity
-        if over:
+            # Other mounts write too: count the whole cache again after a twentieth of it was written here.
+            due = self._total > self.capacity or self._since_scan > self.capacity // 20
+        if due:
             self.evict()
 
-    def evict(self) -> None:
-        """Delete the least recently used entries until the cache is below 90 % of its size.
+    def evict(self, *, shrink: bool = False) -> None:
+        """Count the whole cache, and delete the least recently used entries until it is below 90 % of
+        its size (with ``shrink``, also below 90 % of what it holds now: the disk is full).
 
         Under an exclusive ``flock``: another mount that is evicting at the
         same time waits, then finds less to do.
@@ -144,9 +152,10 @@ class DiskCache:
             fcntl.flock(lock, fcntl.LOCK_EX)
             entries = sorted(self._scan(), key=lambda e: e[2])
             total = sum(size for _, size, _ in entries)
+            target = min(self.capacity, total if shrink else self.capacity) * _LOW_WATER
             evicted = 0
             for path, size, _ in entries:
-                if total <= self.capacity * _LOW_WATER:
+                if total <= target:
                     break
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
@@ -154,6 +163,7 @@ class DiskCache:
                 total -= size
             with self._lock:
                 self._total = total
+                self._since_scan = 0
                 self.counters.disk_bytes = total
                 self.counters.disk_evictions += evicted
         finally:
