@@ -164,6 +164,32 @@ def test_bearer_token_is_sent_and_never_shown(
 # -- the disk cache --------------------------------------------------------------------------
 
 
+def test_background_mount_with_header_keeps_it_out_of_argv(packed: Packed, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with servers.nginx(packed.top, token=TOKEN) as server:
+        cmd = [sys.executable, "-m", "xetfs", "mount", server.url, str(mnt), "--disk-cache-size", "0",
+               "--header", f"Authorization: Bearer {TOKEN}", "--log-file", str(tmp_path / "log")]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        try:
+            assert proc.returncode == 0, proc.stderr
+            assert TOKEN not in proc.stderr
+            assert (mnt / "data/text.txt").read_bytes() == packed.files["data/text.txt"]
+            daemons = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).count(str(mnt))]
+            assert daemons and not any(TOKEN in _cmdline(p) for p in daemons)
+        finally:
+            subprocess.run([sys.executable, "-m", "xetfs", "umount", str(mnt)], capture_output=True, check=False)
+            wait_until(lambda: not os.path.ismount(mnt), 10, "the unmount")
+        assert TOKEN not in (tmp_path / "log").read_text()
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_restart_serves_from_cache_with_server_down(packed: Packed, tmp_path: Path) -> None:
     cache = str(tmp_path / "cache")
     port = servers.free_port()

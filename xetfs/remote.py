@@ -73,6 +73,9 @@ class Listing:
                 raise ValueError("not a version 1 xetfs listing")
             objects = tuple((str(n), int(s)) for n, s in doc["objects"])
             mtime = float(doc.get("mtime", 0.0))
+            bad = next((n for n, s in objects if s < 0), None)
+            if bad is not None:
+                raise ValueError(f"object {bad[:200]!r} has a negative size")
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise StoreError(f"{where}: not a usable listing: {exc}") from None
         return cls(objects, mtime)
