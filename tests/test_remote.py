@@ -388,6 +388,25 @@ def test_s3_store_mounts_as_copied(
             _ranges(m / "model/weights.bin", packed.files["model/weights.bin"], seed=5)
             stats = (m / ".xetfs/stats").read_text()
         assert servers.S3_ENV["AWS_SECRET_ACCESS_KEY"] not in stats
+        # The same from the AWS shared config and credentials files of a named profile.
+        for key in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+            "AWS_ENDPOINT_URL",
+        ):
+            monkeypatch.delenv(key)
+        (tmp_path / "config").write_text(f"[profile mirror]\nregion = us-east-1\nendpoint_url = {s3.url}\n")
+        secret = servers.S3_ENV["AWS_SECRET_ACCESS_KEY"]
+        (tmp_path / "credentials").write_text(
+            f"[mirror]\naws_access_key_id = testing\naws_secret_access_key = {secret}\n"
+        )
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+        monkeypatch.setenv("AWS_PROFILE", "mirror")
+        out = cli("cat", url, packed.hashes["walk.f32"], "--disk-cache-size", 0)
+        assert out.returncode == 0 and out.stdout == packed.files["walk.f32"], out.stderr
 
 
 # -- faults (a proxy in front of nginx) --------------------------------------------------------

@@ -22,15 +22,17 @@ Calls may come from any thread.
 
 from __future__ import annotations
 
+import configparser
 import os
 import random
 import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from xetfs.errors import MissingObjectError, StoreError, StoreTimeoutError
@@ -300,6 +302,42 @@ def _connect_reason(message: str) -> str:
     return m.group(1) if m else "cannot connect"
 
 
+def aws_files_config(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """S3 settings from the AWS shared config and credentials files, for what the environment leaves unset.
+
+    The profile is ``AWS_PROFILE`` (else ``default``); the files are
+    ``AWS_CONFIG_FILE`` (else ``~/.aws/config``: ``region``, ``endpoint_url``)
+    and ``AWS_SHARED_CREDENTIALS_FILE`` (else ``~/.aws/credentials``: the key
+    pair and session token).  The environment wins, as with the AWS tools.
+    """
+    env = os.environ if env is None else env
+    profile = env.get("AWS_PROFILE") or "default"
+    home = Path.home() / ".aws"
+    config = _ini(Path(env.get("AWS_CONFIG_FILE") or home / "config"), "default" if profile == "default"
+                  else f"profile {profile}")  # fmt: skip
+    creds = _ini(Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or home / "credentials"), profile)
+    out = {}
+    if not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")) and config.get("region"):
+        out["region"] = config["region"]
+    if not (env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")) and config.get("endpoint_url"):
+        out["endpoint"] = config["endpoint_url"]
+    if not env.get("AWS_ACCESS_KEY_ID") and creds.get("aws_access_key_id"):
+        out["access_key_id"] = creds["aws_access_key_id"]
+        out["secret_access_key"] = creds.get("aws_secret_access_key", "")
+        if creds.get("aws_session_token"):
+            out["session_token"] = creds["aws_session_token"]
+    return out
+
+
+def _ini(path: Path, section: str) -> dict[str, str]:
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path, encoding="utf-8")
+    except (OSError, configparser.Error):
+        return {}
+    return dict(parser[section]) if parser.has_section(section) else {}
+
+
 def _open(url: str, options: RemoteOptions) -> Any:
     from obstore.store import from_url
 
@@ -312,4 +350,7 @@ def _open(url: str, options: RemoteOptions) -> Any:
         client["default_headers"] = dict(options.headers)
     # Our own loop retries (with a deadline, and counting); obstore's would hide them.
     retry: Any = {"max_retries": 0, "retry_timeout": timedelta(seconds=options.deadline)}
+    if url.lower().startswith(("s3://", "s3a://")):
+        config: Any = aws_files_config()
+        return from_url(url, config=config or None, client_options=client, retry_config=retry)
     return from_url(url, client_options=client, retry_config=retry)
