@@ -119,11 +119,7 @@ def open_mount_store(config: MountConfig, stats: Stats) -> StoreLike:
     location = os.fspath(config.store)
     if not is_url(location):
         return Store.open(location)
-    deadline = config.io_timeout
-    options = RemoteOptions.from_env(
-        headers=list(config.headers), deadline=deadline, request_timeout=max(1.0, deadline / 3),
-        connect_timeout=max(1.0, min(5.0, deadline / 3)),
-    )  # fmt: skip
+    options = RemoteOptions.for_timeout(config.io_timeout, list(config.headers))
     cache = None
     if config.disk_cache_size:
         cache = DiskCache(config.cache_dir or default_cache_dir(), config.disk_cache_size, stats.remote)

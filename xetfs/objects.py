@@ -112,6 +112,14 @@ class RemoteOptions:
             pairs.append(("Authorization", f"Bearer {token}"))
         return cls(headers=tuple(pairs), **kw)
 
+    @classmethod
+    def for_timeout(cls, io_timeout: float, headers: list[str] | None = None) -> RemoteOptions:
+        """Options (headers as in ``from_env``) under which every call ends within ``io_timeout`` seconds;
+        one request may stall for a third of it, leaving room for another try."""
+        step = max(1.0, io_timeout / 3)
+        return cls.from_env(headers=headers, deadline=io_timeout, request_timeout=step,
+                            connect_timeout=min(5.0, step))  # fmt: skip
+
     def secrets(self) -> list[str]:
         out = []
         for _, value in self.headers:

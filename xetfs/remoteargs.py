@@ -27,15 +27,6 @@ def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> N
                        help="a remote read that takes longer fails (default 30)")  # fmt: skip
 
 
-def remote_options(args: argparse.Namespace) -> RemoteOptions:
-    deadline = float(args.io_timeout)
-    # One request may stall for a third of the bound, leaving room for another try.
-    return RemoteOptions.from_env(
-        headers=args.headers, deadline=deadline, request_timeout=max(1.0, deadline / 3),
-        connect_timeout=max(1.0, min(5.0, deadline / 3)),
-    )  # fmt: skip
-
-
 def disk_cache(args: argparse.Namespace, counters: RemoteCounters | None = None) -> DiskCache | None:
     if not args.disk_cache_size:
         return None
@@ -48,7 +39,8 @@ def open_location(args: argparse.Namespace, counters: RemoteCounters | None = No
 
     if not is_url(args.store):
         return open_store(args.store)
-    return open_store(args.store, remote_options(args), cache=disk_cache(args, counters), counters=counters)
+    options = RemoteOptions.for_timeout(float(args.io_timeout), args.headers)
+    return open_store(args.store, options, cache=disk_cache(args, counters), counters=counters)
 
 
 def headers_env(args: argparse.Namespace) -> dict[str, str]:
