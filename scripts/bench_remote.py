@@ -17,6 +17,10 @@ round measures, in a rotated order:
 * warm      a fresh mount whose disk cache holds every byte: reads from the cache, not the wire
 * local     a fresh mount of the store directory itself
 
+With ``--safetensors``, also ``safetensors.numpy.load_file`` of a model of
+``--size`` bytes (float32 tensors, packed with ``xetfs pack``) through a fresh
+mount over nginx and of the store directory (``measure_safetensors``).
+
 Rows give GB/s of the file (or of the xorbs, for the clients), CPU seconds
 per GiB of everything involved (the daemon and its workers, or the client),
 and HTTP requests per GiB.  ``measure()`` returns the figures as a dict, for
@@ -211,6 +215,67 @@ def measure(data_dir: Path, kind: str, size: int, repeat: int = 3) -> dict[str, 
     return out
 
 
+def safetensors_store(data_dir: Path, size: int) -> Path:
+    """A store (``xetfs pack``) holding ``model.safetensors``: float32 tensors of ``size`` bytes in all."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    root = data_dir / "data" / f"safetensors-{size}-v1"
+    if not (root / "done").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        (root / "src").mkdir(parents=True)
+        rng = np.random.default_rng(7)
+        per = 16 * 1024 * 1024
+        tensors = {f"layer{i}.weight": rng.standard_normal(per // 4, dtype=np.float32) for i in range(size // per)}
+        save_file(tensors, str(root / "src" / "model.safetensors"))
+        env = {**os.environ, "HF_XET_CACHE": str(root / "hf_xet")}
+        subprocess.run([sys.executable, "-m", "xetfs", "pack", "--no-progress", str(root / "src"), str(root / "store")],
+                       check=True, env=env, capture_output=True)  # fmt: skip
+        (root / "done").touch()
+    return root / "store"
+
+
+def _load_safetensors(store: str, *options: str) -> dict[str, float]:
+    from safetensors.numpy import load_file
+
+    with mounted(store, *options) as m:
+        cpu0, own0 = tree_cpu(m.proc.pid), time.process_time()
+        started = time.perf_counter()
+        tensors = load_file(str(m / "model.safetensors"))
+        took = time.perf_counter() - started
+        cpu = tree_cpu(m.proc.pid) - cpu0 + time.process_time() - own0
+        requests = m.stats()["remote"]["requests"]
+    assert tensors
+    return {"seconds": took, "cpu": cpu, "requests": requests}
+
+
+def measure_safetensors(data_dir: Path, size: int, repeat: int = 3) -> dict[str, Any]:
+    """``safetensors.numpy.load_file`` of a ``size``-byte model through a fresh mount: over nginx (no disk
+    cache) and of the store directory; medians of GB/s, CPU s per GiB (daemon and loader) and the ratio."""
+    store = safetensors_store(data_dir, size)
+    file_size = (store.parent / "src" / "model.safetensors").stat().st_size
+    rounds: dict[str, list[dict[str, float]]] = {"remote": [], "local": []}
+    with servers.nginx(store) as web:
+        for r in range(repeat + 1):
+            order = ["remote", "local"] if r % 2 else ["local", "remote"]
+            for key in order:
+                result = _load_safetensors(web.url, "--disk-cache-size", "0") if key == "remote" else (
+                    _load_safetensors(str(store)))  # fmt: skip
+                if r:
+                    rounds[key].append(result)
+    out: dict[str, Any] = {"kind": "safetensors", "file_bytes": file_size, "rows": {}}
+    for key, results in rounds.items():
+        out["rows"][key] = {
+            "GB/s": statistics.median(file_size / r["seconds"] / 1e9 for r in results),
+            "cpu_s_per_GiB": statistics.median(r["cpu"] / (file_size / GiB) for r in results),
+            "requests_per_GiB": statistics.median(r["requests"] / (file_size / GiB) for r in results),
+        }
+    out["remote/local"] = statistics.median(
+        b["seconds"] / a["seconds"] for a, b in zip(rounds["remote"], rounds["local"], strict=True)
+    )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=lambda t: int(float(t.rstrip("MG")) * (GiB if t.endswith("G") else 1 << 20)),
@@ -219,15 +284,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "xetfs-bench")
     p.add_argument("--json", type=Path)
+    p.add_argument("--safetensors", action="store_true", help="also load a safetensors model (needs safetensors)")
     args = p.parse_args(argv)
-    results = [measure(args.data_dir, kind, args.size, args.repeat) for kind in args.kinds.split(",")]
+    results = [measure(args.data_dir, kind, args.size, args.repeat) for kind in args.kinds.split(",") if kind]
+    if args.safetensors:
+        results.append(measure_safetensors(args.data_dir, args.size, args.repeat))
     for res in results:
-        print(f"\n{res['kind']}: file {res['file_bytes'] / 1e6:.0f} MB, xorbs {res['xorb_bytes'] / 1e6:.0f} MB")
+        xorbs = f", xorbs {res['xorb_bytes'] / 1e6:.0f} MB" if "xorb_bytes" in res else ""
+        print(f"\n{res['kind']}: file {res['file_bytes'] / 1e6:.0f} MB{xorbs}")
         print(f"  {'':<10}{'GB/s':>8}{'CPU s/GiB':>12}{'req/GiB':>10}")
         for key, row in res["rows"].items():
             print(f"  {key:<10}{row['GB/s']:>8.2f}{row['cpu_s_per_GiB']:>12.2f}{row['requests_per_GiB']:>10.0f}")
         for key in ("remote/curl", "remote/local", "warm/local", "obstore/urllib"):
-            print(f"  {key:<16}{res[key]:.2f}x")
+            if key in res:
+                print(f"  {key:<16}{res[key]:.2f}x")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0
