@@ -24,7 +24,7 @@ import trio
 
 from xetfs import hashes
 from xetfs.cache import Loader, LoadingCache
-from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError
+from xetfs.errors import IntegrityError, MissingObjectError, StoreError, StoreTimeoutError, XetfsError
 from xetfs.format.xorb import ChunkSpec, XorbLayout, chunk_specs, decode_run
 from xetfs.index import FileEntry, Index, chunk_span
 from xetfs.pool import DecodePool, SharedChunk, WorkerLost
@@ -445,6 +445,8 @@ class Reader:
             errors.missing += 1
         elif isinstance(exc, StoreTimeoutError):
             errors.timeout += 1
+        elif isinstance(exc, StoreError):
+            errors.store += 1
         else:
             errors.format += 1
 

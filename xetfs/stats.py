@@ -74,6 +74,7 @@ class ErrorCounters:
     missing: int = 0
     format: int = 0
     timeout: int = 0
+    store: int = 0  # the store could not be read: a remote server unreachable or refusing
 
 
 @dataclass
