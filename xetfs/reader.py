@@ -446,7 +446,7 @@ class Reader:
         elif isinstance(exc, StoreTimeoutError):
             errors.timeout += 1
         elif isinstance(exc, StoreError):
-            errors.store += 1
+            self.stats.remote.failed_reads += 1
         else:
             errors.format += 1
 

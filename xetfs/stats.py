@@ -74,7 +74,6 @@ class ErrorCounters:
     missing: int = 0
     format: int = 0
     timeout: int = 0
-    store: int = 0  # the store could not be read: a remote server unreachable or refusing
 
 
 @dataclass
@@ -92,6 +91,7 @@ class RemoteCounters:
     disk_evictions: int = 0
     disk_corrupt: int = 0  # entries that failed their check: dropped and fetched again
     disk_write_errors: int = 0  # entries not written (a full disk, say); their bytes were served anyway
+    failed_reads: int = 0  # reads that failed with EIO because the server could not be reached or refused
 
 
 @dataclass
