@@ -53,13 +53,15 @@ class Listing:
     mtime: float = 0.0
 
     def root(self) -> str:
-        """The directory (relative to the top, ``""`` for the top) that holds ``shards/``."""
+        """The directory (relative to the top, ``""`` for the top) that holds ``shards/`` (or, in a store
+        without shards, ``xorbs/``; the index judges such a store)."""
         names = {name for name, _ in self.objects}
-        for root in _ROOTS:
-            prefix = f"{root}/shards/" if root else "shards/"
-            if any(n.startswith(prefix) and _SHARD_NAME.fullmatch(n[len(prefix) :]) for n in names):
-                return root
-        raise StoreError("no shards found (looked in " + ", ".join(f"{r or '.'}/shards" for r in _ROOTS) + ")")
+        for kind in ("shards", "xorbs"):
+            for root in _ROOTS:
+                prefix = f"{root}/{kind}/" if root else f"{kind}/"
+                if any(n.startswith(prefix) for n in names):
+                    return root
+        return ""
 
     def dump(self) -> bytes:
         doc = {"format": LISTING_FORMAT, "version": 1, "mtime": self.mtime, "objects": [list(o) for o in self.objects]}
