@@ -113,12 +113,18 @@ def nginx(root: Path, *, token: str | None = None, port: int | None = None) -> I
     auth = f'if ($http_authorization != "Bearer {token}") {{ return 401; }}' if token else ""
     conf = tmp / "nginx.conf"
     conf.write_text(_NGINX_CONF.format(tmp=tmp, port=port, root=root, auth=auth))
-    log = tmp / "error.log"
-    with open(tmp / "stderr", "wb") as err:
-        proc = subprocess.Popen([NGINX, "-p", str(tmp), "-c", str(conf)], stdin=subprocess.DEVNULL,
-                                stdout=err, stderr=err)  # fmt: skip
+    with _serving([NGINX, "-p", str(tmp), "-c", str(conf)], tmp, port, tmp / "error.log", "nginx") as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _serving(cmd: list[str], tmp: Path, port: int, log: Path, what: str) -> Iterator[Server]:
+    """Run ``cmd`` (a server on ``port``; its output to ``tmp/output``) until the block ends, then
+    stop it and remove ``tmp``."""
+    with open(tmp / "output", "wb") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
     try:
-        _wait_http(port, proc, log, "nginx")
+        _wait_http(port, proc, log, what)
         yield Server(f"http://127.0.0.1:{port}", port, proc, log)
     finally:
         _stop(proc)
@@ -139,16 +145,9 @@ def moto_s3() -> Iterator[Server]:
     """moto's standalone S3-compatible server; ``S3_ENV`` plus ``AWS_ENDPOINT_URL`` reach it."""
     tmp = Path(tempfile.mkdtemp(prefix="xetfs-moto-"))
     port = free_port()
-    log = tmp / "moto.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=out)  # fmt: skip
-    try:
-        _wait_http(port, proc, log, "moto server")
-        yield Server(f"http://127.0.0.1:{port}", port, proc, log)
-    finally:
-        _stop(proc)
-        shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with _serving(cmd, tmp, port, tmp / "output", "moto server") as server:
+        yield server
 
 
 def upload_dir(bucket_url: str, endpoint: str, top: Path) -> None:
