@@ -353,6 +353,16 @@ def test_cached_source_drops_corrupt_entries_and_falls_back_when_down(tmp_path: 
         cached.read("other", limit=100, fresh=True)
 
 
+def test_object_store_urls_and_what_they_show() -> None:
+    from xetfs.objects import ObstoreSource, is_url, public_url
+
+    assert is_url("s3://b/p") and is_url("HTTPS://h/p") and not is_url("/srv/store") and not is_url("store")
+    assert public_url("https://user:pw@host:8080/a/b/?sig=secret") == "https://host:8080/a/b"
+    assert public_url("abfs://container@acct.dfs.core.windows.net/p") == "abfs://container@acct.dfs.core.windows.net/p"
+    gcs = ObstoreSource("gs://bucket/prefix", RemoteOptions())  # obstore gives GCS (and Azure) too
+    assert gcs.lists and gcs.location == "gs://bucket/prefix"
+
+
 def test_secrets_go_to_the_daemon_by_environment_not_argv(tmp_path: Path) -> None:
     from xetfs.cli import build_parser
     from xetfs.commands import _child_argv, _config

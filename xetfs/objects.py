@@ -137,11 +137,16 @@ def redact(text: str, secrets: list[str]) -> str:
 
 
 def public_url(url: str) -> str:
-    """``url`` without credentials or query (what messages and cache keys may show)."""
+    """``url`` without a password or query (what messages and cache keys may show).
+
+    A user name without a password stays: in ``abfs://CONTAINER@ACCOUNT...`` it names the container.
+    """
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
     if parts.port:
         host += f":{parts.port}"
+    if parts.username and parts.password is None:
+        host = f"{parts.username}@{host}"
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
 
 
