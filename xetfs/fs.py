@@ -26,7 +26,7 @@ import trio
 
 from xetfs.errors import XetfsError
 from xetfs.index import FileEntry
-from xetfs.policy import ReadPolicy
+from xetfs.policy import DEFAULT_MAXIMUM, ReadPolicy
 from xetfs.reader import Reader
 from xetfs.stats import IndexCounters, ReadCounters, document
 from xetfs.tree import Kind, Node, Tree
@@ -50,6 +50,7 @@ class FsOptions:
     direct_io: bool = False
     mtime_ns: int = 0
     prefetch: bool = True
+    prefetch_max: int = DEFAULT_MAXIMUM  # how far ahead of a sequential reader prefetch may go
 
 
 @dataclass
@@ -243,7 +244,7 @@ class XetFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        handle = _Handle(node)
+        handle = _Handle(node, ReadPolicy(maximum=self.options.prefetch_max))
         if node.kind is Kind.STATS:
             # One document per open: the size and the bytes a reader sees never change under it.
             handle.snapshot = self._stats_latest = self.stats_document()
@@ -320,7 +321,8 @@ class XetFS(pyfuse3.Operations):
         """The live counters as JSON (``.xetfs/stats``)."""
         r = self.reader.statistics()
         groups = {"reads": self._reads, "cache": r.cache, "decode": r.decode, "store": r.store, "prefetch": r.prefetch,
-                  "workers": r.workers, "errors": r.errors, "index": self.index_counters}  # fmt: skip
+                  "workers": r.workers, "errors": r.errors, "index": self.index_counters,
+                  "remote": r.remote}  # fmt: skip
         return (json.dumps(document(groups, self._started), indent=2) + "\n").encode()
 
     # -- every way of writing is refused --------------------------------------

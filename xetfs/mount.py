@@ -25,20 +25,30 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from xetfs.diskcache import DEFAULT_SIZE as DEFAULT_DISK_CACHE
+from xetfs.diskcache import DiskCache
+from xetfs.diskcache import default_dir as default_cache_dir
 from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
 from xetfs.indexer import load_index
 from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import Manifest
-from xetfs.pack import find_manifest, load_manifest
+from xetfs.objects import RemoteOptions, is_url
+from xetfs.pack import load_manifest, store_manifest
+from xetfs.policy import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
 from xetfs.pool import DecodePool, default_workers, slots_for
-from xetfs.reader import Reader, inline_io, threaded_io
-from xetfs.store import Store
+from xetfs.reader import RUN_BYTES, Reader, inline_io, threaded_io
+from xetfs.remote import RemoteStore
+from xetfs.stats import RemoteCounters
+from xetfs.store import Store, StoreLike
 from xetfs.tree import build_tree
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report
+REMOTE_FETCH_WIDTH = 8  # requests in flight to a remote store
+REMOTE_RUN_BYTES = 4 * 1024 * 1024  # decoded bytes (about 64 chunks) per request to a remote store
+REMOTE_PREFETCH = 64 * 1024 * 1024  # how far prefetch may run ahead of a reader of a remote store
 KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions"}
 
 
@@ -48,7 +58,7 @@ class MountError(XetfsError):
 
 @dataclass(frozen=True)
 class MountConfig:
-    store: Path
+    store: str | Path  # a directory (absolute) or a URL
     mountpoint: Path
     options: frozenset[str] = frozenset()
     uid: int | None = None
@@ -62,6 +72,9 @@ class MountConfig:
     io_mode: str = "auto"  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
     io_timeout: float = 30.0
     workers: int | None = None  # decode worker processes; None: one per CPU
+    cache_dir: Path | None = None  # disk cache of remote stores; None: the default
+    disk_cache_size: int = DEFAULT_DISK_CACHE
+    headers: tuple[str, ...] = ()  # for a remote store: extra header lines (the environment adds more)
 
 
 def parse_options(values: list[str]) -> frozenset[str]:
@@ -95,28 +108,49 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
         raise MountError("FUSE is not available on this machine (no /dev/fuse; install fuse3)")
 
 
-def _load_manifest(config: MountConfig) -> Manifest | None:
-    path = config.names or find_manifest(config.store)
-    return None if path is None else load_manifest(path)
+def _load_manifest(config: MountConfig, store: StoreLike) -> Manifest | None:
+    if config.names is not None:
+        return load_manifest(config.names)
+    return store_manifest(config.store, store)
+
+
+def open_mount_store(config: MountConfig, counters: RemoteCounters) -> StoreLike:
+    """The store to mount; a remote one reads through the disk cache (unless it is off)."""
+    location = os.fspath(config.store)
+    if not is_url(location):
+        return Store.open(location)
+    options = RemoteOptions.for_timeout(config.io_timeout, list(config.headers))
+    cache = None
+    if config.disk_cache_size:
+        cache = DiskCache(config.cache_dir or default_cache_dir(), config.disk_cache_size, counters)
+        log.info("disk cache: %s, %d bytes at most", cache.directory, config.disk_cache_size)
+    return RemoteStore.open(location, options, cache=cache, counters=counters)
 
 
 def build_fs(config: MountConfig) -> XetFS:
     """Open the store, index it and assemble the filesystem (no FUSE yet)."""
-    store = Store.open(config.store)
+    remote_counters = RemoteCounters()
+    store = open_mount_store(config, remote_counters)
+    remote = isinstance(store, RemoteStore)
     loaded = load_index(store, strict=config.strict)
-    manifest = _load_manifest(config)
+    manifest = _load_manifest(config, store)
     for warning in manifest.warnings if manifest else ():
         log.warning("names: %s", warning)
     tree, warnings = build_tree(loaded.index, manifest)
     for warning in warnings:
         log.warning("names: %s", warning)
-    threaded = choose_io_mode(config.io_mode, store.root) == "thread"
+    # A remote store is read in the daemon's threads (obstore releases the GIL), many requests at once.
+    threaded = remote or choose_io_mode(config.io_mode, Path(config.store)) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
-    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, pool=_decode_pool(config, threaded))
+    pool = _decode_pool(config, threaded)
+    reader = Reader(
+        loaded.index, store, cache_size=config.cache_size, io=io, pool=pool, remote=remote_counters,
+        fetch_width=REMOTE_FETCH_WIDTH if remote else None, run_bytes=REMOTE_RUN_BYTES if remote else RUN_BYTES,
+    )  # fmt: skip
     counters = loaded.counters()
     if counters.shards == 0 and counters.shards_skipped == 0:
-        log.warning("store %s has no shards: the mount shows no files", store.root)
+        log.warning("store %s has no shards: the mount shows no files", store.location)
     log.info(
         "indexed %d files, %d terms, %d xorbs from %d shards (%d skipped)",
         counters.files, counters.terms, counters.xorbs, counters.shards, counters.shards_skipped,
@@ -127,6 +161,7 @@ def build_fs(config: MountConfig) -> XetFS:
         direct_io=config.direct_io,
         mtime_ns=int(store.mtime * 1e9),
         prefetch=config.prefetch,
+        prefetch_max=REMOTE_PREFETCH if remote else DEFAULT_PREFETCH,
     )
     return XetFS(tree, reader, options, counters)
 
@@ -291,12 +326,15 @@ def _report(fd: int | None, message: str) -> None:
         os.close(fd)
 
 
-def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> tuple[list[str], int]:
+def spawn_daemon(
+    argv: list[str], mountpoint: Path, log_file: Path, env: dict[str, str] | None = None
+) -> tuple[list[str], int]:
     """Start the daemon (``argv`` + ``--foreground --ready-fd N``) and wait until it serves.
 
-    Returns the daemon's warnings about the store to show (a long list ends
-    with a line for the rest) and their number.  Raises ``MountError`` with
-    the daemon's own message when it fails.
+    ``env`` is added to the daemon's environment (secrets go there, never into
+    ``argv``).  Returns the daemon's warnings about the store to show (a long
+    list ends with a line for the rest) and their number.  Raises
+    ``MountError`` with the daemon's own message when it fails.
     """
     read_fd, write_fd = os.pipe()
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -309,6 +347,7 @@ def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> tuple[lis
             pass_fds=(write_fd,),
             start_new_session=True,
             cwd="/",
+            env={**os.environ, **(env or {})},
         )
     os.close(write_fd)
     lines = _read_report(read_fd, child, READY_TIMEOUT).splitlines()

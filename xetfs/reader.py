@@ -29,7 +29,7 @@ import trio
 
 from xetfs import hashes
 from xetfs.cache import LoadingCache
-from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError
+from xetfs.errors import IntegrityError, MissingObjectError, StoreError, StoreTimeoutError, XetfsError
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import XorbLayout, chunk_specs, decode_chunks
 from xetfs.index import ChunkSpan, FileEntry, Index, chunk_span
@@ -40,10 +40,11 @@ from xetfs.stats import (
     DecodeCounters,
     ErrorCounters,
     PrefetchCounters,
+    RemoteCounters,
     StoreCounters,
     WorkerCounters,
 )
-from xetfs.store import Store
+from xetfs.store import StoreLike
 
 T = TypeVar("T")
 Io = Callable[..., Awaitable[Any]]
@@ -88,25 +89,35 @@ class ReaderStatistics:
     prefetch: PrefetchCounters
     errors: ErrorCounters
     workers: WorkerCounters
+    remote: RemoteCounters
 
 
 class Reader:
     def __init__(
         self,
         index: Index,
-        store: Store,
+        store: StoreLike,
         *,
         cache_size: int = DEFAULT_CACHE_SIZE,
         verify: bool = True,
         io: Io = inline_io,
         pool: DecodePool | None = None,
+        run_bytes: int = RUN_BYTES,
+        fetch_width: int | None = None,
+        remote: RemoteCounters | None = None,
     ) -> None:
+        """``run_bytes``: decoded bytes per run without decode workers (with them, a slot);
+        ``fetch_width``: store reads in flight at most (None: no bound); ``remote``: the remote
+        store's counters, where reads failed by the server are counted.  A remote store's reads
+        wait on the network: several larger ones are in flight."""
         self.index = index
         self.store = store
         self.verify = verify
         self._io = io
         self._pool = pool
-        self._run_bytes = pool.slot_size if pool else RUN_BYTES
+        self._run_bytes = pool.slot_size if pool else run_bytes
+        self._fetches = trio.CapacityLimiter(fetch_width) if fetch_width else None
+        self._remote = remote or RemoteCounters()
         self.runs = RunStore(cache_size, pool.free_slot if pool else None)
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE)
         self._decode = DecodeCounters()
@@ -118,9 +129,8 @@ class Reader:
         prefetch = replace(self.runs.prefetch_statistics(), requests=self._prefetch_requests)
         workers = self._pool.statistics() if self._pool is not None else WorkerCounters()
         cache = self.runs.statistics()
-        return ReaderStatistics(
-            cache, replace(self._decode), replace(self._store), prefetch, replace(self._errors), workers
-        )
+        decode, store, errors = replace(self._decode), replace(self._store), replace(self._errors)
+        return ReaderStatistics(cache, decode, store, prefetch, errors, workers, replace(self._remote))
 
     # -- public API ---------------------------------------------------------
 
@@ -260,7 +270,11 @@ class Reader:
                 pool.free_slot(slot)
                 return _runs(xorb_hash, layout, first, pieces)
         phys = (layout.phys_start(first), layout.phys_ends[stop - 1])
-        data = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
+        if self._fetches is None:
+            data = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
+        else:
+            async with self._fetches:
+                data = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
         chunks = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
         self._count(len(data), chunks)
         return _runs(xorb_hash, layout, first, chunks)
@@ -299,6 +313,8 @@ class Reader:
             errors.missing += 1
         elif isinstance(exc, StoreTimeoutError):
             errors.timeout += 1
+        elif isinstance(exc, StoreError):
+            self._remote.failed_reads += 1  # the server could not be reached, or refused
         else:
             errors.format += 1
 

@@ -83,6 +83,24 @@ class ErrorCounters:
 
 
 @dataclass
+class RemoteCounters:
+    """Requests to a remote store, and its on-disk cache (zero for a local store)."""
+
+    requests: int = 0  # sent, retries included
+    bytes: int = 0  # received
+    retries: int = 0
+    errors: int = 0  # failed requests (some were retried)
+    in_flight: int = 0  # calls waiting for the server now
+    disk_hits: int = 0
+    disk_misses: int = 0
+    disk_bytes: int = 0  # held in the disk cache, as this mount last counted it
+    disk_evictions: int = 0
+    disk_corrupt: int = 0  # entries that failed their check: dropped and fetched again
+    disk_write_errors: int = 0  # entries not written (a full disk, say); their bytes were served anyway
+    failed_reads: int = 0  # reads that failed with EIO because the server could not be reached or refused
+
+
+@dataclass
 class IndexCounters:
     files: int = 0
     terms: int = 0
