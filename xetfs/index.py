@@ -168,17 +168,17 @@ def chunk_span(piece: TermSlice, layout: XorbLayout) -> ChunkSpan:
     Raises ``MissingObjectError`` when the term's chunk range lies beyond the
     xorb, ``IntegrityError`` when the term's size differs from its chunks'.
     """
-    where = f"xorb {hashes.to_hex(piece.xorb_hash)}"
     if piece.stop > layout.num_chunks:
         raise MissingObjectError(
-            f"{where}: term {piece.term} wants chunks [{piece.start}, {piece.stop}), xorb has {layout.num_chunks}"
+            f"xorb {hashes.to_hex(piece.xorb_hash)}: term {piece.term} wants chunks [{piece.start}, {piece.stop}), "
+            f"xorb has {layout.num_chunks}"
         )
     base = layout.unpacked_start(piece.start)
     actual = layout.unpacked_ends[piece.stop - 1] - base
     if actual != piece.term_size:
         raise IntegrityError(
-            f"{where}: term {piece.term} chunks [{piece.start}, {piece.stop}) hold {actual} bytes, "
-            f"the shard says {piece.term_size}"
+            f"xorb {hashes.to_hex(piece.xorb_hash)}: term {piece.term} chunks [{piece.start}, {piece.stop}) "
+            f"hold {actual} bytes, the shard says {piece.term_size}"
         )
     lo = base + piece.offset
     hi = lo + piece.length

@@ -29,6 +29,7 @@ import enum
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from operator import attrgetter
 
 import trio
 
@@ -94,6 +95,7 @@ class Loaded:
 Cut = Callable[[int, int], Sequence[tuple[int, int]]]
 Loader = Callable[[int, int], Awaitable[Loaded]]
 Entry = Run | Load
+_FIRST = attrgetter("first")  # entries of a xorb are kept sorted by it
 
 
 class RunStore:
@@ -240,7 +242,7 @@ class RunStore:
     def _cover(self, xorb_hash: bytes, first: int, stop: int) -> tuple[list[Entry], list[tuple[int, int]]]:
         """The entries overlapping chunks ``[first, stop)`` and the gaps between them, in order."""
         entries = self._xorbs.get(xorb_hash, [])
-        at = max(0, bisect.bisect_right(entries, first, key=lambda e: e.first) - 1)
+        at = max(0, bisect.bisect_right(entries, first, key=_FIRST) - 1)
         found: list[Entry] = []
         gaps = []
         pos = first
@@ -260,7 +262,7 @@ class RunStore:
     def _register(self, xorb_hash: bytes, first: int, stop: int) -> Load:
         entries = self._xorbs.setdefault(xorb_hash, [])
         ld = Load(first, stop)
-        bisect.insort(entries, ld, key=lambda e: e.first)
+        bisect.insort(entries, ld, key=_FIRST)
         return ld
 
     async def _load(self, xorb_hash: bytes, ld: Load, load: Loader, prefetch: bool) -> None:
@@ -277,10 +279,11 @@ class RunStore:
             ld.state = LoadState.DONE
         finally:
             entries = self._xorbs[xorb_hash]  # holds ``ld`` until here, so it was never dropped
-            entries.remove(ld)
+            # The runs lie within the load's chunks, in order: they take its place.
+            at = _index(entries, ld)
+            entries[at : at + 1] = ld.runs
             for run in ld.runs:
                 run.prefetched = prefetch
-                bisect.insort(entries, run, key=lambda e: e.first)
                 self._hold(run)
             if not entries:
                 del self._xorbs[xorb_hash]
@@ -318,7 +321,7 @@ class RunStore:
         c.runs -= 1
         c.chunks -= run.stop - run.first
         entries = self._xorbs[run.xorb_hash]
-        entries.remove(run)
+        del entries[_index(entries, run)]
         if not entries:
             del self._xorbs[run.xorb_hash]
         run.state = State.GONE
@@ -337,6 +340,14 @@ class RunStore:
                 return False
             pos = max(pos, run.stop)
         return pos >= stop
+
+
+def _index(entries: list[Entry], entry: Entry) -> int:
+    """Where ``entry`` is in ``entries`` (sorted by first chunk, never overlapping), found by bisection."""
+    at = bisect.bisect_left(entries, entry.first, key=_FIRST)
+    while entries[at] is not entry:  # (first chunks are unique: entries never overlap, none is empty)
+        at += 1
+    return at
 
 
 def _overlap(entry: Entry, first: int, stop: int) -> int:
