@@ -14,11 +14,13 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from xetfs import __version__, hashes
+from xetfs.catalogue import Catalogue
 from xetfs.errors import XetfsError, describe
 from xetfs.index import FileEntry, Index
 from xetfs.indexer import load_index
@@ -64,9 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xetfs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("ls", help="list the files of a store")
+    p = sub.add_parser("ls", help="list the repos and revisions of a store (its files when it has no catalogue)")
     p.add_argument("store", help="store directory")
-    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--files", action="store_true", help="list the store's files even when it has a catalogue")
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("cat", help="write a file's bytes to stdout")
@@ -148,6 +151,12 @@ def find_file(index: Index, text: str) -> FileEntry:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from xetfs.catalogue import find_catalogue, load_catalogue
+
+    path = None if args.files else find_catalogue(Path(args.store))
+    if path is not None:
+        Store.open(args.store)
+        return _ls_catalogue(load_catalogue(path), as_json=args.json)
     _, index = open_index(args.store)
     entries = sorted(index, key=lambda e: e.hex)
     if args.json:
@@ -157,6 +166,35 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return EXIT_OK
     for e in entries:
         print(f"{e.hex}  {e.size:>14}  {e.sha256 or '-':<64}  {e.num_terms}")
+    return EXIT_OK
+
+
+def _ls_catalogue(catalogue: Catalogue, *, as_json: bool) -> int:
+    """Repos and revisions of a store's catalogue: one line per repo, one per revision below it."""
+    for warning in catalogue.warnings:
+        print(f"xetfs: warning: {warning}", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    for repo in catalogue.repos:
+        revisions: list[dict[str, Any]] = []
+        for commit in sorted(repo.revisions):
+            rev = repo.revisions[commit]
+            revisions.append({
+                "commit": commit,
+                "refs": sorted(ref for ref, c in repo.refs.items() if c == commit),
+                "files": len(rev.files),
+                "bytes": sum(repo.blobs[b].size for b in rev.files.values()),
+                "noExist": len(rev.no_exist),
+            })  # fmt: skip
+        rows.append({"type": repo.type, "id": repo.id, "folder": repo.folder, "revisions": revisions})
+    if as_json:
+        json.dump({"repos": rows}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    for row in rows:
+        print(f"{row['type']:<8} {row['id']}  ({len(row['revisions'])} revisions)")
+        for r in row["revisions"]:
+            refs = ", ".join(r["refs"]) or "-"
+            print(f"  {r['commit']}  {r['files']:>6} files  {r['bytes']:>14} bytes  refs: {refs}")
     return EXIT_OK
 
 

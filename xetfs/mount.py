@@ -25,16 +25,18 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from xetfs.catalogue import CATALOGUE_NAME, find_catalogue, load_catalogue
 from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
+from xetfs.hubtree import build_hub_tree
+from xetfs.index import Index
 from xetfs.indexer import load_index
 from xetfs.malloc import keep_freed_memory
-from xetfs.manifest import Manifest
 from xetfs.pack import find_manifest, load_manifest
 from xetfs.pool import DecodePool, default_workers
 from xetfs.reader import Reader, inline_io, threaded_io
 from xetfs.store import Store
-from xetfs.tree import build_tree
+from xetfs.tree import Tree, build_tree
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class MountConfig:
     io_mode: str = "auto"  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
     io_timeout: float = 30.0
     workers: int | None = None  # decode worker processes; None: one per CPU
+    layout: str = "auto"  # "hub", "names", "hash" or "auto" (see choose_layout)
 
 
 def parse_options(values: list[str]) -> frozenset[str]:
@@ -93,21 +96,59 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
         raise MountError("FUSE is not available on this machine (no /dev/fuse; install fuse3)")
 
 
-def _load_manifest(config: MountConfig) -> Manifest | None:
-    path = config.names or find_manifest(config.store)
-    return None if path is None else load_manifest(path)
+LAYOUTS = ("auto", "hub", "names", "hash")
+
+
+def choose_layout(config: MountConfig) -> tuple[str, Path | None]:
+    """The layout to show and the file it comes from (catalogue, manifest, or None for ``hash``).
+
+    ``auto``: the Hub cache layout when the store has a catalogue and no
+    ``--names`` was given, else the named tree when there is a manifest, else
+    files by hash.  Raises ``MountError`` when the asked-for layout has no file.
+    """
+    layout = config.layout
+    if layout == "auto":
+        catalogue = None if config.names else find_catalogue(config.store)
+        if catalogue is not None:
+            return "hub", catalogue
+        layout = "names"
+    if layout == "hub":
+        catalogue = find_catalogue(config.store)
+        if catalogue is None:
+            raise MountError(
+                f"--layout hub: {config.store} has no {CATALOGUE_NAME} (import with xetfs pack --hub-cache)"
+            )
+        return "hub", catalogue
+    if layout == "names":
+        path = config.names or find_manifest(config.store)
+        return ("names", path) if path is not None else ("hash", None)
+    return "hash", None
+
+
+def _build_tree(config: MountConfig, index: Index) -> Tree:
+    layout, path = choose_layout(config)
+    log.info("layout: %s%s", layout, f" from {path}" if path else "")
+    if layout == "hub":
+        assert path is not None
+        catalogue = load_catalogue(path)
+        for warning in catalogue.warnings:
+            log.warning("catalogue: %s", warning)
+        tree, warnings = build_hub_tree(index, catalogue)
+    else:
+        manifest = None if path is None else load_manifest(path)
+        for warning in manifest.warnings if manifest else ():
+            log.warning("names: %s", warning)
+        tree, warnings = build_tree(index, manifest)
+    for warning in warnings:
+        log.warning("names: %s", warning)
+    return tree
 
 
 def build_fs(config: MountConfig) -> XetFS:
     """Open the store, index it and assemble the filesystem (no FUSE yet)."""
     store = Store.open(config.store)
     loaded = load_index(store, strict=config.strict)
-    manifest = _load_manifest(config)
-    for warning in manifest.warnings if manifest else ():
-        log.warning("names: %s", warning)
-    tree, warnings = build_tree(loaded.index, manifest)
-    for warning in warnings:
-        log.warning("names: %s", warning)
+    tree = _build_tree(config, loaded.index)
     threaded = choose_io_mode(config.io_mode, store.root) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")

@@ -51,18 +51,21 @@ STATS_NAME = "stats"
 
 class Kind(enum.Enum):
     DIR = "dir"
-    FILE = "file"
+    FILE = "file"  # a file of the store (``entry``)
     STATS = "stats"
+    SYMLINK = "symlink"  # ``data`` is the target
+    DATA = "data"  # a small file whose bytes are ``data`` (a Hub ref, a ``.no_exist`` marker)
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """What an inode is.  ``entry`` is set for ``Kind.FILE`` nodes only."""
+    """What an inode is.  ``entry`` is set for ``Kind.FILE`` nodes only, ``data`` for symlinks and data files."""
 
     inode: int
     kind: Kind
     entry: FileEntry | None
     nlink: int
+    data: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +84,16 @@ _STATS_NODE = Node(STATS_INODE, Kind.STATS, None, 1)
 class Tree:
     """The immutable name tree of one mount.  Build it with ``build_tree``."""
 
-    def __init__(self, entries: list[FileEntry], nlinks: array[int], dirs: dict[int, _Dir]) -> None:
-        """``entries[i]`` has inode ``FIRST_FILE_INODE + i`` and ``nlinks[i]`` names."""
+    def __init__(self, entries: list[FileEntry], nlinks: array[int], dirs: dict[int, _Dir],
+                 extras: list[Node] | None = None) -> None:  # fmt: skip
+        """``entries[i]`` has inode ``FIRST_FILE_INODE + i`` and ``nlinks[i]`` names.
+
+        ``extras`` are symlinks and data files, with the inodes right after the files'.
+        """
         self._entries = entries
         self._nlinks = nlinks
         self._dirs = dirs
+        self._extras = extras or []
 
     def get(self, inode: int) -> Node | None:
         """The node of ``inode``, or None when there is no such inode."""
@@ -97,6 +105,9 @@ class Tree:
             return Node(inode, Kind.FILE, self._entries[i], self._nlinks[i])
         if inode == STATS_INODE:
             return _STATS_NODE
+        k = i - len(self._entries)
+        if 0 <= k < len(self._extras):
+            return self._extras[k]
         return None
 
     def lookup(self, parent: int, name: bytes) -> Node | None:
@@ -179,14 +190,14 @@ class Tree:
 
     @property
     def inode_count(self) -> int:
-        """Number of inodes: directories, files and the stats file."""
-        return len(self._dirs) + len(self._entries) + 1
+        """Number of inodes: directories, files, symlinks, data files and the stats file."""
+        return len(self._dirs) + len(self._entries) + len(self._extras) + 1
 
 
 # -- building ------------------------------------------------------------------
 
 # A directory under construction: name -> subdirectory or inode of a leaf.
-_Pending = dict[bytes, "_Pending | int"]
+Pending = dict[bytes, "Pending | int"]
 
 
 def build_tree(index: Index, manifest: Manifest | None) -> tuple[Tree, list[str]]:
@@ -196,32 +207,61 @@ def build_tree(index: Index, manifest: Manifest | None) -> tuple[Tree, list[str]
     ``.xetfs`` and name conflicts are skipped with a warning; a manifest size
     or SHA-256 that disagrees with the store is reported (the store wins).
     """
-    entries = sorted(index, key=attrgetter("file_hash"))
-    nlinks = array("I", [0]) * len(entries)
-    by_hash, by_sha256 = _hash_names(entries, nlinks)
-    log = WarningLog()
+    builder = TreeBuilder(index)
     if manifest is None:
-        named: _Pending = dict(by_hash)
-        for i in range(len(entries)):
-            nlinks[i] += 1
+        named: Pending = {}
+        for name, inode in builder.by_hash.items():
+            named[name] = builder.link(inode)
     else:
-        named = _named(manifest, entries, nlinks, log)
-    dirs: dict[int, _Dir] = {
-        XETFS_INODE: _freeze_leaves(
-            ROOT_INODE,
-            {
-                BY_HASH_NAME.encode(): BY_HASH_INODE,
-                BY_SHA256_NAME.encode(): BY_SHA256_INODE,
-                STATS_NAME.encode(): STATS_INODE,
-            },
-            subdirs=2,
-        ),
-        BY_HASH_INODE: _freeze_leaves(XETFS_INODE, by_hash),
-        BY_SHA256_INODE: _freeze_leaves(XETFS_INODE, by_sha256),
-    }
-    named[XETFS_NAME.encode()] = XETFS_INODE
-    _freeze_tree(named, dirs, first_inode=FIRST_FILE_INODE + len(entries))
-    return Tree(entries, nlinks, dirs), log.lines()
+        named = _named(manifest, builder.entries, builder.nlinks, builder.log)
+    return builder.finish(named)
+
+
+class TreeBuilder:
+    """The parts every layout shares: file inodes, ``.xetfs/``, link counts, warnings.
+
+    A layout builds a pending tree of names whose leaves are inodes from
+    ``link`` (a store file) or ``add`` (a symlink or data file), then calls
+    ``finish`` once.
+    """
+
+    def __init__(self, index: Index) -> None:
+        self.entries = sorted(index, key=attrgetter("file_hash"))
+        self.nlinks = array("I", [0]) * len(self.entries)
+        self.by_hash, self.by_sha256 = _hash_names(self.entries, self.nlinks)
+        self.log = WarningLog()
+        self.first_file_inode = FIRST_FILE_INODE
+        self._extras: list[Node] = []
+
+    def link(self, inode: int) -> int:
+        """Count one more name of file ``inode`` (from ``by_hash``); returns ``inode``."""
+        self.nlinks[inode - FIRST_FILE_INODE] += 1
+        return inode
+
+    def add(self, kind: Kind, data: bytes) -> int:
+        """A new symlink (``data`` its target) or data file; returns its inode."""
+        inode = FIRST_FILE_INODE + len(self.entries) + len(self._extras)
+        self._extras.append(Node(inode, kind, None, 1, data))
+        return inode
+
+    def finish(self, named: Pending) -> tuple[Tree, list[str]]:
+        """The tree with ``named`` at the root and ``.xetfs/`` beside it, and the warnings."""
+        dirs: dict[int, _Dir] = {
+            XETFS_INODE: _freeze_leaves(
+                ROOT_INODE,
+                {
+                    BY_HASH_NAME.encode(): BY_HASH_INODE,
+                    BY_SHA256_NAME.encode(): BY_SHA256_INODE,
+                    STATS_NAME.encode(): STATS_INODE,
+                },
+                subdirs=2,
+            ),
+            BY_HASH_INODE: _freeze_leaves(XETFS_INODE, self.by_hash),
+            BY_SHA256_INODE: _freeze_leaves(XETFS_INODE, self.by_sha256),
+        }
+        named[XETFS_NAME.encode()] = XETFS_INODE
+        _freeze_tree(named, dirs, first_inode=FIRST_FILE_INODE + len(self.entries) + len(self._extras))
+        return Tree(self.entries, self.nlinks, dirs, self._extras), self.log.lines()
 
 
 def _hash_names(entries: list[FileEntry], nlinks: array[int]) -> tuple[dict[bytes, int], dict[bytes, int]]:
@@ -244,19 +284,19 @@ def _freeze_leaves(parent: int, leaves: dict[bytes, int], subdirs: int = 0) -> _
     return _Dir(parent, names, array("Q", map(leaves.__getitem__, names)), 2 + subdirs)
 
 
-def _freeze_tree(root: _Pending, dirs: dict[int, _Dir], first_inode: int) -> None:
+def _freeze_tree(root: Pending, dirs: dict[int, _Dir], first_inode: int) -> None:
     """Give every pending directory under ``root`` an inode (sorted, depth first) and add it to ``dirs``.
 
     Leaves that are inodes of directories already in ``dirs`` count as subdirectories.
     """
     next_inode = first_inode
-    stack: list[tuple[int, int, _Pending]] = [(ROOT_INODE, ROOT_INODE, root)]
+    stack: list[tuple[int, int, Pending]] = [(ROOT_INODE, ROOT_INODE, root)]
     while stack:
         inode, parent, pending = stack.pop()
         names = sorted(pending)
         inodes = array("Q")
         subdirs = 0
-        below: list[tuple[int, int, _Pending]] = []
+        below: list[tuple[int, int, Pending]] = []
         for name in names:
             child = pending[name]
             if isinstance(child, dict):
@@ -271,10 +311,10 @@ def _freeze_tree(root: _Pending, dirs: dict[int, _Dir], first_inode: int) -> Non
         stack.extend(reversed(below))
 
 
-def _named(manifest: Manifest, entries: list[FileEntry], nlinks: array[int], log: WarningLog) -> _Pending:
+def _named(manifest: Manifest, entries: list[FileEntry], nlinks: array[int], log: WarningLog) -> Pending:
     """The manifest's names as a pending tree whose leaves are file inodes; counts links in ``nlinks``."""
     ranks = {entry.file_hash: i for i, entry in enumerate(entries)}
-    root: _Pending = {}
+    root: Pending = {}
     reserved = 0
     for f in manifest.files:
         if f.path[0] == XETFS_NAME:
@@ -311,7 +351,7 @@ def _check_claims(f: ManifestFile, entry: FileEntry, log: WarningLog) -> None:
         )
 
 
-def _descend(root: _Pending, parts: tuple[str, ...], what: ManifestFile | str, log: WarningLog) -> _Pending | None:
+def _descend(root: Pending, parts: tuple[str, ...], what: ManifestFile | str, log: WarningLog) -> Pending | None:
     """Directory ``parts`` of the pending tree, created as needed; None if a file is in the way."""
     node = root
     for part in parts:
@@ -324,7 +364,7 @@ def _descend(root: _Pending, parts: tuple[str, ...], what: ManifestFile | str, l
     return node
 
 
-def _link(parent: _Pending, f: ManifestFile, inode: int, log: WarningLog) -> bool:
+def _link(parent: Pending, f: ManifestFile, inode: int, log: WarningLog) -> bool:
     """Name ``inode`` ``f.path[-1]`` in ``parent``; False (with a warning) if the name is taken."""
     name = f.path[-1].encode("utf-8")
     existing = parent.get(name)
