@@ -270,7 +270,7 @@ def dump_catalogue(catalogue: Catalogue) -> bytes:
         return {"xetHash": c.xet_hash, "size": c.size}
 
     repos = []
-    for r in catalogue.repos:
+    for r in sorted(catalogue.repos, key=lambda r: r.key):
         revisions: dict[str, Any] = {}
         for commit in sorted(r.revisions):
             rev = r.revisions[commit]
