@@ -33,7 +33,7 @@ def main() -> None:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
     report: dict[str, Any] = {}
-    refs = (cache / "models--acme--tiny-bert" / "refs")
+    refs = cache / "models--acme--tiny-bert" / "refs"
     commits = {ref: (refs / ref).read_text() for ref in ("main", "v1.0", "refs/pr/1")}
     downloads = {}
     for rev in ("main", "v1.0", "refs/pr/1", commits["v1.0"]):

@@ -111,9 +111,13 @@ def test_import_summary_and_dedup(imported: Imported) -> None:
     assert m.group(8) == "nothing skipped"
     blobs = {p for r in imported.spec.root.iterdir() for p in (r / "blobs").iterdir()}
     assert new == len(blobs) + 1  # every blob, and the dataset's tree listing
-    assert cache_bytes == sum(p.stat().st_size for p in blobs) + (
-        imported.spec.root / "datasets--acme--tiny-data" / "trees" / f"{imported.spec.dataset_commit}.json"
-    ).stat().st_size
+    assert (
+        cache_bytes
+        == sum(p.stat().st_size for p in blobs)
+        + (imported.spec.root / "datasets--acme--tiny-data" / "trees" / f"{imported.spec.dataset_commit}.json")
+        .stat()
+        .st_size
+    )
     # Three revisions that differ in one tensor each add little more than one copy.
     dataset_bytes = sum(len(v) for (repo, _, _), v in imported.spec.files.items() if repo == hub_cache.DATASET)
     model_store_bytes = store_bytes - dataset_bytes
@@ -191,7 +195,7 @@ def test_bad_input_is_named_and_the_rest_imports(imported: Imported, tmp_path: P
     cache = tmp_path / "cache"
     shutil.copytree(imported.spec.root, cache, symlinks=True)
     folder = cache / "models--acme--tiny-bert"
-    c1, c2, c3 = imported.spec.model_commits
+    c1, _c2, c3 = imported.spec.model_commits
     snap = folder / "snapshots" / c3
     (folder / "blobs" / ("f" * 64 + ".incomplete")).write_bytes(b"partial")
     (snap / "broken.bin").symlink_to("../../blobs/" + "e" * 64)
@@ -201,10 +205,18 @@ def test_bad_input_is_named_and_the_rest_imports(imported: Imported, tmp_path: P
     readme.write_bytes(b"# tampered\n")
     proc = xetfs(tmp_path, "pack", "--hub-cache", cache, tmp_path / "store", "--no-progress")
     warnings = proc.stderr.splitlines()
-    assert f"xetfs: warning: skipping {folder / 'blobs' / ('f' * 64 + '.incomplete')}: a partial download (.incomplete)" in warnings  # noqa: E501
+    assert (
+        f"xetfs: warning: skipping {folder / 'blobs' / ('f' * 64 + '.incomplete')}: a partial download (.incomplete)"
+        in warnings
+    )
     assert f"xetfs: warning: skipping {snap / 'broken.bin'}: broken symlink, blob {'e' * 64} is missing" in warnings
-    assert f"xetfs: warning: skipping ref {folder / 'refs' / 'gone'}: its commit {'9' * 40} has no snapshot in the cache" in warnings  # noqa: E501
-    assert any(w.startswith(f"xetfs: warning: skipping {readme}: its content does not match its name") for w in warnings)
+    assert (
+        f"xetfs: warning: skipping ref {folder / 'refs' / 'gone'}: its commit {'9' * 40} has no snapshot in the cache"
+        in warnings
+    )
+    assert any(
+        w.startswith(f"xetfs: warning: skipping {readme}: its content does not match its name") for w in warnings
+    )
     assert len(warnings) == 4
     m = summary(proc)
     assert m.group(8) == (
@@ -289,9 +301,24 @@ def test_concurrent_packs_into_one_store_keep_both(imported: Imported, tmp_path:
     store = tmp_path / "store"
     env = hf_xet_env(tmp_path / "hf_xet")
     procs = [
-        subprocess.Popen([sys.executable, "-m", "xetfs", "pack", "--hub-cache", str(imported.spec.root), str(store),
-                          "--repo", repo, "--no-progress"], cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)  # fmt: skip
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "xetfs",
+                "pack",
+                "--hub-cache",
+                str(imported.spec.root),
+                str(store),
+                "--repo",
+                repo,
+                "--no-progress",
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         for repo in (hub_cache.MODEL, hub_cache.DATASET)
     ]
     for p in procs:

@@ -82,7 +82,7 @@ def test_bad_input_is_named_and_skipped(cache: hub_cache.CacheSpec, tmp_path: Pa
     root = tmp_path / "cache"
     shutil.copytree(cache.root, root, symlinks=True)
     folder = root / "models--acme--tiny-bert"
-    c1, c2, c3 = cache.model_commits
+    _c1, _c2, c3 = cache.model_commits
     snap = folder / "snapshots" / c3
     (folder / "blobs" / ("f" * 64 + ".incomplete")).write_bytes(b"partial")
     (snap / "broken.bin").symlink_to("../../blobs/" + "e" * 64)
