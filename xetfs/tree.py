@@ -3,7 +3,9 @@
 Layout::
 
     /                       the manifest's named tree, or (without a manifest)
-                            every file of the store named by its xet hex hash
+                            every file of the store named by its xet hex hash,
+                            or the Hub cache layout of a catalogue (hubtree.py,
+                            with symlinks and small data files)
     /.xetfs/by-hash/<xet hex>        every file of the store
     /.xetfs/by-sha256/<sha256 hex>   every file whose shard records a SHA-256
     /.xetfs/stats                    the live statistics (``Kind.STATS``)
