@@ -104,20 +104,21 @@ def upload_checked(jobs: Sequence[Job], store_dir: Path, *, progress: bool, warn
     reads (ours for the git sha1, hf_xet's) disagree, "changed while being
     read".  Raises ``XetfsError`` when hf_xet fails as a whole.
     """
-    ready: list[tuple[Job, tuple[int, int, int], Digests | None]] = []
-    for job in jobs:
+    ready: list[tuple[int, tuple[int, int, int], Digests | None]] = []  # (index in jobs, stamp, our digests)
+    for i, job in enumerate(jobs):
         try:
             stamp = _stamp(job.local)
             needs_sha1 = (job.blob is not None and len(job.blob) == 40) or (job.blob is None and not job.lfs)
-            ready.append((job, stamp, digest_file(job.local) if needs_sha1 else None))
+            ready.append((i, stamp, digest_file(job.local) if needs_sha1 else None))
         except OSError as exc:
             warn(f"skipping {job.local}: unreadable: {exc}")
-    rounds = _rounds([(j.family, stamp[0]) for j, stamp, _ in ready])
-    uploaded = upload([j.local for j, _, _ in ready], store_dir, progress=progress, rounds=rounds) if ready else []
-    by_job: dict[int, Stored | None] = {}
-    for (job, stamp, digests), up in zip(ready, uploaded, strict=True):
-        by_job[id(job)] = _check(job, stamp, digests, up.sha256, Content(hashes.to_hex(up.xet_hash), up.size), warn)
-    return [by_job.get(id(job)) for job in jobs]
+    rounds = _rounds([(jobs[i].family, stamp[0]) for i, stamp, _ in ready])
+    paths = [jobs[i].local for i, _, _ in ready]
+    uploaded = upload(paths, store_dir, progress=progress, rounds=rounds) if ready else []
+    out: list[Stored | None] = [None] * len(jobs)
+    for (i, stamp, digests), up in zip(ready, uploaded, strict=True):
+        out[i] = _check(jobs[i], stamp, digests, up.sha256, Content(hashes.to_hex(up.xet_hash), up.size), warn)
+    return out
 
 
 ROUND_MIN_SIZE = 1024 * 1024  # smaller files are a few chunks: not worth a round of their own
