@@ -16,6 +16,9 @@ another) keep the first and warn about the rest.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from xetfs.catalogue import Catalogue, Repo
 from xetfs.index import Index
 from xetfs.manifest import WarningLog
@@ -46,10 +49,11 @@ def _repo(repo: Repo, builder: TreeBuilder) -> Pending:
         entry = builder.entries[inode - builder.first_file_inode]
         if entry.size != content.size:
             log.add("size", f"{where}: blob {name}: {content.size} bytes in the catalogue, {entry.size} in the store")
-        _place(folder, ("blobs", name), builder.link(inode), where, log)
+        _place(folder, ("blobs", name), functools.partial(builder.link, inode), where, log)
         present.add(name)
     for ref, commit in repo.refs.items():
-        _place(folder, ("refs", *ref.split("/")), builder.add(Kind.DATA, commit.encode()), where, log)
+        ref_file = functools.partial(builder.add, Kind.DATA, commit.encode())
+        _place(folder, ("refs", *ref.split("/")), ref_file, where, log)
     for commit, rev in repo.revisions.items():
         for path, blob in rev.files.items():
             if blob not in present:
@@ -57,20 +61,25 @@ def _repo(repo: Repo, builder: TreeBuilder) -> Pending:
                 continue
             parts = tuple(path.split("/"))
             target = "../" * (len(parts) + 1) + "blobs/" + blob
-            _place(folder, ("snapshots", commit, *parts), builder.add(Kind.SYMLINK, target.encode()), where, log)
+            link = functools.partial(builder.add, Kind.SYMLINK, target.encode())
+            _place(folder, ("snapshots", commit, *parts), link, where, log)
         for path in rev.no_exist:
-            _place(folder, (".no_exist", commit, *path.split("/")), builder.add(Kind.DATA, _EMPTY), where, log)
+            marker = functools.partial(builder.add, Kind.DATA, _EMPTY)
+            _place(folder, (".no_exist", commit, *path.split("/")), marker, where, log)
         if rev.tree is not None:
             inode = builder.by_hash.get(rev.tree.xet_hash.encode())
             if inode is None:
                 log.add("missing", f"{where}: trees/{commit}.json (file {rev.tree.xet_hash}) is not in the store")
             else:
-                _place(folder, ("trees", f"{commit}.json"), builder.link(inode), where, log)
+                _place(folder, ("trees", f"{commit}.json"), functools.partial(builder.link, inode), where, log)
     return folder
 
 
-def _place(top: Pending, parts: tuple[str, ...], inode: int, where: str, log: WarningLog) -> None:
-    """Name ``inode`` ``parts`` below ``top``, making directories; a warning instead when something is in the way."""
+def _place(top: Pending, parts: tuple[str, ...], make: Callable[[], int], where: str, log: WarningLog) -> None:
+    """Name the inode ``make()`` gives ``parts`` below ``top``, making directories.
+
+    When something is in the way: a warning, and ``make`` is not called (inodes stay dense).
+    """
     node = top
     for part in parts[:-1]:
         child = node.setdefault(part.encode(), {})
@@ -82,4 +91,4 @@ def _place(top: Pending, parts: tuple[str, ...], inode: int, where: str, log: Wa
     if name in node:
         log.add("conflict", f"{where}: {'/'.join(parts)}: the name is taken; left out")
         return
-    node[name] = inode
+    node[name] = make()
