@@ -18,6 +18,7 @@ from xetfs.catalogue import (
     dump_catalogue,
     find_catalogue,
     load_catalogue,
+    locked,
     merge,
     parse_catalogue,
     repo_folder,
@@ -109,7 +110,8 @@ def test_write_is_atomic_and_load_needs_no_write_access(tmp_path: Path) -> None:
 
 def _writer(store: str, first: int) -> None:
     for k in range(first, first + 10):
-        update_catalogue(Path(store), Catalogue((repo(f"org/repo{k}"),)))
+        with locked(Path(store)):
+            update_catalogue(Path(store), Catalogue((repo(f"org/repo{k}"),)))
 
 
 def test_concurrent_writers_keep_every_repo(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ import pytest
 from mounting import mounted
 from oracle import REPO_ROOT, hf_xet_env
 
-from xetfs.catalogue import CATALOGUE_NAME, load_catalogue
+from xetfs.catalogue import CATALOGUE_NAME, load_catalogue, locked
 from xetfs.errors import CatalogueError
 
 fuse = pytest.mark.fuse
@@ -240,6 +240,7 @@ def test_bad_input_is_named_and_the_rest_imports(imported: Imported, tmp_path: P
     ]), out  # fmt: skip
 
 
+@fuse
 def test_pack_killed_at_random_points_then_run_again(tmp_path: Path) -> None:
     spec = hub_cache.make_hub_cache(tmp_path / "cache", floats=256 * 1024)
     store = tmp_path / "store"
@@ -297,33 +298,29 @@ def test_a_directory_as_a_revision_and_the_layouts(imported: Imported, tmp_path:
         assert diff(src, m.path) == ""
 
 
-def test_concurrent_packs_into_one_store_keep_both(imported: Imported, tmp_path: Path) -> None:
+@fuse
+def test_concurrent_packs_into_one_store_take_turns_and_keep_both(imported: Imported, tmp_path: Path) -> None:
+    """hf_xet cannot write one store from two processes at once: packs wait for the store's lock."""
     store = tmp_path / "store"
+    store.mkdir()
     env = hf_xet_env(tmp_path / "hf_xet")
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "xetfs",
-                "pack",
-                "--hub-cache",
-                str(imported.spec.root),
-                str(store),
-                "--repo",
-                repo,
-                "--no-progress",
-            ],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        for repo in (hub_cache.MODEL, hub_cache.DATASET)
-    ]
-    for p in procs:
-        _, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    errs = [tmp_path / f"err{i}" for i in range(2)]
+    with locked(store):  # both packs start while the lock is held, so both must wait
+        procs = []
+        for repo, err in zip((hub_cache.MODEL, hub_cache.DATASET), errs, strict=True):
+            cmd = [sys.executable, "-m", "xetfs", "pack", "--hub-cache", str(imported.spec.root), str(store),
+                   "--repo", repo, "--no-progress"]  # fmt: skip
+            with open(err, "wb") as f:
+                procs.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=f))
+        deadline = time.monotonic() + 60
+        while not all(b"waiting for it to finish" in e.read_bytes() for e in errs):
+            assert time.monotonic() < deadline, [e.read_text() for e in errs]
+            assert all(p.poll() is None for p in procs), [e.read_text() for e in errs]
+            time.sleep(0.05)
+    for p, err in zip(procs, errs, strict=True):
+        assert p.wait(120) == 0, err.read_text()
     cat = load_catalogue(store / CATALOGUE_NAME)
     assert [r.id for r in cat.repos] == [hub_cache.DATASET, hub_cache.MODEL]
     assert cat.repos[1].refs["main"] == imported.spec.model_commits[2]
+    with mounted(store) as m:
+        assert diff(imported.spec.root, m.path) == ""

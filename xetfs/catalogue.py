@@ -29,7 +29,7 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -340,29 +340,37 @@ def write_catalogue(path: Path, catalogue: Catalogue) -> None:
 
 
 @contextlib.contextmanager
-def locked(store_dir: Path) -> Iterator[None]:
-    """Hold the store's catalogue lock (``flock`` on ``STORE/.xetfs-hub.lock``) for the block.
+def locked(store_dir: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold the store's pack lock (``flock`` on ``STORE/.xetfs-hub.lock``) for the block.
 
-    Writers read, merge and replace the catalogue under it, so two packs into
-    one store keep both their repos.  The kernel drops the lock when a
-    process dies, so a killed pack never leaves it held.
+    A pack holds it from reading the catalogue to replacing it, uploads
+    included (hf_xet itself cannot write one store from two processes at
+    once), so two packs into one store run one after the other and keep
+    both their repos.  ``waiting`` is called when another process holds it.
+    The kernel drops the lock when a process dies, so a killed pack never
+    leaves it held.  Not re-entrant within one process.
     """
     fd = os.open(store_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)
 
 
 def update_catalogue(store_dir: Path, new: Catalogue) -> Catalogue:
-    """Merge ``new`` into the store's catalogue under the lock, write it atomically, and return the result.
+    """Merge ``new`` into the store's catalogue, write it atomically, and return the result.
 
-    An unreadable existing catalogue raises ``CatalogueError`` rather than being overwritten.
+    The caller holds ``locked(store_dir)``.  An unreadable existing
+    catalogue raises ``CatalogueError`` rather than being overwritten.
     """
     path = store_dir / CATALOGUE_NAME
-    with locked(store_dir):
-        old = load_catalogue(path) if path.exists() else Catalogue()
-        merged = merge(old, new)
-        write_catalogue(path, merged)
+    old = load_catalogue(path) if path.exists() else Catalogue()
+    merged = merge(old, new)
+    write_catalogue(path, merged)
     return merged

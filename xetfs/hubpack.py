@@ -31,6 +31,7 @@ from xetfs.catalogue import (
     Revision,
     is_commit,
     load_catalogue,
+    locked,
     ref_problem,
     repo_id_problem,
     update_catalogue,
@@ -240,15 +241,21 @@ def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Seq
     if not cache_dir.is_dir():
         raise XetfsError(f"{cache_dir}: no huggingface_hub cache there (not a directory)")
     skips = Skips(warn)
-    old = _existing(store_dir)
     scanned = scan_cache(cache_dir, repos, skips)
-    jobs = _plan_jobs(scanned, old)
-    before = store_bytes(store_dir)
-    stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
-    by_local = {job.local: s for job, s in zip(jobs, stored, strict=True) if s is not None}
-    new = _catalogue(scanned, old, by_local)
-    update_catalogue(store_dir, new)
-    return _result(new, stored, store_bytes(store_dir) - before, skips)
+    with locked(store_dir, _waiting(store_dir, warn)):
+        old = _existing(store_dir)
+        jobs = _plan_jobs(scanned, old)
+        before = store_bytes(store_dir)
+        stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
+        by_local = {job.local: s for job, s in zip(jobs, stored, strict=True) if s is not None}
+        new = _catalogue(scanned, old, by_local)
+        update_catalogue(store_dir, new)
+        grown = store_bytes(store_dir) - before
+    return _result(new, stored, grown, skips)
+
+
+def _waiting(store_dir: Path, warn: Warn) -> Callable[[], None]:
+    return lambda: warn(f"another pack is writing {store_dir}: waiting for it to finish")
 
 
 def _previous(old: Catalogue, repo: CachedRepo, commit: str) -> Revision | None:
@@ -348,14 +355,17 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
     plan = plan_pack([Path(s) for s in sources], store_dir, skips)
     paths = ["/".join(f.path) for f in plan.files]
     jobs = [Job(f.local, None, is_lfs_path(p, _size(f.local))) for f, p in zip(plan.files, paths, strict=True)]
-    before = store_bytes(store_dir)
-    stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
-    failed = [str(j.local) for j, s in zip(jobs, stored, strict=True) if s is None]
-    if failed:
-        raise XetfsError(f"revision not recorded: {len(failed)} file(s) failed their checks: {', '.join(failed[:5])}")
-    files = {p: s.blob for p, s in zip(paths, stored, strict=True) if s is not None}
-    blobs = {s.blob: s.content for s in stored if s is not None}
-    commit_id = commit.lower() if commit else derive_commit(files)
-    new = Catalogue((Repo(repo_type, repo_id, {revision: commit_id}, blobs, {commit_id: Revision(files)}),))
-    update_catalogue(store_dir, new)
-    return commit_id, _result(new, stored, store_bytes(store_dir) - before, skips)
+    with locked(store_dir, _waiting(store_dir, warn)):
+        _existing(store_dir)  # a broken catalogue stops the pack before anything is uploaded
+        before = store_bytes(store_dir)
+        stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
+        failed = [str(j.local) for j, s in zip(jobs, stored, strict=True) if s is None]
+        if failed:
+            raise XetfsError(f"revision not recorded: {len(failed)} file(s) failed their checks: {', '.join(failed)}")
+        files = {p: s.blob for p, s in zip(paths, stored, strict=True) if s is not None}
+        blobs = {s.blob: s.content for s in stored if s is not None}
+        commit_id = commit.lower() if commit else derive_commit(files)
+        new = Catalogue((Repo(repo_type, repo_id, {revision: commit_id}, blobs, {commit_id: Revision(files)}),))
+        update_catalogue(store_dir, new)
+        grown = store_bytes(store_dir) - before
+    return commit_id, _result(new, stored, grown, skips)

@@ -322,21 +322,26 @@ def pack(
 
     Raises ``XetfsError`` or ``OSError`` with a message fit for one line.
     """
+    from xetfs.catalogue import locked
+
     store_dir = Path(store).absolute()
     if store_dir.exists() and not store_dir.is_dir():
         raise XetfsError(f"store {store_dir}: exists and is not a directory")
-    manifest_path = store_dir / MANIFEST_NAME
-    old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
     plan = plan_pack([Path(s) for s in sources], store_dir, warn)
-    results = upload([f.local for f in plan.files], store_dir, progress=progress)
-    new: list[Entry] = [
-        ManifestFile(f.path, r.xet_hash, r.size, r.sha256) for f, r in zip(plan.files, results, strict=True)
-    ]
-    new.extend(plan.directories)
-    merged, messages = merge(new, old, source=MANIFEST_NAME)
-    for message in messages:
-        warn(message)
-    write_manifest(manifest_path, merged)
+    store_dir.mkdir(parents=True, exist_ok=True)
+    # hf_xet cannot write one store from two processes at once: packs take turns.
+    with locked(store_dir, lambda: warn(f"another pack is writing {store_dir}: waiting for it to finish")):
+        manifest_path = store_dir / MANIFEST_NAME
+        old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
+        results = upload([f.local for f in plan.files], store_dir, progress=progress)
+        new: list[Entry] = [
+            ManifestFile(f.path, r.xet_hash, r.size, r.sha256) for f, r in zip(plan.files, results, strict=True)
+        ]
+        new.extend(plan.directories)
+        merged, messages = merge(new, old, source=MANIFEST_NAME)
+        for message in messages:
+            warn(message)
+        write_manifest(manifest_path, merged)
     return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files))
 
 
