@@ -324,3 +324,25 @@ def test_concurrent_packs_into_one_store_take_turns_and_keep_both(imported: Impo
     assert cat.repos[1].refs["main"] == imported.spec.model_commits[2]
     with mounted(store) as m:
         assert diff(imported.spec.root, m.path) == ""
+
+
+def test_verify_checks_the_catalogue_against_the_store(imported: Imported, tmp_path: Path) -> None:
+    assert "OK:" in xetfs(tmp_path, "verify", imported.store).stdout
+    store = tmp_path / "store"
+    shutil.copytree(imported.store, store)
+    doc = json.loads((store / CATALOGUE_NAME).read_bytes())
+    model = next(r for r in doc["repos"] if r["id"] == hub_cache.MODEL)
+    big = sorted(name for name in model["blobs"] if len(name) == 64)
+    small = sorted(name for name in model["blobs"] if len(name) == 40)
+    model["blobs"][big[0]]["xetHash"] = model["blobs"][big[1]]["xetHash"]  # another file under this sha256 name
+    model["blobs"][small[0]]["size"] += 1
+    model["blobs"][small[1]]["xetHash"] = "0" * 64
+    (store / CATALOGUE_NAME).write_text(json.dumps(doc))
+    proc = xetfs(tmp_path, "verify", store, check=False)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    problems = [line for line in proc.stdout.splitlines() if line.startswith("PROBLEM:")]
+    assert len(problems) == 3, problems
+    text = "\n".join(problems)
+    assert f"blob {big[0]}: the store's file" in text and f"has sha256 {big[1]}" in text
+    assert f"blob {small[0]}: " in text and "bytes in the catalogue" in text
+    assert f"blob {small[1]}: file {'0' * 64} is not in the store" in text

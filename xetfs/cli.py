@@ -218,7 +218,8 @@ def cmd_cat(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from xetfs.verify import audit
+    from xetfs.catalogue import find_catalogue, load_catalogue
+    from xetfs.verify import audit, audit_catalogue
 
     store = Store.open(args.store)
     show = sys.stderr.isatty() and not args.no_progress
@@ -226,6 +227,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not show, desc="verify") as bar:
         report = trio.run(audit, store, bar)
+    catalogue = find_catalogue(Path(args.store))
+    if catalogue is not None:
+        report.problems += audit_catalogue(load_catalogue(catalogue), load_index(store).index)
     for problem in report.problems:
         print(f"PROBLEM: {problem}")
     status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
