@@ -199,7 +199,8 @@ class Tree:
 # -- building ------------------------------------------------------------------
 
 # A directory under construction: name -> subdirectory or inode of a leaf.
-Pending = dict[bytes, "Pending | int"]
+_Pending = dict[bytes, "_Pending | int"]
+Pending = _Pending  # for layouts built elsewhere (hubtree.py)
 
 
 def build_tree(index: Index, manifest: Manifest | None) -> tuple[Tree, list[str]]:
@@ -211,7 +212,7 @@ def build_tree(index: Index, manifest: Manifest | None) -> tuple[Tree, list[str]
     """
     builder = TreeBuilder(index)
     if manifest is None:
-        named: Pending = {}
+        named: _Pending = {}
         for name, inode in builder.by_hash.items():
             named[name] = builder.link(inode)
     else:
@@ -246,7 +247,7 @@ class TreeBuilder:
         self._extras.append(Node(inode, kind, None, 1, data))
         return inode
 
-    def finish(self, named: Pending) -> tuple[Tree, list[str]]:
+    def finish(self, named: _Pending) -> tuple[Tree, list[str]]:
         """The tree with ``named`` at the root and ``.xetfs/`` beside it, and the warnings."""
         dirs: dict[int, _Dir] = {
             XETFS_INODE: _freeze_leaves(
@@ -286,19 +287,19 @@ def _freeze_leaves(parent: int, leaves: dict[bytes, int], subdirs: int = 0) -> _
     return _Dir(parent, names, array("Q", map(leaves.__getitem__, names)), 2 + subdirs)
 
 
-def _freeze_tree(root: Pending, dirs: dict[int, _Dir], first_inode: int) -> None:
+def _freeze_tree(root: _Pending, dirs: dict[int, _Dir], first_inode: int) -> None:
     """Give every pending directory under ``root`` an inode (sorted, depth first) and add it to ``dirs``.
 
     Leaves that are inodes of directories already in ``dirs`` count as subdirectories.
     """
     next_inode = first_inode
-    stack: list[tuple[int, int, Pending]] = [(ROOT_INODE, ROOT_INODE, root)]
+    stack: list[tuple[int, int, _Pending]] = [(ROOT_INODE, ROOT_INODE, root)]
     while stack:
         inode, parent, pending = stack.pop()
         names = sorted(pending)
         inodes = array("Q")
         subdirs = 0
-        below: list[tuple[int, int, Pending]] = []
+        below: list[tuple[int, int, _Pending]] = []
         for name in names:
             child = pending[name]
             if isinstance(child, dict):
@@ -313,10 +314,10 @@ def _freeze_tree(root: Pending, dirs: dict[int, _Dir], first_inode: int) -> None
         stack.extend(reversed(below))
 
 
-def _named(manifest: Manifest, entries: list[FileEntry], nlinks: array[int], log: WarningLog) -> Pending:
+def _named(manifest: Manifest, entries: list[FileEntry], nlinks: array[int], log: WarningLog) -> _Pending:
     """The manifest's names as a pending tree whose leaves are file inodes; counts links in ``nlinks``."""
     ranks = {entry.file_hash: i for i, entry in enumerate(entries)}
-    root: Pending = {}
+    root: _Pending = {}
     reserved = 0
     for f in manifest.files:
         if f.path[0] == XETFS_NAME:
@@ -353,7 +354,7 @@ def _check_claims(f: ManifestFile, entry: FileEntry, log: WarningLog) -> None:
         )
 
 
-def _descend(root: Pending, parts: tuple[str, ...], what: ManifestFile | str, log: WarningLog) -> Pending | None:
+def _descend(root: _Pending, parts: tuple[str, ...], what: ManifestFile | str, log: WarningLog) -> _Pending | None:
     """Directory ``parts`` of the pending tree, created as needed; None if a file is in the way."""
     node = root
     for part in parts:
@@ -366,7 +367,7 @@ def _descend(root: Pending, parts: tuple[str, ...], what: ManifestFile | str, lo
     return node
 
 
-def _link(parent: Pending, f: ManifestFile, inode: int, log: WarningLog) -> bool:
+def _link(parent: _Pending, f: ManifestFile, inode: int, log: WarningLog) -> bool:
     """Name ``inode`` ``f.path[-1]`` in ``parent``; False (with a warning) if the name is taken."""
     name = f.path[-1].encode("utf-8")
     existing = parent.get(name)
