@@ -346,3 +346,46 @@ def test_verify_checks_the_catalogue_against_the_store(imported: Imported, tmp_p
     assert f"blob {big[0]}: the store's file" in text and f"has sha256 {big[1]}" in text
     assert f"blob {small[0]}: " in text and "bytes in the catalogue" in text
     assert f"blob {small[1]}: file {'0' * 64} is not in the store" in text
+
+
+CHANGING_PACK = """
+import sys
+from pathlib import Path
+import xetfs.hubpack as hubpack
+from xetfs.cli import main
+
+victim = Path(sys.argv[1]).resolve()
+read = hubpack.digest_file
+
+
+def digest_then_change(path):
+    digests = read(path)
+    if Path(path).resolve() == victim:  # a writer gets in between our read and hf_xet's
+        Path(path).write_bytes(b"rewritten while xetfs was reading it\\n")
+    return digests
+
+
+hubpack.digest_file = digest_then_change
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+@fuse
+def test_a_file_changed_while_being_read_is_left_out(imported: Imported, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(imported.spec.root, cache, symlinks=True)
+    c1 = imported.spec.model_commits[0]
+    snap = cache / "models--acme--tiny-bert" / "snapshots" / c1
+    victim = Path(os.path.realpath(snap / "notes" / "training.txt"))
+    store = tmp_path / "store"
+    proc = subprocess.run(
+        [sys.executable, "-c", CHANGING_PACK, str(victim), "pack", "--hub-cache", str(cache), str(store),
+         "--no-progress"],
+        capture_output=True, text=True, cwd=REPO_ROOT, env=hf_xet_env(tmp_path / "hf_xet"), timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == f"xetfs: warning: skipping {victim}: changed while being read\n"
+    assert summary(proc).group(8) == "skipped 1 (1 files changed while read)"
+    with mounted(store) as m:
+        assert not (m.path / snap.relative_to(cache) / "notes" / "training.txt").exists()
+        assert (m.path / snap.relative_to(cache) / "README.md").read_bytes() == (snap / "README.md").read_bytes()
