@@ -60,3 +60,36 @@ if [[ ! -f $stamp || $(<"$stamp") != "$want" ]] || ! .venv/bin/python -c 'import
     fi
     printf '%s\n' "$want" >"$stamp"
 fi
+
+# -- the xetfs command on PATH -------------------------------------------------
+# A link to .venv/bin/xetfs in /usr/local/bin (root, when writable) or
+# ~/.local/bin, so that a new shell finds `xetfs`.  XETFS_BIN_DIR=DIR picks the
+# directory, XETFS_BIN_DIR=none skips this.  A link of another checkout is
+# left alone.
+target="$PWD/.venv/bin/xetfs"
+bin_dir=${XETFS_BIN_DIR:-}
+if [[ -z $bin_dir ]]; then
+    if [[ $(id -u) -eq 0 && -d /usr/local/bin && -w /usr/local/bin ]]; then
+        bin_dir=/usr/local/bin
+    else
+        bin_dir="$HOME/.local/bin"
+    fi
+fi
+if [[ $bin_dir != none ]]; then
+    link="$bin_dir/xetfs"
+    if [[ -L $link && $(readlink "$link") == "$target" ]]; then
+        : # already ours
+    elif [[ -e $link || -L $link ]] && ! { [[ -L $link ]] && [[ ! -e $link ]]; }; then
+        echo "setup.sh: $link exists and is not this checkout's; run xetfs here as $target" >&2
+    elif mkdir -p "$bin_dir" 2>/dev/null && ln -sfn "$target" "$link" 2>/dev/null; then
+        echo "setup.sh: linked $link -> $target" >&2
+    else
+        echo "setup.sh: could not link $link; run xetfs as $target" >&2
+    fi
+    if [[ -L $link && $(readlink "$link") == "$target" ]]; then
+        case ":$PATH:" in
+        *":$bin_dir:"*) ;;
+        *) echo "setup.sh: $bin_dir is not on your PATH; add it (export PATH=\"$bin_dir:\$PATH\") or run $target" >&2 ;;
+        esac
+    fi
+fi

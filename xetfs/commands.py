@@ -58,13 +58,14 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.set_defaults(func=cmd_mount)
 
     p = sub.add_parser("umount", help="unmount a xetfs mount")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="where the store is mounted")
     p.add_argument("-z", "--lazy", action="store_true", help="lazy unmount (detach now, clean up when unused)")
-    p.add_argument("--force", action="store_true", help="abort the FUSE connection first (a hung daemon; root)")
+    p.add_argument("--force", action="store_true",
+                   help="abort the FUSE connection first (hung daemon; root); unmounts non-xetfs mounts")  # fmt: skip
     p.set_defaults(func=cmd_umount)
 
     p = sub.add_parser("stats", help="show the live counters of a mount")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="where the store is mounted")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_stats)
 
@@ -139,8 +140,11 @@ def cmd_mount(args: argparse.Namespace) -> int:
         load_manifest(path)
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
-    spawn_daemon(_child_argv(args, config), config.mountpoint, log_file)
-    print(f"mounted {config.store} at {config.mountpoint} (log: {log_file})", file=sys.stderr)
+    warnings, n = spawn_daemon(_child_argv(args, config), config.mountpoint, log_file)
+    for warning in warnings:
+        print(f"xetfs: warning: {warning}", file=sys.stderr)
+    count = f" with {n} warning{'s' if n != 1 else ''} about the store" if n else ""
+    print(f"mounted {config.store} at {config.mountpoint}{count} (log: {log_file})", file=sys.stderr)
     return 0
 
 

@@ -97,6 +97,8 @@ class XetFS(pyfuse3.Operations):
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store never changes
         self._next_fh = 1
+        self._stats_open = 0  # open handles of .xetfs/stats
+        self._stats_latest: bytes | None = None  # the document taken at the latest open of .xetfs/stats
         self._nursery: trio.Nursery | None = None
         self._prefetch = self.options.prefetch and reader.cache.capacity >= MIN_CACHE_FOR_PREFETCH
         if self.options.prefetch and not self._prefetch:
@@ -126,7 +128,7 @@ class XetFS(pyfuse3.Operations):
         elif node.kind is Kind.STATS:
             a.st_mode = stat.S_IFREG | 0o444
             a.attr_timeout = 0
-            size = len(self.stats_document())
+            size = len(self._stats_for_attrs())
         elif node.kind is Kind.SYMLINK:
             a.st_mode = stat.S_IFLNK | 0o777
             size = len(node.data)
@@ -142,8 +144,20 @@ class XetFS(pyfuse3.Operations):
         a.st_size = size
         a.st_blksize = BLOCK_SIZE
         a.st_blocks = (size + 511) // 512
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.options.mtime_ns
+        mtime = self.options.mtime_ns if node.mtime_ns is None else node.mtime_ns
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = mtime
         return a
+
+    def _stats_for_attrs(self) -> bytes:
+        """The stats document whose size ``getattr`` reports.
+
+        While a reader holds ``.xetfs/stats`` open, the one taken at the latest
+        open (an ``fstat`` after ``open`` matches the bytes that reader gets);
+        otherwise a fresh one.
+        """
+        if self._stats_open == 0 or self._stats_latest is None:
+            self._stats_latest = self.stats_document()
+        return self._stats_latest
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -239,7 +253,9 @@ class XetFS(pyfuse3.Operations):
         self._next_fh += 1
         handle = _Handle(node)
         if node.kind is Kind.STATS:
-            handle.snapshot = self.stats_document()
+            # One document per open: the size and the bytes a reader sees never change under it.
+            handle.snapshot = self._stats_latest = self.stats_document()
+            self._stats_open += 1
             self._handles[fh] = handle
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
         if node.kind is Kind.DATA:  # bytes held by the tree (a Hub ref): served like the stats snapshot
@@ -260,9 +276,7 @@ class XetFS(pyfuse3.Operations):
         handle = self._handles.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        if handle.node.kind in (Kind.STATS, Kind.DATA):
-            if off == 0 and handle.node.kind is Kind.STATS:
-                handle.snapshot = self.stats_document()
+        if handle.node.kind in (Kind.STATS, Kind.DATA):  # bytes fixed at open
             return handle.snapshot[off : off + size]
         entry = handle.node.entry
         if entry is None:
@@ -314,6 +328,8 @@ class XetFS(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
+        if handle is not None and handle.node.kind is Kind.STATS:
+            self._stats_open -= 1
         if handle is not None and handle.stream is not None:
             handle.stream.restart()
 

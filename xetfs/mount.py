@@ -82,6 +82,8 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
     try:
         if os.path.ismount(mountpoint):
             raise MountError(f"{mountpoint}: already a mount point (unmount it first: xetfs umount {mountpoint})")
+        if not mountpoint.exists():
+            raise MountError(f"{mountpoint}: no such directory (create it first: mkdir {mountpoint})")
         if not mountpoint.is_dir():
             raise MountError(f"{mountpoint}: not a directory")
         if not nonempty and any(os.scandir(mountpoint)):
@@ -155,6 +157,8 @@ def build_fs(config: MountConfig) -> XetFS:
     reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, pool=_decode_pool(config, threaded))
     counters = loaded.counters()
     reader.stats.index = counters
+    if counters.shards == 0 and counters.shards_skipped == 0:
+        log.warning("store %s has no shards: the mount shows no files", store.root)
     log.info(
         "indexed %d files, %d terms, %d xorbs from %d shards (%d skipped)",
         counters.files, counters.terms, counters.xorbs, counters.shards, counters.shards_skipped,
@@ -230,10 +234,28 @@ def set_read_ahead(mountpoint: Path, kb: int) -> None:
         log.info("could not set read-ahead to %d KiB: %s", kb, exc.strerror)
 
 
+class _Collect(logging.Handler):
+    """Keeps the messages of warnings logged while the filesystem is built, for the mounting terminal."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
-    """Mount and serve until unmounted or signalled.  Reports readiness on ``ready_fd``."""
+    """Mount and serve until unmounted or signalled.
+
+    Reports on ``ready_fd``: one ``warning: ...`` line per warning about the
+    store (at most ``MAX_REPORTED_WARNINGS``, then one for the rest), a
+    ``warnings: N`` line with their number, then ``ok`` or ``error: ...``.
+    """
     keep_freed_memory()
     fs: XetFS | None = None
+    collect = _Collect()
+    logging.getLogger("xetfs").addHandler(collect)
     try:
         check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
         fs = build_fs(config)
@@ -243,6 +265,9 @@ def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
             fs.reader.close()
         _report(ready_fd, f"error: {describe(exc)}")
         raise
+    finally:
+        logging.getLogger("xetfs").removeHandler(collect)
+    _send_warnings(ready_fd, collect.messages)
     try:
         trio.run(_serve, fs, config, ready_fd)
     finally:
@@ -285,7 +310,22 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
             return
 
 
+MAX_REPORTED_WARNINGS = 20
+
+
+def _send_warnings(fd: int | None, messages: list[str]) -> None:
+    """Pass warnings to the waiting ``xetfs mount``, one line each (the log has them all)."""
+    if fd is None:
+        return
+    lines = [f"warning: {m}".replace("\n", " ") for m in messages[:MAX_REPORTED_WARNINGS]]
+    if len(messages) > MAX_REPORTED_WARNINGS:
+        lines.append(f"warning: ... and {len(messages) - MAX_REPORTED_WARNINGS} more (see the log)")
+    with contextlib.suppress(OSError):
+        os.write(fd, "".join(f"{line}\n" for line in [*lines, f"warnings: {len(messages)}"]).encode())
+
+
 def _report(fd: int | None, message: str) -> None:
+    """Send the final line (``ok`` or ``error: ...``) and close ``fd``."""
     if fd is None:
         return
     with contextlib.suppress(OSError):
@@ -293,10 +333,12 @@ def _report(fd: int | None, message: str) -> None:
         os.close(fd)
 
 
-def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> None:
+def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> tuple[list[str], int]:
     """Start the daemon (``argv`` + ``--foreground --ready-fd N``) and wait until it serves.
 
-    Raises ``MountError`` with the daemon's own message when it fails.
+    Returns the daemon's warnings about the store to show (a long list ends
+    with a line for the rest) and their number.  Raises ``MountError`` with
+    the daemon's own message when it fails.
     """
     read_fd, write_fd = os.pipe()
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -311,15 +353,20 @@ def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> None:
             cwd="/",
         )
     os.close(write_fd)
-    message = _read_report(read_fd, child, READY_TIMEOUT)
+    lines = _read_report(read_fd, child, READY_TIMEOUT).splitlines()
+    warnings = [line.removeprefix("warning: ") for line in lines if line.startswith("warning: ")]
+    counts = [int(line.split()[1]) for line in lines if re.fullmatch(r"warnings: \d+", line)]
+    message = lines[-1] if lines and not lines[-1].startswith("warning") else ""
     if message != "ok":
         with contextlib.suppress(ProcessLookupError):
             child.terminate()
         detail = message.removeprefix("error: ") if message else f"the daemon exited (see {log_file})"
         raise MountError(detail)
+    return warnings, counts[-1] if counts else len(warnings)
 
 
 def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str:
+    """What the daemon wrote on the report pipe up to and including its final line (or EOF)."""
     deadline = time.monotonic() + timeout
     chunks = []
     with os.fdopen(fd, "rb", buffering=0) as pipe:
@@ -331,7 +378,8 @@ def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str
                 data = None
             if data:
                 chunks.append(data)
-                if b"\n" in data:
+                last = b"".join(chunks).rstrip(b"\n").rpartition(b"\n")[2]
+                if data.endswith(b"\n") and not last.startswith(b"warning"):
                     break
             elif data == b"":  # EOF: the daemon closed the pipe or died
                 break
@@ -343,18 +391,27 @@ def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str
     return b"".join(chunks).decode(errors="replace").strip()
 
 
+XETFS_FS_TYPE = "fuse.xetfs"  # what mountinfo shows for our mounts (``subtype=xetfs``)
+FUSECTL = Path("/sys/fs/fuse/connections")
+
+
 def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> None:
     """Unmount with fusermount3 (or umount), refusing paths that are not mounted.
 
-    ``force`` first aborts the FUSE connection (root only), which fails every
+    Anything but a xetfs mount is refused unless ``force``.  ``force`` first
+    aborts the FUSE connection of a FUSE mount (root only), which fails every
     pending and future request at once: the way out of a hung daemon.
     """
     path = os.path.abspath(mountpoint)  # no syscalls: the mount may be hung
-    device = _mounted_device(path)
-    if device is None:
+    found = next(((device, kind) for point, device, kind in _mounts() if point == path), None)
+    if found is None:
         raise MountError(f"{mountpoint}: not mounted")
+    device, kind = found
+    if kind != XETFS_FS_TYPE and not force:
+        raise MountError(f"{mountpoint}: not a xetfs mount (it is {kind}); use --force to unmount it anyway")
     if force:
-        _abort_connection(device)
+        if kind.split(".")[0] == "fuse":
+            _abort_connection(device)
         lazy = True
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     cmd = [tool, "-u", *(["-z"] if lazy else []), path] if tool else ["umount", *(["-l"] if lazy else []), path]
@@ -369,11 +426,29 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
 
 
 def _abort_connection(device: str) -> None:
+    """Abort the FUSE connection of the mount on ``device`` through fusectl, mounting fusectl if root needs it."""
     minor = device.partition(":")[2]
+    if os.geteuid() != 0:
+        raise MountError(f"cannot abort FUSE connection {minor}: --force needs root")
+    if not any(point == str(FUSECTL) for point, _, _ in _mounts()):
+        _mount_fusectl()
+    abort = FUSECTL / minor / "abort"
     try:
-        Path(f"/sys/fs/fuse/connections/{minor}/abort").write_text("1\n")
+        abort.write_text("1\n")
     except OSError as exc:
-        raise MountError(f"cannot abort FUSE connection {minor}: {exc.strerror} (needs root and fusectl)") from None
+        raise MountError(f"cannot abort FUSE connection {minor}: {abort}: {exc.strerror}") from None
+
+
+def _mount_fusectl() -> None:
+    """Mount the FUSE control filesystem at ``FUSECTL`` (root only)."""
+    cmd = ["mount", "-t", "fusectl", "fusectl", str(FUSECTL)]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise MountError(
+            f"cannot abort a FUSE connection: the fusectl filesystem is not mounted at {FUSECTL}, "
+            f"and '{' '.join(cmd)}' failed: {result.stderr.strip() or result.returncode}"
+        )
+    log.info("mounted fusectl at %s", FUSECTL)
 
 
 def _mounted_device(path: str) -> str | None:

@@ -6,6 +6,9 @@ endpoint), and the names manifest beside the store
 (``STORE/xetfs-manifest.json``, Hub tree-listing JSON, merged with the one
 already there).  Also where a mount looks for that manifest.
 
+Each file's modification time (taken before the upload) is kept in the
+manifest's ``mtime`` field, which the mount shows.
+
 Naming: a directory that is the only SRC contributes its contents relative to
 itself; otherwise a directory contributes ``<its name>/...`` and a file its
 name.  Directories are walked in sorted order; only regular files are packed
@@ -87,10 +90,11 @@ def load_manifest(path: Path) -> Manifest:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """One file to upload: its name in the manifest and where it is on disk (absolute)."""
+    """One file to upload: its name in the manifest, where it is on disk (absolute), its mtime (ns)."""
 
     path: PathParts
     local: Path
+    mtime_ns: int
 
 
 @dataclass
@@ -122,7 +126,7 @@ def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = _print_warning)
                 plan.directories.append(prefix)
             _walk(src, prefix, plan, skip, warn)
         elif stat.S_ISREG(st.st_mode):
-            plan.files.append(Source((_top_name(src),), src.absolute()))
+            plan.files.append(Source((_top_name(src),), src.absolute(), st.st_mtime_ns))
         else:
             raise XetfsError(f"{src}: not a regular file or directory")
     if not plan.files:
@@ -163,7 +167,7 @@ def _walk(top: Path, prefix: PathParts, plan: Plan, skip: Path, warn: Warn) -> N
                 plan.directories.append((*parts, e.name))
                 below.append((path, (*parts, e.name)))
             elif e.is_file(follow_symlinks=False):
-                plan.files.append(Source((*parts, e.name), path.absolute()))
+                plan.files.append(Source((*parts, e.name), path.absolute(), e.stat(follow_symlinks=False).st_mtime_ns))
             else:
                 warn(f"skipping {path}: not a regular file")
         stack.extend(reversed(below))
@@ -335,7 +339,8 @@ def pack(
         old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
         results = upload([f.local for f in plan.files], store_dir, progress=progress)
         new: list[Entry] = [
-            ManifestFile(f.path, r.xet_hash, r.size, r.sha256) for f, r in zip(plan.files, results, strict=True)
+            ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns)
+            for f, r in zip(plan.files, results, strict=True)
         ]
         new.extend(plan.directories)
         merged, messages = merge(new, old, source=MANIFEST_NAME)

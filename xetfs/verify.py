@@ -3,6 +3,8 @@
 Checks, and reports every problem with the object, the offset and expected
 versus found:
 
+* the store has shards, unless it has no xorbs either (an empty store is
+  fine, as it is for ``mount``);
 * every shard parses and is named after the hash of its bytes;
 * every xorb's footer is consistent, its chunk hashes aggregate to its name,
   and every chunk decodes and hashes to its recorded hash;
@@ -29,6 +31,7 @@ from xetfs.errors import XetfsError
 from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
 from xetfs.format.xorb import XorbLayout, decode_run
 from xetfs.index import EMPTY_SHA256, Index
+from xetfs.indexer import shards_missing
 from xetfs.reader import Reader
 from xetfs.store import Store
 
@@ -105,7 +108,11 @@ async def audit(store: Store, progress: Progress | None = None) -> Report:
 
 def _check_shards(a: _Audit) -> list[Shard]:
     shards = []
-    for shard_file in a.store.shard_files():
+    shard_files = a.store.shard_files()
+    missing = shards_missing(a.store, len(shard_files))
+    if missing is not None:
+        a.problem(missing)
+    for shard_file in shard_files:
         try:
             data = a.store.read_shard(shard_file)
             shards.append(parse_shard(data, where=f"shard {shard_file.name}"))
