@@ -25,7 +25,7 @@ from typing import Any
 
 import hub_cache
 import pytest
-from mounting import mounted
+from mounting import force_unmount, is_mounted, mounted
 from oracle import REPO_ROOT, hf_xet_env
 
 from xetfs.catalogue import CATALOGUE_NAME, load_catalogue, locked
@@ -386,3 +386,31 @@ def test_a_file_changed_while_being_read_is_left_out(imported: Imported, tmp_pat
     with mounted(store) as m:
         assert not (m.path / snap.relative_to(cache) / "notes" / "training.txt").exists()
         assert (m.path / snap.relative_to(cache) / "README.md").read_bytes() == (snap / "README.md").read_bytes()
+
+
+@fuse
+def test_catalogue_warnings_reach_the_mounting_terminal(imported: Imported, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(imported.store, store)
+    doc = json.loads((store / CATALOGUE_NAME).read_bytes())
+    model = next(r for r in doc["repos"] if r["id"] == hub_cache.MODEL)
+    lost = sorted(name for name in model["blobs"] if len(name) == 40)[0]
+    model["blobs"][lost]["xetHash"] = "0" * 64  # a file the store does not have
+    model["refs"]["../escape"] = imported.spec.model_commits[0]
+    (store / CATALOGUE_NAME).write_text(json.dumps(doc))
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    log = tmp_path / "daemon.log"
+    proc = xetfs(tmp_path, "mount", store, mnt, "--log-file", log)
+    try:
+        lines = proc.stderr.splitlines()
+        assert any("catalogue" in line and "'../escape'" in line for line in lines), lines
+        assert any(f"blob {lost} (file {'0' * 64}) is not in the store; left out" in line for line in lines), lines
+        assert lines[-1].startswith(f"mounted {store} at {mnt} with ") and "warnings about the store" in lines[-1]
+        assert not (mnt / "models--acme--tiny-bert" / "blobs" / lost).exists()
+        assert (mnt / "models--acme--tiny-bert" / "refs" / "main").exists()
+    finally:
+        xetfs(tmp_path, "umount", mnt, check=False)
+        if is_mounted(mnt):
+            force_unmount(mnt)
+    assert not is_mounted(mnt)
