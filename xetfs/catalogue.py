@@ -36,7 +36,8 @@ from typing import Any
 
 from xetfs import hashes
 from xetfs.errors import CatalogueError
-from xetfs.manifest import WarningLog, path_problem
+from xetfs.manifest import WarningLog, parse_json, path_problem
+from xetfs.store import find_beside
 
 CATALOGUE_NAME = "xetfs-hub.json"
 LOCK_NAME = ".xetfs-hub.lock"
@@ -130,14 +131,7 @@ def parse_catalogue(data: bytes, *, source: str) -> Catalogue:
 
     Raises ``CatalogueError`` only when ``data`` is not usable as a whole.
     """
-    if len(data) > MAX_CATALOGUE_BYTES:
-        raise CatalogueError(f"catalogue {source}: {len(data)} bytes, the limit is {MAX_CATALOGUE_BYTES}")
-    try:
-        doc = json.loads(data)
-    except RecursionError:
-        raise CatalogueError(f"catalogue {source}: JSON nested too deeply") from None
-    except ValueError as exc:
-        raise CatalogueError(f"catalogue {source}: not valid JSON: {exc}") from None
+    doc = parse_json(data, what=f"catalogue {source}", limit=MAX_CATALOGUE_BYTES, error=CatalogueError)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise CatalogueError(f"catalogue {source}: not a {FORMAT} document")
     if doc.get("version") != VERSION:
@@ -298,16 +292,7 @@ def dump_catalogue(catalogue: Catalogue) -> bytes:
 
 def find_catalogue(store_dir: Path) -> Path | None:
     """The catalogue of the store given as ``store_dir`` (``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``), or None."""
-    candidates = [store_dir]
-    if store_dir.name == "xet":
-        candidates.append(store_dir.parent)
-    elif store_dir.name == "xorbs" and store_dir.parent.name == "xet":
-        candidates.append(store_dir.parent.parent)
-    for directory in candidates:
-        path = directory / CATALOGUE_NAME
-        if path.is_file():
-            return path
-    return None
+    return find_beside(store_dir, CATALOGUE_NAME)
 
 
 def load_catalogue(path: Path) -> Catalogue:

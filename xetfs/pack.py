@@ -42,6 +42,7 @@ from xetfs.manifest import (
     parse_manifest,
     path_problem,
 )
+from xetfs.store import find_beside
 
 MANIFEST_NAME = "xetfs-manifest.json"
 
@@ -56,22 +57,8 @@ def _print_warning(message: str) -> None:
 
 
 def find_manifest(store_dir: Path) -> Path | None:
-    """The manifest of the store given as ``store_dir``, or None.
-
-    Looks in ``store_dir`` itself and, when ``store_dir`` is the inner
-    ``DIR/xet`` or ``DIR/xet/xorbs`` of an hf_xet layout, in ``DIR`` (where
-    ``pack`` writes it).
-    """
-    candidates = [store_dir]
-    if store_dir.name == "xet":
-        candidates.append(store_dir.parent)
-    elif store_dir.name == "xorbs" and store_dir.parent.name == "xet":
-        candidates.append(store_dir.parent.parent)
-    for directory in candidates:
-        path = directory / MANIFEST_NAME
-        if path.is_file():
-            return path
-    return None
+    """The manifest of the store given as ``store_dir`` (``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``), or None."""
+    return find_beside(store_dir, MANIFEST_NAME)
 
 
 def load_manifest(path: Path) -> Manifest:
