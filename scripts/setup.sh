@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare this checkout for the test suite; safe to run again and again.
 #
-# * as root with apt-get: the FUSE packages (only when one is missing);
+# * as root with apt-get: the FUSE packages, and nginx for the remote-store tests (only when one is missing);
 # * .venv in the repository root, made with python3 >= 3.11 (PYTHON=... to choose);
 # * the project in editable mode with its test extras, reinstalled only when
 #   pyproject.toml changed (a stamp in .venv holds its hash).
@@ -15,7 +15,7 @@ die() {
 }
 
 # -- system packages ---------------------------------------------------------
-PACKAGES=(fuse3 libfuse3-dev pkg-config attr)
+PACKAGES=(fuse3 libfuse3-dev pkg-config attr nginx curl)
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
     missing=()
     for pkg in "${PACKAGES[@]}"; do

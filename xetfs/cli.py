@@ -26,8 +26,9 @@ from xetfs.errors import XetfsError, describe
 from xetfs.index import FileEntry, Index
 from xetfs.indexer import load_index
 from xetfs.manifest import format_mtime
+from xetfs.objects import is_url
 from xetfs.reader import Reader
-from xetfs.store import Store
+from xetfs.store import Store, StoreLike
 
 log = logging.getLogger("xetfs")
 
@@ -70,21 +71,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xetfs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from xetfs.remoteargs import add_remote_args
+
     p = sub.add_parser("ls", help="list the repos and revisions of a store (its files when it has no catalogue)")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
+    add_remote_args(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--files", action="store_true", help="list the store's files even when it has a catalogue")
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("cat", help="write a file's bytes to stdout")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help="store directory or URL")
+    add_remote_args(p)
     p.add_argument("hash", help="xet hash of the file (a unique prefix of at least 8 digits is enough)")
     p.add_argument("--offset", type=parse_size, default=0, help="first byte to write")
     p.add_argument("--length", type=parse_size, default=None, help="bytes to write (default: to the end)")
     p.set_defaults(func=cmd_cat)
 
     p = sub.add_parser("verify", help="audit a whole store offline")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help="store directory or URL")
+    add_remote_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_verify)
 
@@ -136,8 +142,10 @@ def _silence_stdout() -> None:
 # -- store helpers -------------------------------------------------------------
 
 
-def open_index(path: str) -> tuple[Store, Index]:
-    store = Store.open(path)
+def open_index(args: argparse.Namespace) -> tuple[StoreLike, Index]:
+    from xetfs.remoteargs import open_location
+
+    store = open_location(args)
     return store, load_index(store).index
 
 
@@ -169,19 +177,18 @@ def cmd_ls(args: argparse.Namespace) -> int:
     prints its values in order, the path last.
     """
     from xetfs.catalogue import find_catalogue, load_catalogue
-    from xetfs.pack import find_manifest, load_manifest
+    from xetfs.pack import store_manifest
 
-    path = None if args.files else find_catalogue(Path(args.store))
+    path = None if args.files or is_url(args.store) else find_catalogue(Path(args.store))
     if path is not None:
         Store.open(args.store)
         return _ls_catalogue(load_catalogue(path), as_json=args.json)
-    _, index = open_index(args.store)
-    manifest_path = find_manifest(Path(args.store).resolve())
+    store, index = open_index(args)
+    manifest = store_manifest(args.store, store)
     rows: list[dict[str, Any]] = []
-    if manifest_path is None:
+    if manifest is None:
         rows = [_ls_row(e) for e in sorted(index, key=lambda e: e.hex)]
     else:
-        manifest = load_manifest(manifest_path)
         for warning in manifest.warnings:
             log.warning("names: %s", warning)
         named: set[bytes] = set()
@@ -249,7 +256,7 @@ CAT_BLOCK = 8 * 1024 * 1024
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
-    store, index = open_index(args.store)
+    store, index = open_index(args)
     entry = find_file(index, args.hash)
     end = entry.size if args.length is None else min(entry.size, args.offset + args.length)
     reader = Reader(index, store, cache_size=64 * 1024 * 1024)
@@ -291,15 +298,16 @@ def _stdout_writer() -> Callable[[bytes | memoryview], None]:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from xetfs.catalogue import find_catalogue, load_catalogue
+    from xetfs.remoteargs import open_location
     from xetfs.verify import audit, audit_catalogue
 
-    store = Store.open(args.store)
+    store = open_location(args)
     show = sys.stderr.isatty() and not args.no_progress
     from tqdm import tqdm
 
     with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not show, desc="verify") as bar:
         report = trio.run(audit, store, bar)
-    catalogue = find_catalogue(Path(args.store))
+    catalogue = None if is_url(args.store) else find_catalogue(Path(args.store))
     if catalogue is not None:
         report.problems += audit_catalogue(load_catalogue(catalogue), load_index(store).index)
     status = EXIT_OK if report.ok else EXIT_PROBLEMS

@@ -25,7 +25,7 @@ import trio
 
 from xetfs.errors import XetfsError
 from xetfs.index import FileEntry
-from xetfs.readahead import Readahead
+from xetfs.readahead import DEFAULT_MAXIMUM, Readahead
 from xetfs.reader import Reader
 from xetfs.stream import Stream
 from xetfs.tree import Kind, Node, Tree
@@ -48,6 +48,7 @@ class FsOptions:
     direct_io: bool = False
     mtime_ns: int = 0
     prefetch: bool = True
+    prefetch_max: int = DEFAULT_MAXIMUM  # how far ahead of a sequential reader prefetch may go
 
 
 @dataclass
@@ -251,7 +252,7 @@ class XetFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        handle = _Handle(node)
+        handle = _Handle(node, Readahead(maximum=self.options.prefetch_max))
         if node.kind is Kind.STATS:
             # One document per open: the size and the bytes a reader sees never change under it.
             handle.snapshot = self._stats_latest = self.stats_document()

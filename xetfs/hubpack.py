@@ -39,6 +39,7 @@ from xetfs.catalogue import (
 from xetfs.errors import XetfsError
 from xetfs.hubcache import CachedRepo, Digests, digest_file, is_lfs_path, scan_cache
 from xetfs.pack import plan_pack, upload
+from xetfs.remote import publish
 
 Warn = Callable[[str], None]
 
@@ -250,6 +251,7 @@ def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Seq
         by_local = {job.local: s for job, s in zip(jobs, stored, strict=True) if s is not None}
         new = _catalogue(scanned, old, by_local)
         update_catalogue(store_dir, new)
+        publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
     return _result(new, stored, grown, skips)
 
@@ -367,5 +369,6 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         commit_id = commit.lower() if commit else derive_commit(files)
         new = Catalogue((Repo(repo_type, repo_id, {revision: commit_id}, blobs, {commit_id: Revision(files)}),))
         update_catalogue(store_dir, new)
+        publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
     return commit_id, _result(new, stored, grown, skips)

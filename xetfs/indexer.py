@@ -17,7 +17,7 @@ from xetfs.errors import FormatError, StoreError
 from xetfs.format.shard import parse_shard
 from xetfs.index import Index
 from xetfs.stats import IndexCounters
-from xetfs.store import Store
+from xetfs.store import StoreLike
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class LoadResult:
         )
 
 
-def load_index(store: Store, *, strict: bool = False) -> LoadResult:
+def load_index(store: StoreLike, *, strict: bool = False) -> LoadResult:
     """Index every shard of ``store``.
 
     Raises ``StoreError`` when the store has xorbs but no shards, when every
@@ -62,11 +62,11 @@ def load_index(store: Store, *, strict: bool = False) -> LoadResult:
     if result.skipped and len(result.index) == 0:
         bad, total = len(result.skipped), len(shard_files)
         which = f"all {total} shards are bad" if bad == total else f"{bad} of {total} shards are bad, the rest empty"
-        raise StoreError(f"store {store.root}: nothing to show: {which} (first: {result.skipped[0]})")
+        raise StoreError(f"store {store.location}: nothing to show: {which} (first: {result.skipped[0]})")
     return result
 
 
-def shards_missing(store: Store, shards: int) -> str | None:
+def shards_missing(store: StoreLike, shards: int) -> str | None:
     """Why a store with ``shards`` shards is damaged as a whole, or None.
 
     A store with neither shards nor xorbs is empty, which is fine; xorbs
@@ -78,4 +78,4 @@ def shards_missing(store: Store, shards: int) -> str | None:
     xorbs = sum(1 for _ in store.xorb_hashes())
     if not xorbs:
         return None
-    return f"store {store.root}: no shards in {store.root / 'shards'}, but {xorbs} xorbs: the shards are missing"
+    return f"store {store.location}: no shards in {store.location}/shards, but {xorbs} xorbs: the shards are missing"

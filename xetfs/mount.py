@@ -26,21 +26,32 @@ import pyfuse3
 import trio
 
 from xetfs.catalogue import CATALOGUE_NAME, find_catalogue, load_catalogue
+from xetfs.diskcache import DEFAULT_SIZE as DEFAULT_DISK_CACHE
+from xetfs.diskcache import DiskCache
+from xetfs.diskcache import default_dir as default_cache_dir
 from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
 from xetfs.hubtree import build_hub_tree
 from xetfs.index import Index
 from xetfs.indexer import load_index
 from xetfs.malloc import keep_freed_memory
-from xetfs.pack import find_manifest, load_manifest
+from xetfs.manifest import Manifest
+from xetfs.objects import RemoteOptions, is_url
+from xetfs.pack import load_manifest, store_manifest
 from xetfs.pool import DecodePool, default_workers
-from xetfs.reader import Reader, inline_io, threaded_io
-from xetfs.store import Store
+from xetfs.readahead import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
+from xetfs.reader import PREFETCH_BATCH, Reader, inline_io, threaded_io
+from xetfs.remote import RemoteStore
+from xetfs.stats import Stats
+from xetfs.store import Store, StoreLike
 from xetfs.tree import Tree, build_tree
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report
+REMOTE_FETCH_WIDTH = 8  # prefetch batches in flight for a remote store
+REMOTE_BATCH = 64  # chunks (about 4 MiB) per prefetch request to a remote store
+REMOTE_PREFETCH = 64 * 1024 * 1024  # how far prefetch may run ahead of a reader of a remote store
 KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions"}
 
 
@@ -50,7 +61,7 @@ class MountError(XetfsError):
 
 @dataclass(frozen=True)
 class MountConfig:
-    store: Path
+    store: str | Path  # a directory (absolute) or a URL
     mountpoint: Path
     options: frozenset[str] = frozenset()
     uid: int | None = None
@@ -65,6 +76,9 @@ class MountConfig:
     io_timeout: float = 30.0
     workers: int | None = None  # decode worker processes; None: one per CPU
     layout: str = "auto"  # "hub", "names", "hash" or "auto" (see choose_layout)
+    cache_dir: Path | None = None  # disk cache of remote stores; None: the default
+    disk_cache_size: int = DEFAULT_DISK_CACHE
+    headers: tuple[str, ...] = ()  # for a remote store: extra header lines (the environment adds more)
 
 
 def parse_options(values: list[str]) -> frozenset[str]:
@@ -102,42 +116,36 @@ LAYOUTS = ("auto", "hub", "names", "hash")
 
 
 def choose_layout(config: MountConfig) -> tuple[str, Path | None]:
-    """The layout to show and the file it comes from (catalogue, manifest, or None for ``hash``).
+    """The layout to show, and the catalogue it comes from for ``hub``.
 
     ``auto``: the Hub cache layout when the store has a catalogue and no
-    ``--names`` was given, else the named tree when there is a manifest, else
-    files by hash.  Raises ``MountError`` when the asked-for layout has no file.
+    ``--names`` was given, else the named tree (``names``: by hash when there
+    is no manifest).  Catalogues are read from local stores only.  Raises
+    ``MountError`` for ``hub`` without a catalogue.
     """
-    layout = config.layout
-    if layout == "auto":
-        catalogue = None if config.names else find_catalogue(config.store)
-        if catalogue is not None:
-            return "hub", catalogue
-        layout = "names"
-    if layout == "hub":
-        catalogue = find_catalogue(config.store)
-        if catalogue is None:
-            raise MountError(
-                f"--layout hub: {config.store} has no {CATALOGUE_NAME} (import with xetfs pack --hub-cache)"
-            )
+    location = os.fspath(config.store)
+    wanted = config.layout == "hub" or (config.layout == "auto" and config.names is None)
+    catalogue = find_catalogue(Path(location)) if wanted and not is_url(location) else None
+    if config.layout == "hub" and catalogue is None:
+        raise MountError(
+            f"--layout hub: {location} has no {CATALOGUE_NAME} (import with xetfs pack --hub-cache; "
+            "catalogues are read from local stores only)"
+        )
+    if catalogue is not None:
         return "hub", catalogue
-    if layout == "names":
-        path = config.names or find_manifest(config.store)
-        return ("names", path) if path is not None else ("hash", None)
-    return "hash", None
+    return ("hash" if config.layout == "hash" else "names"), None
 
 
-def _build_tree(config: MountConfig, index: Index) -> Tree:
-    layout, path = choose_layout(config)
-    log.info("layout: %s%s", layout, f" from {path}" if path else "")
-    if layout == "hub":
-        assert path is not None
-        catalogue = load_catalogue(path)
+def _build_tree(config: MountConfig, store: StoreLike, index: Index) -> Tree:
+    layout, catalogue_path = choose_layout(config)
+    log.info("layout: %s%s", layout, f" from {catalogue_path}" if catalogue_path else "")
+    if catalogue_path is not None:
+        catalogue = load_catalogue(catalogue_path)
         for warning in catalogue.warnings:
             log.warning("catalogue: %s", warning)
         tree, warnings = build_hub_tree(index, catalogue)
     else:
-        manifest = None if path is None else load_manifest(path)
+        manifest = _load_manifest(config, store) if layout == "names" else None
         for warning in manifest.warnings if manifest else ():
             log.warning("names: %s", warning)
         tree, warnings = build_tree(index, manifest)
@@ -146,19 +154,45 @@ def _build_tree(config: MountConfig, index: Index) -> Tree:
     return tree
 
 
+def _load_manifest(config: MountConfig, store: StoreLike) -> Manifest | None:
+    if config.names is not None:
+        return load_manifest(config.names)
+    return store_manifest(config.store, store)
+
+
+def open_mount_store(config: MountConfig, stats: Stats) -> StoreLike:
+    """The store to mount; a remote one reads through the disk cache (unless it is off)."""
+    location = os.fspath(config.store)
+    if not is_url(location):
+        return Store.open(location)
+    options = RemoteOptions.for_timeout(config.io_timeout, list(config.headers))
+    cache = None
+    if config.disk_cache_size:
+        cache = DiskCache(config.cache_dir or default_cache_dir(), config.disk_cache_size, stats.remote)
+        log.info("disk cache: %s, %d bytes at most", cache.directory, config.disk_cache_size)
+    return RemoteStore.open(location, options, cache=cache, counters=stats.remote)
+
+
 def build_fs(config: MountConfig) -> XetFS:
     """Open the store, index it and assemble the filesystem (no FUSE yet)."""
-    store = Store.open(config.store)
+    stats = Stats()
+    store = open_mount_store(config, stats)
+    remote = isinstance(store, RemoteStore)
     loaded = load_index(store, strict=config.strict)
-    tree = _build_tree(config, loaded.index)
-    threaded = choose_io_mode(config.io_mode, store.root) == "thread"
+    tree = _build_tree(config, store, loaded.index)
+    # A remote store is read in the daemon's threads (obstore releases the GIL), many requests at once.
+    threaded = remote or choose_io_mode(config.io_mode, Path(config.store)) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
-    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, pool=_decode_pool(config, threaded))
+    pool = _decode_pool(config, threaded)
+    reader = Reader(
+        loaded.index, store, cache_size=config.cache_size, stats=stats, io=io, pool=pool,
+        fetch_width=REMOTE_FETCH_WIDTH if remote else 1, prefetch_batch=REMOTE_BATCH if remote else PREFETCH_BATCH,
+    )  # fmt: skip
     counters = loaded.counters()
     reader.stats.index = counters
     if counters.shards == 0 and counters.shards_skipped == 0:
-        log.warning("store %s has no shards: the mount shows no files", store.root)
+        log.warning("store %s has no shards: the mount shows no files", store.location)
     log.info(
         "indexed %d files, %d terms, %d xorbs from %d shards (%d skipped)",
         counters.files, counters.terms, counters.xorbs, counters.shards, counters.shards_skipped,
@@ -169,6 +203,7 @@ def build_fs(config: MountConfig) -> XetFS:
         direct_io=config.direct_io,
         mtime_ns=int(store.mtime * 1e9),
         prefetch=config.prefetch,
+        prefetch_max=REMOTE_PREFETCH if remote else DEFAULT_PREFETCH,
     )
     return XetFS(tree, reader, options)
 
@@ -333,12 +368,15 @@ def _report(fd: int | None, message: str) -> None:
         os.close(fd)
 
 
-def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> tuple[list[str], int]:
+def spawn_daemon(
+    argv: list[str], mountpoint: Path, log_file: Path, env: dict[str, str] | None = None
+) -> tuple[list[str], int]:
     """Start the daemon (``argv`` + ``--foreground --ready-fd N``) and wait until it serves.
 
-    Returns the daemon's warnings about the store to show (a long list ends
-    with a line for the rest) and their number.  Raises ``MountError`` with
-    the daemon's own message when it fails.
+    ``env`` is added to the daemon's environment (secrets go there, never into
+    ``argv``).  Returns the daemon's warnings about the store to show (a long
+    list ends with a line for the rest) and their number.  Raises
+    ``MountError`` with the daemon's own message when it fails.
     """
     read_fd, write_fd = os.pipe()
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -351,6 +389,7 @@ def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> tuple[lis
             pass_fds=(write_fd,),
             start_new_session=True,
             cwd="/",
+            env={**os.environ, **(env or {})},
         )
     os.close(write_fd)
     lines = _read_report(read_fd, child, READY_TIMEOUT).splitlines()

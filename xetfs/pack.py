@@ -4,7 +4,8 @@ Owns the planning of a pack (which files, under which names), the upload
 through the official client (``hf_xet.upload_files`` with a ``local://``
 endpoint), and the names manifest beside the store
 (``STORE/xetfs-manifest.json``, Hub tree-listing JSON, merged with the one
-already there).  Also where a mount looks for that manifest.
+already there), and the store's listing (``remote.publish``), which lets a
+plain HTTP server serve it.  Also where a mount looks for that manifest.
 
 Each file's modification time (taken before the upload) is kept in the
 manifest's ``mtime`` field, which the mount shows.
@@ -42,7 +43,8 @@ from xetfs.manifest import (
     parse_manifest,
     path_problem,
 )
-from xetfs.store import find_beside
+from xetfs.remote import RemoteStore, publish
+from xetfs.store import StoreLike, find_beside
 
 MANIFEST_NAME = "xetfs-manifest.json"
 
@@ -59,6 +61,19 @@ def _print_warning(message: str) -> None:
 def find_manifest(store_dir: Path) -> Path | None:
     """The manifest of the store given as ``store_dir`` (``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``), or None."""
     return find_beside(store_dir, MANIFEST_NAME)
+
+
+def store_manifest(location: str | os.PathLike[str], store: StoreLike) -> Manifest | None:
+    """The names manifest of ``store`` (opened from ``location``), or None.
+
+    Beside a store directory (``find_manifest``), or at the top of a remote
+    store, read through it (``RemoteStore.read_meta``).
+    """
+    if isinstance(store, RemoteStore):
+        data = store.read_meta(MANIFEST_NAME)
+        return None if data is None else parse_manifest(data, source=f"{store.location}/{MANIFEST_NAME}")
+    path = find_manifest(Path(location).resolve())
+    return None if path is None else load_manifest(path)
 
 
 def load_manifest(path: Path) -> Manifest:
@@ -334,6 +349,7 @@ def pack(
         for message in messages:
             warn(message)
         write_manifest(manifest_path, merged)
+        publish(store_dir)  # the listing an HTTP server needs to serve the store
     return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files))
 
 
