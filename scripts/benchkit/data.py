@@ -1,4 +1,4 @@
-"""Data sets for scripts/bench.py: hf_xet-written stores of three kinds, and synthetic stores.
+"""Data sets of the benchmark: hf_xet-written stores, and synthetic stores.
 
 * ``dataset(data_dir, kind, size)``: a ``local://`` store written by hf_xet
   (one ``upload_files`` call per file, so the result is deterministic) with a
@@ -7,6 +7,12 @@
   (pseudo-words with a Zipf distribution, LZ4) and ``float32`` (a float32
   random walk, byte-grouped BG4 + LZ4).  The chunk schemes hf_xet actually used
   are counted by walking the xorbs' chunk headers.
+* ``workload(data_dir, kind, size)``: a store of one file shaped like what
+  users read: ``model``, a safetensors file of hundreds of float16 and
+  float32 tensors of mixed sizes (a transformer's layers), and ``table``, a
+  parquet file of several row groups and mixed column types.
+* ``distinct_chunks(store, file_hash)``: how many distinct chunks a file
+  is made of (the denominator of decode amplification).
 * ``synthetic_files`` / ``synthetic_terms``: stores written by the test-only
   writer (``tests/helpers/writer.py``) for mount-time measurements.
 
@@ -29,18 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchkit.paths import REPO
+from benchkit.util import log
 
-REPO = Path(__file__).resolve().parent.parent
 KINDS = ("random", "text", "float32")
 EXPECTED_SCHEME = {"random": 0, "text": 1, "float32": 2}
 SCHEME_NAMES = {0: "raw", 1: "LZ4", 2: "BG4-LZ4"}
 PARALLEL_FILES = 4
 DATA_VERSION = 1  # bump when the generators change
 BATCH = 16 * 1024 * 1024
-
-
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
 # -- content generators (deterministic per seed) ------------------------------------
@@ -117,6 +120,107 @@ def write_content(path: Path, kind: str, size: int, seed: int) -> None:
         for batch in GENERATORS[kind](size, seed):
             f.write(batch)
     tmp.rename(path)
+
+
+# -- files shaped like what users read ------------------------------------------------
+
+
+def model_shapes(size: int, layers: int = 24) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Tensor name -> (dtype, shape) of a transformer of about ``size`` bytes.
+
+    Per layer: attention and MLP weights in float16 (12 d^2 values), norms
+    and biases in float32; an embedding of 8 d rows.  ``d`` is the largest
+    multiple of 64 that keeps the total under ``size``.
+    """
+    per_d2 = layers * 24 + 8 * 2  # bytes per d^2: 12 d^2 float16 values per layer, the embedding
+    d = max(64, int((size / per_d2) ** 0.5) // 64 * 64)
+    shapes: dict[str, tuple[str, tuple[int, ...]]] = {"model.embed_tokens.weight": ("float16", (8 * d, d))}
+    for i in range(layers):
+        pre = f"model.layers.{i}"
+        for w in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            shapes[f"{pre}.self_attn.{w}.weight"] = ("float16", (d, d))
+            shapes[f"{pre}.self_attn.{w}.bias"] = ("float32", (d,))
+        shapes[f"{pre}.mlp.gate_proj.weight"] = ("float16", (4 * d, d))
+        shapes[f"{pre}.mlp.up_proj.weight"] = ("float16", (2 * d, d))
+        shapes[f"{pre}.mlp.down_proj.weight"] = ("float16", (d, 2 * d))
+        shapes[f"{pre}.input_layernorm.weight"] = ("float32", (d,))
+        shapes[f"{pre}.post_attention_layernorm.weight"] = ("float32", (d,))
+    shapes["model.norm.weight"] = ("float32", (d,))
+    shapes["lm_head.weight"] = ("float32", (d // 2, d))
+    return shapes
+
+
+def write_model(path: Path, size: int) -> None:
+    """A safetensors file of the tensors ``model_shapes`` names, filled with small normal values."""
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(77)
+    tensors = {
+        name: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype)
+        for name, (dtype, shape) in model_shapes(size).items()
+    }
+    save_file(tensors, str(path), metadata={"format": "np"})
+
+
+TABLE_ROWS_PER_GROUP = 1 << 20
+
+
+def write_table(path: Path, size: int) -> None:
+    """A parquet file of about ``size`` bytes: row groups of 1 Mi rows (fewer for small sizes), mixed columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(78)
+    vbytes, vstart, vlen, weights = _vocabulary()
+    categories = pa.array([f"category-{i:02d}" for i in range(40)])
+    rows = max(4096, min(TABLE_ROWS_PER_GROUP, size // 8 // 40))  # about 40 bytes a row: at least 8 row groups
+    schema = _table_schema(pa)
+    first = 0
+    with pa.OSFile(str(path), "wb") as sink, pq.ParquetWriter(sink, schema, compression="snappy") as writer:
+        while sink.tell() < size:
+            idx = rng.choice(len(vlen), rows, p=weights)
+            lens = vlen[idx]
+            offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+            pos = np.repeat(vstart[idx] - offsets[:-1], lens) + np.arange(int(offsets[-1]))
+            words = pa.StringArray.from_buffers(
+                rows, pa.py_buffer(offsets.tobytes()), pa.py_buffer(vbytes[pos].tobytes())
+            )
+            columns = [
+                pa.array(np.arange(first, first + rows, dtype=np.int64)),
+                pa.array(rng.integers(1_600_000_000_000_000, 1_700_000_000_000_000, rows), pa.timestamp("us")),
+                pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, 40, rows, dtype=np.int32)), categories),
+                pa.array(rng.standard_normal(rows)),
+                pa.array(rng.random(rows, dtype=np.float32)),
+                pa.array(rng.random(rows) < 0.3),
+                words,
+            ]
+            writer.write_batch(pa.record_batch(columns, schema=schema), row_group_size=rows)
+            first += rows
+
+
+def _table_schema(pa: Any) -> Any:
+    return pa.schema(
+        [
+            ("id", pa.int64()),
+            ("ts", pa.timestamp("us")),
+            ("category", pa.dictionary(pa.int32(), pa.string())),
+            ("value", pa.float64()),
+            ("score", pa.float32()),
+            ("flag", pa.bool_()),
+            ("word", pa.string()),
+        ]
+    )
+
+
+WORKLOADS: dict[str, tuple[str, Callable[[Path, int], None]]] = {
+    "model": ("model.safetensors", write_model),
+    "table": ("table.parquet", write_table),
+}
+
+
+def workload(data_dir: Path, kind: str, size: int) -> Dataset:
+    """The store of one ``model`` or ``table`` file of about ``size`` bytes, built on first use."""
+    return dataset(data_dir, kind, size)
 
 
 # -- hf_xet stores -------------------------------------------------------------------
@@ -201,6 +305,7 @@ class Dataset:
     schemes: dict[int, int]  # uncompressed bytes per scheme
     stored_bytes: int
     original_bytes: int
+    chunks: int  # distinct chunks of the main file
 
     @property
     def xorbs(self) -> list[Path]:
@@ -216,7 +321,26 @@ class Dataset:
     @property
     def scheme_ok(self) -> bool:
         total = sum(self.schemes.values()) or 1
-        return self.schemes.get(EXPECTED_SCHEME[self.kind], 0) / total >= 0.9
+        expected = EXPECTED_SCHEME.get(self.kind)
+        return expected is None or self.schemes.get(expected, 0) / total >= 0.9
+
+
+def distinct_chunks(store: Path, file_hash: str) -> int:
+    """The number of distinct chunks (xorb, index) that make up a file, from the store's shards."""
+    from xetfs import index
+    from xetfs.format.shard import parse_shard
+    from xetfs.hashes import from_hex
+    from xetfs.store import Store
+
+    s = Store.open(store)
+    idx = index.build(parse_shard(s.read_shard(sf), where=sf.name) for sf in s.shard_files())
+    entry = idx.get(from_hex(file_hash))
+    if entry is None:
+        raise RuntimeError(f"file {file_hash} is not in {store}")
+    seen: set[tuple[bytes, int]] = set()
+    for xorb, start, stop, _ in idx.terms_of(entry):
+        seen.update((xorb, i) for i in range(start, stop))
+    return len(seen)
 
 
 def dataset(data_dir: Path, kind: str, size: int) -> Dataset:
@@ -226,6 +350,9 @@ def dataset(data_dir: Path, kind: str, size: int) -> Dataset:
     if not meta_path.exists():
         _build_dataset(root, kind, size)
     meta = json.loads(meta_path.read_text())
+    if "chunks" not in meta:  # built before chunks were counted
+        meta["chunks"] = distinct_chunks(root / "store", meta["files"][0]["hash"])
+        meta_path.write_text(json.dumps(meta, indent=1))
     files = [StoredFile(f["name"], root / "orig" / f["name"], f["hash"], f["size"]) for f in meta["files"]]
     return Dataset(
         kind=kind,
@@ -236,6 +363,7 @@ def dataset(data_dir: Path, kind: str, size: int) -> Dataset:
         schemes={int(k): v for k, v in meta["schemes"].items()},
         stored_bytes=meta["stored_bytes"],
         original_bytes=meta["original_bytes"],
+        chunks=meta["chunks"],
     )
 
 
@@ -245,12 +373,19 @@ def _build_dataset(root: Path, kind: str, size: int) -> None:
     orig = root / "orig"
     orig.mkdir(parents=True)
     t0 = time.monotonic()
-    part = (size // PARALLEL_FILES) & ~0xFFF
-    specs = [("main.bin", size, 1)] + [(f"par{i}.bin", part, 100 + i) for i in range(PARALLEL_FILES)]
-    log(f"building the {kind} data set ({size / 2**20:.0f} MiB + {PARALLEL_FILES} x {part / 2**20:.0f} MiB) in {root}")
-    for name, n, seed in specs:
-        write_content(orig / name, kind, n, seed + 1000 * KINDS.index(kind))
-    paths = [orig / name for name, _, _ in specs]
+    if kind in WORKLOADS:
+        name, write = WORKLOADS[kind]
+        log(f"building the {kind} data set (about {size / 2**20:.0f} MiB) in {root}")
+        write(orig / name, size)
+        paths = [orig / name]
+    else:
+        part = (size // PARALLEL_FILES) & ~0xFFF
+        specs = [("main.bin", size, 1)] + [(f"par{i}.bin", part, 100 + i) for i in range(PARALLEL_FILES)]
+        sizes = f"{size / 2**20:.0f} MiB + {PARALLEL_FILES} x {part / 2**20:.0f} MiB"
+        log(f"building the {kind} data set ({sizes}) in {root}")
+        for name, n, seed in specs:
+            write_content(orig / name, kind, n, seed + 1000 * KINDS.index(kind))
+        paths = [orig / name for name, _, _ in specs]
     infos = upload(root / "store", paths, root / "hf_xet-cache")
     schemes = scheme_bytes(root / "store")
     stored = sum(p.stat().st_size for p in xorb_files(root / "store"))
@@ -261,6 +396,7 @@ def _build_dataset(root: Path, kind: str, size: int) -> None:
         "schemes": {str(k): v for k, v in schemes.items()},
         "stored_bytes": stored,
         "original_bytes": original,
+        "chunks": distinct_chunks(root / "store", infos[0][0]),
         "build_seconds": round(time.monotonic() - t0, 1),
     }
     for p, (_, n) in zip(paths, infos, strict=True):
