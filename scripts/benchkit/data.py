@@ -23,6 +23,7 @@ reused; a ``meta.json`` written last marks a finished build.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -32,11 +33,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from benchkit.paths import REPO
 from benchkit.util import log
+
+if TYPE_CHECKING:
+    import numpy as np
 
 KINDS = ("random", "text", "float32")
 EXPECTED_SCHEME = {"random": 0, "text": 1, "float32": 2}
@@ -50,6 +53,8 @@ BATCH = 16 * 1024 * 1024
 
 
 def _random_batches(size: int, seed: int) -> Iterator[bytes]:
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     left = size
     while left > 0:
@@ -60,6 +65,8 @@ def _random_batches(size: int, seed: int) -> Iterator[bytes]:
 
 def _vocabulary() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """20,000 pseudo-words (letters by English frequency) with separators; Zipf weights."""
+    import numpy as np
+
     rng = np.random.default_rng(12345)
     count = 20000
     letters = np.frombuffer(b"etaoinshrdlcumwfgypbvkjxqz", dtype=np.uint8)
@@ -81,6 +88,8 @@ def _vocabulary() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _text_batches(size: int, seed: int) -> Iterator[bytes]:
+    import numpy as np
+
     vbytes, vstart, vlen, weights = _vocabulary()
     rng = np.random.default_rng(seed)
     left = size
@@ -95,6 +104,8 @@ def _text_batches(size: int, seed: int) -> Iterator[bytes]:
 
 
 def _float32_batches(size: int, seed: int) -> Iterator[bytes]:
+    import numpy as np
+
     if size % 4:
         raise ValueError("float32 data needs a size that is a multiple of 4")
     rng = np.random.default_rng(seed)
@@ -126,14 +137,23 @@ def write_content(path: Path, kind: str, size: int, seed: int) -> None:
 
 
 def model_shapes(size: int, layers: int = 24) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Tensor name -> (dtype, shape) of a transformer of about ``size`` bytes.
+    """Tensor name -> (dtype, shape) of a transformer of at most ``size`` bytes, in layer order.
 
-    Per layer: attention and MLP weights in float16 (12 d^2 values), norms
-    and biases in float32; an embedding of 8 d rows.  ``d`` is the largest
-    multiple of 64 that keeps the total under ``size``.
+    Per layer: attention and MLP weights in float16 (12 d^2 values), biases
+    and norms in float32 (d values each); an embedding of 8 d rows (float16)
+    and a head of d / 2 rows (float32).  ``d`` is the largest multiple of 64
+    that keeps the total within ``size`` (64 at least).
     """
-    per_d2 = layers * 24 + 8 * 2  # bytes per d^2: 12 d^2 float16 values per layer, the embedding
-    d = max(64, int((size / per_d2) ** 0.5) // 64 * 64)
+    d = max(64, int((size / (layers * 24 + 16 + 2)) ** 0.5) // 64 * 64)
+    while True:
+        shapes = _model(d, layers)
+        total = sum((2 if dt == "float16" else 4) * math.prod(shape) for dt, shape in shapes.values())
+        if total <= size or d == 64:
+            return shapes
+        d -= 64
+
+
+def _model(d: int, layers: int) -> dict[str, tuple[str, tuple[int, ...]]]:
     shapes: dict[str, tuple[str, tuple[int, ...]]] = {"model.embed_tokens.weight": ("float16", (8 * d, d))}
     for i in range(layers):
         pre = f"model.layers.{i}"
@@ -152,6 +172,7 @@ def model_shapes(size: int, layers: int = 24) -> dict[str, tuple[str, tuple[int,
 
 def write_model(path: Path, size: int) -> None:
     """A safetensors file of the tensors ``model_shapes`` names, filled with small normal values."""
+    import numpy as np
     from safetensors.numpy import save_file
 
     rng = np.random.default_rng(77)
@@ -167,6 +188,7 @@ TABLE_ROWS_PER_GROUP = 1 << 20
 
 def write_table(path: Path, size: int) -> None:
     """A parquet file of about ``size`` bytes: row groups of 1 Mi rows (fewer for small sizes), mixed columns."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -437,6 +459,8 @@ def synthetic_files(data_dir: Path, files: int, shards: int) -> tuple[Path, dict
     """``files`` small files (one chunk each, 1-8 KiB) listed in ``shards`` shards."""
 
     def build(store: Path) -> dict[str, Any]:
+        import numpy as np
+
         w = _writer()
         b = w.StoreBuilder(store)
         rng = np.random.default_rng(7)
@@ -455,6 +479,8 @@ def synthetic_terms(data_dir: Path, terms: int, files: int = 100, shards: int = 
     """``terms`` terms in all: ``files`` files of 64-byte chunks, one term per chunk."""
 
     def build(store: Path) -> dict[str, Any]:
+        import numpy as np
+
         w = _writer()
         b = w.StoreBuilder(store)
         rng = np.random.default_rng(8)
