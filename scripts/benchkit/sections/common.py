@@ -42,6 +42,6 @@ def run_json(argv: Sequence[str], what: str, timeout: float, stdin: str | None =
     if proc.returncode != 0:
         raise BenchError(f"{what} failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
     try:
-        return dict(json.loads(proc.stdout))
-    except ValueError:
+        return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+    except (ValueError, IndexError):
         raise BenchError(f"{what} printed no JSON: {proc.stdout[:200]!r} {proc.stderr[-500:]!r}") from None

@@ -21,9 +21,6 @@ loader; the ceiling daemon.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +30,7 @@ from benchkit.rows import Row, per_gib, ratio
 from benchkit.sections import Section
 from benchkit.sections.common import decoded_chunks, run_json, vs_floor
 from benchkit.sections.parts import parts_task
-from benchkit.sections.sequential import peer_download
+from benchkit.sections.sequential import peer_download, peer_output
 from benchkit.util import cat_to_null, files_equal
 
 COLUMN = "model"
@@ -138,17 +135,9 @@ def t_xetfs(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
 
 
 def t_peer(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
-    cat_to_null(ds.xorbs)
-    work = r.work_dir("load-peer")
-    out = Path(r.args.peer_out_dir) / f"xetfs-bench-{os.getpid()}-model.safetensors"
-    try:
-        with r.primed():
-            got = peer_download(r, ds, work, out)
-            res = load(r, out, ds)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            out.unlink()
-        shutil.rmtree(work, ignore_errors=True)
+    with peer_output(r, ds) as (work, out), r.primed():
+        got = peer_download(r, ds, work, out)
+        res = load(r, out, ds)
     r.r.add(LOAD_PEER, COLUMN, rnd, got["seconds"] + res["seconds"])
     r.r.add(CPU_LOAD_PEER, COLUMN, rnd, per_gib(ds.main.size, got["cpu"] + res["cpu"]))
 

@@ -38,6 +38,7 @@ engine, path = sys.argv[1], sys.argv[2]
 if engine == "duckdb":
     import duckdb
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # it would print to stdout
 else:
     import pyarrow.parquet as pq
 r0 = resource.getrusage(resource.RUSAGE_SELF)

@@ -28,6 +28,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -230,18 +231,25 @@ def t_plain(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
     r.r.add(CPU_PLAIN_READER, ds.kind, rnd, per_gib(ds.main.size, cpu.reader))
 
 
-def t_peer(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
+@contextlib.contextmanager
+def peer_output(r: Runner, ds: Dataset) -> Iterator[tuple[Path, Path]]:
+    """A work directory for hf_xet and the path of its output (under --peer-out-dir); both removed afterwards."""
     cat_to_null(ds.xorbs)
     work = r.work_dir("peer")
     out = Path(r.args.peer_out_dir) / f"xetfs-bench-{os.getpid()}-{ds.kind}.out"
     try:
-        with r.primed():
-            res = peer_download(r, ds, work, out)
-        r.check_once(f"peer-{ds.kind}", lambda: files_equal(out, ds.main.path))
+        yield work, out
     finally:
         with contextlib.suppress(FileNotFoundError):
             out.unlink()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def t_peer(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
+    with peer_output(r, ds) as (work, out):
+        with r.primed():
+            res = peer_download(r, ds, work, out)
+        r.check_once(f"peer-{ds.kind}", lambda: files_equal(out, ds.main.path))
     r.r.add(PEER, ds.kind, rnd, gbps(ds.main.size, res["seconds"]))
     r.r.add(PEER_RSS, ds.kind, rnd, res["maxrss"] / MiB)
     r.r.add(CPU_PEER, ds.kind, rnd, per_gib(ds.main.size, res["cpu"]))
