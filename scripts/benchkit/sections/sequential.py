@@ -118,6 +118,13 @@ CPU_CEILING_READER = Row("cpu_ceiling_reader", "ceiling FS first read: the reade
 CPU_PLAIN_READER = Row("cpu_plain_reader", "plain file: the reader (dd)", "s/GiB")
 
 
+CPU_WARM_PC = Row("cpu_warm_pc", "xetfs page-cache re-read: daemon + workers", "s/GiB", xetfs=True)
+CPU_WARM_CC = Row("cpu_warm_cc", "xetfs chunk-cache re-read (--direct-io): daemon + workers", "s/GiB", xetfs=True)
+CPU_RAND_COLD = Row("cpu_rand_cold", "xetfs chunk not cached: daemon + workers CPU per read", "us", xetfs=True)
+CPU_RAND_WARM = Row("cpu_rand_warm", "xetfs chunk cached: daemon + workers CPU per read", "us", xetfs=True)
+CPU_PAR1 = Row("cpu_par1", "xetfs cold, 1 reader: daemon + workers", "s/GiB", xetfs=True)
+CPU_PAR4 = Row("cpu_par4", "xetfs cold, 4 readers: daemon + workers", "s/GiB", xetfs=True)
+
 R_CPU_COLD = Row(
     "r_cpu_cold",
     "xetfs cold (daemon + workers) / (ceiling + parts)",
@@ -159,7 +166,7 @@ SECTIONS = (
         "warm",
         "xetfs re-reads (page cache; chunk cache with --direct-io), and how much the page cache held (fincore)",
         lambda r: (
-            (WARM_PC, WARM_PC2, WARM_CC, WARM_RESIDENT, RSS_DIRECT)
+            (WARM_PC, WARM_PC2, WARM_CC, WARM_RESIDENT, CPU_WARM_PC, CPU_WARM_CC, RSS_DIRECT)
             + ((R_WARM, R_WARM2, R_CEILING_PC, R_CEILING_PC2) if "plain" in r.selected else ())
             + (R_CC,)
         ),
@@ -168,13 +175,33 @@ SECTIONS = (
     Section(
         "random",
         lambda r: f"Random 4 KiB pread latency, us ({r.args.random_reads} reads per round, --direct-io mounts)",
-        lambda r: (RAND_COLD_P50, RAND_COLD_P99, RAND_WARM_P50, RAND_WARM_P99, CEILING_RAND_P50, CEILING_RAND_P99),
+        lambda r: (
+            RAND_COLD_P50,
+            RAND_COLD_P99,
+            RAND_WARM_P50,
+            RAND_WARM_P99,
+            CEILING_RAND_P50,
+            CEILING_RAND_P99,
+            CPU_RAND_COLD,
+            CPU_RAND_WARM,
+        ),
         _kinds,
     ),
     Section(
         "parallel",
         "Parallel readers, aggregate GB/s (4 files of size/4)",
-        lambda r: (PAR1, PAR4, R_PAR, CEILING_PAR1, CEILING_PAR4, R_CEILING_PAR, RSS_PAR1, RSS_PAR4),
+        lambda r: (
+            PAR1,
+            PAR4,
+            R_PAR,
+            CEILING_PAR1,
+            CEILING_PAR4,
+            R_CEILING_PAR,
+            CPU_PAR1,
+            CPU_PAR4,
+            RSS_PAR1,
+            RSS_PAR4,
+        ),
         _kinds,
     ),
 )
@@ -362,8 +389,11 @@ def t_xetfs_seq(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
             # What the kernel still holds decides how much of the re-read is served from memory.
             r.r.add(WARM_RESIDENT, ds.kind, rnd, resident_percent(path), variant)
             for row in (WARM_PC, WARM_PC2):
-                t2 = dd(path, ds.main.size, r.timeout_for(ds.main.size))
+                with r.cpu(x) as cpu:
+                    t2 = dd(path, ds.main.size, r.timeout_for(ds.main.size))
                 r.r.add(row, ds.kind, rnd, gbps(ds.main.size, t2), variant)
+                if row is WARM_PC:
+                    r.r.add(CPU_WARM_PC, ds.kind, rnd, per_gib(ds.main.size, cpu.daemon + cpu.workers), variant)
         r.check_once(f"xetfs{variant and '@' + variant}-{ds.kind}", lambda: files_equal(path, ds.main.path))
         r.r.add(RSS_SEQ, ds.kind, rnd, (x.hwm() or 0) / MiB, variant)
 
@@ -397,17 +427,25 @@ def t_xetfs_direct(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
         go()
         path = x.mountpoint / ds.main.hash
         if "random" in r.selected:
-            lat = random_reads(path, distinct_chunk_offsets(r, ds))
+            offsets = distinct_chunk_offsets(r, ds)
+            with r.cpu(x) as cpu:
+                lat = random_reads(path, offsets)
             r.r.add(RAND_COLD_P50, ds.kind, rnd, percentile(lat, 50), variant)
             r.r.add(RAND_COLD_P99, ds.kind, rnd, percentile(lat, 99), variant)
+            r.r.add(CPU_RAND_COLD, ds.kind, rnd, (cpu.daemon + cpu.workers) / len(offsets) * 1e6, variant)
         dd(path, ds.main.size, r.timeout_for(ds.main.size))  # fills the chunk cache
         if "warm" in r.selected:
-            secs = dd(path, ds.main.size, r.timeout_for(ds.main.size))
+            with r.cpu(x) as cpu:
+                secs = dd(path, ds.main.size, r.timeout_for(ds.main.size))
             r.r.add(WARM_CC, ds.kind, rnd, gbps(ds.main.size, secs), variant)
+            r.r.add(CPU_WARM_CC, ds.kind, rnd, per_gib(ds.main.size, cpu.daemon + cpu.workers), variant)
         if "random" in r.selected:
-            lat = random_reads(path, uniform_offsets(r, ds))
+            offsets = uniform_offsets(r, ds)
+            with r.cpu(x) as cpu:
+                lat = random_reads(path, offsets)
             r.r.add(RAND_WARM_P50, ds.kind, rnd, percentile(lat, 50), variant)
             r.r.add(RAND_WARM_P99, ds.kind, rnd, percentile(lat, 99), variant)
+            r.r.add(CPU_RAND_WARM, ds.kind, rnd, (cpu.daemon + cpu.workers) / len(offsets) * 1e6, variant)
         r.r.add(RSS_DIRECT, ds.kind, rnd, (x.hwm() or 0) / MiB, variant)
 
 
@@ -419,6 +457,8 @@ def t_xetfs_parallel(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
         with r.primed(now=False) as go, r.mounts.xetfs(ds.store, variant=v) as x:
             go()
             paths = [x.mountpoint / f.hash for f in ds.parallel]
-            secs = readers_wall(paths, parallel, r.timeout_for(total))
+            with r.cpu(x) as cpu:
+                secs = readers_wall(paths, parallel, r.timeout_for(total))
             r.r.add(PAR4 if parallel else PAR1, ds.kind, rnd, gbps(total, secs), variant)
+            r.r.add(CPU_PAR4 if parallel else CPU_PAR1, ds.kind, rnd, per_gib(total, cpu.daemon + cpu.workers), variant)
             r.r.add(RSS_PAR4 if parallel else RSS_PAR1, ds.kind, rnd, (x.hwm() or 0) / MiB, variant)
