@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+user_path=$PATH
 export PATH="$PWD/.venv/bin:$PATH"
 
 store="$PWD/sample/store"
@@ -33,3 +34,8 @@ run dd if="$mnt/data/random.bin" of=/dev/null bs=1M
 run xetfs stats "$mnt"
 printf '\n(to unmount a mount of your own: xetfs umount MOUNTPOINT)\n'
 run xetfs umount "$mnt"
+if found=$(PATH=$user_path command -v xetfs); then
+    printf '\nxetfs is on your PATH (%s): try xetfs --help\n' "$found"
+else
+    printf '\nxetfs is not on your PATH: run it as %s\n' "$PWD/.venv/bin/xetfs"
+fi

@@ -4,7 +4,8 @@
 #   scripts/setup.sh            what the tests need
 #   scripts/setup.sh --bench    and what scripts/bench.py needs (also: XETFS_SETUP_BENCH=1)
 #
-# * as root with apt-get: the FUSE packages, and fio with --bench (only when one is missing);
+# * as root with apt-get: the FUSE packages, nginx for the remote-store tests,
+#   and fio with --bench (only when one is missing);
 # * .venv in the repository root, made with python3 >= 3.11 (PYTHON=... to choose);
 # * the project in editable mode with its test extras (and bench extras with
 #   --bench), reinstalled only when pyproject.toml or the extras changed (a
@@ -36,7 +37,7 @@ die() {
 }
 
 # -- system packages ---------------------------------------------------------
-PACKAGES=(fuse3 libfuse3-dev pkg-config attr)
+PACKAGES=(fuse3 libfuse3-dev pkg-config attr nginx curl)
 [[ $bench == 1 ]] && PACKAGES+=(fio)
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
     missing=()
@@ -85,4 +86,37 @@ if [[ ! -f $stamp || $(<"$stamp") != "$want" ]] || ! .venv/bin/python -c 'import
         die "pip install -e '.[$extras]' failed"
     fi
     printf '%s\n' "$want" >"$stamp"
+fi
+
+# -- the xetfs command on PATH -------------------------------------------------
+# A link to .venv/bin/xetfs in /usr/local/bin (root, when writable) or
+# ~/.local/bin, so that a new shell finds `xetfs`.  XETFS_BIN_DIR=DIR picks the
+# directory, XETFS_BIN_DIR=none skips this.  A link of another checkout is
+# left alone.
+target="$PWD/.venv/bin/xetfs"
+bin_dir=${XETFS_BIN_DIR:-}
+if [[ -z $bin_dir ]]; then
+    if [[ $(id -u) -eq 0 && -d /usr/local/bin && -w /usr/local/bin ]]; then
+        bin_dir=/usr/local/bin
+    else
+        bin_dir="$HOME/.local/bin"
+    fi
+fi
+if [[ $bin_dir != none ]]; then
+    link="$bin_dir/xetfs"
+    if [[ -L $link && $(readlink "$link") == "$target" ]]; then
+        : # already ours
+    elif [[ -e $link || -L $link ]] && ! { [[ -L $link ]] && [[ ! -e $link ]]; }; then
+        echo "setup.sh: $link exists and is not this checkout's; run xetfs here as $target" >&2
+    elif mkdir -p "$bin_dir" 2>/dev/null && ln -sfn "$target" "$link" 2>/dev/null; then
+        echo "setup.sh: linked $link -> $target" >&2
+    else
+        echo "setup.sh: could not link $link; run xetfs as $target" >&2
+    fi
+    if [[ -L $link && $(readlink "$link") == "$target" ]]; then
+        case ":$PATH:" in
+        *":$bin_dir:"*) ;;
+        *) echo "setup.sh: $bin_dir is not on your PATH; add it (export PATH=\"$bin_dir:\$PATH\") or run $target" >&2 ;;
+        esac
+    fi
 fi

@@ -7,12 +7,32 @@ damages a store works on a copy (``oracle.copy_store``).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import oracle
 import pytest
 from oracle import CliResult, CliRunner, OracleStore
+
+
+@pytest.fixture(scope="session", autouse=True)
+def state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Daemon logs that default to ``$XDG_STATE_HOME/xetfs`` land in the session's temporary directory.
+
+    Set in the environment, so mounts started as subprocesses inherit it.
+    """
+    path = tmp_path_factory.mktemp("state")
+    saved = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(path)
+    try:
+        yield path
+    finally:
+        if saved is None:
+            os.environ.pop("XDG_STATE_HOME", None)
+        else:
+            os.environ["XDG_STATE_HOME"] = saved
 
 
 @pytest.fixture(scope="session")

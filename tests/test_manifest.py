@@ -371,10 +371,15 @@ FILES = st.dictionaries(
 )
 
 
+MTIMES = st.none() | st.integers(-(2**63), 2**63 - 1)  # st_mtime_ns: years 1677 to 2262
+
+
 @settings(max_examples=200, deadline=None)
-@given(FILES)
-def test_dump_then_parse_round_trips(files: dict[tuple[str, ...], tuple[bytes, int | None, str | None]]) -> None:
-    records = [ManifestFile(p, h, size, sha) for p, (h, size, sha) in files.items()]
+@given(FILES, MTIMES)
+def test_dump_then_parse_round_trips(
+    files: dict[tuple[str, ...], tuple[bytes, int | None, str | None]], mtime_ns: int | None
+) -> None:
+    records = [ManifestFile(p, h, size, sha, mtime_ns) for p, (h, size, sha) in files.items()]
     clean = combine(records, source="gen")  # drop generated file/directory clashes first
     back = parse_manifest(dump_manifest(clean.files), source="dump")
     assert sorted(back.files, key=lambda x: x.path) == sorted(clean.files, key=lambda x: x.path)
@@ -408,3 +413,34 @@ def test_dump_writes_utf8_names() -> None:
 def test_dump_refuses_unsafe_names(path: tuple[str, ...]) -> None:
     with pytest.raises(ManifestError, match="cannot write manifest entry"):
         dump_manifest([ManifestFile(path, hashes.from_hex(H1), None, None)])
+
+
+# -- modification times (our own field; a Hub listing lacks it) ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [
+        ("2020-09-13T12:26:40Z", 1_600_000_000 * 10**9),
+        ("2020-09-13T12:26:40.5Z", 1_600_000_000 * 10**9 + 500_000_000),
+        ("2020-09-13T12:26:40.123456789+00:00", 1_600_000_000 * 10**9 + 123_456_789),
+        ("1969-12-31T23:59:59Z", -(10**9)),
+    ],
+)
+def test_mtime_is_read_with_nanoseconds(text: str, ns: int) -> None:
+    (file,) = parse([f("a", mtime=text)]).files
+    assert file.mtime_ns == ns
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["2020-09-13 12:26:40", "2020-09-13T12:26:40+02:00", "2020-13-01T00:00:00Z", "9999-12-31T23:59:59Z", 1, None],
+)
+def test_a_bad_mtime_is_ignored_with_a_warning(value: Any) -> None:
+    m = parse([f("a", mtime=value)])
+    assert m.files[0].mtime_ns is None
+    assert len(m.warnings) == (value is not None) and all("mtime" in w for w in m.warnings)
+
+
+def test_a_hub_listing_has_no_mtimes() -> None:
+    assert all(file.mtime_ns is None for file in parse(HUB_LISTING).files)

@@ -248,7 +248,7 @@ def test_bad_shard_is_skipped_with_one_warning(store: OracleStore, damage: Calla
         assert index["shards_skipped"] == 1, index
         assert index["shards"] == len(store.shard_paths()) - 1, index
         assert index["files"] == len(others), index
-        assert set(os.listdir(m.path)) == {f.hash for f in others} | {".xetfs"}
+        assert set(os.listdir(m.path)) == {f.hash for f in others}
         with pytest.raises(FileNotFoundError):
             os.stat(m / victim.hash)
         for f in others:  # d.bin reads c.txt's xorb, which only the damaged shard lists
@@ -509,7 +509,7 @@ def test_stuck_store_read_times_out_with_eio(nested: Nested, cache: str) -> None
                 assert code == errno.EIO, os.strerror(code) if code else "the read succeeded"
                 assert 1.5 <= elapsed < 10, f"EIO after {elapsed:.1f} s (bound: 2 s)"
                 names, _ = call_with_deadline(lambda: set(os.listdir(inner.path)), 5, "ls of the inner mount")
-                assert names == {*nested.files, ".xetfs"}
+                assert names == set(nested.files)
                 stats, _ = call_with_deadline(inner.stats, 5, "the inner stats")
                 e = stats["errors"]
                 assert e["format"] == e["missing"] == e["integrity"] == 0, e
@@ -566,7 +566,7 @@ def test_concurrent_stuck_reads_each_fail_within_the_bound(nested: Nested) -> No
             assert codes == {errno.EIO}, codes
             assert slowest < 8, f"the slowest read failed after {slowest:.1f} s (bound: 2 s)"
             names, _ = call_with_deadline(lambda: set(os.listdir(inner.path)), 5, "ls of the inner mount")
-            assert names == {*nested.files, ".xetfs"}
+            assert names == set(nested.files)
             stats, _ = call_with_deadline(inner.stats, 5, "the inner stats")
             assert stats["errors"]["timeout"] == len(jobs), stats["errors"]
         finally:
@@ -622,7 +622,7 @@ def test_store_io_errors_are_contained(nested: Nested, tmp_path: Path) -> None:
             warnings = log_lines(inner, "WARNING")
             assert len(warnings) == 1 and nested.shards[1] in warnings[0], warnings
             assert inner.stats()["index"]["shards_skipped"] == 1
-            assert set(os.listdir(inner.path)) == {f0, f1, ".xetfs"}
+            assert set(os.listdir(inner.path)) == {f0, f1}
             assert f2 not in os.listdir(inner / ".xetfs" / "by-hash")
             assert _read_errno(inner / f0) == errno.EIO
             assert read_blocks(inner / f1, data1) == set()
@@ -691,18 +691,7 @@ def test_signal_during_heavy_reads_unmounts_quickly(basic_store: OracleStore, si
         assert "unmounted" in m.log()
 
 
-@fuse
-def test_umount_force_cleans_a_stopped_daemon(basic_store: OracleStore) -> None:
-    with mounted(basic_store.path) as m:
-        os.kill(m.proc.pid, signal.SIGSTOP)
-        try:
-            proc = run_xetfs("umount", "--force", m.path, timeout=30)
-            assert proc.returncode == 0, proc.stderr.decode()
-            assert not is_mounted(m.path)
-        finally:
-            os.kill(m.proc.pid, signal.SIGCONT)
-        wait_until(lambda: m.proc.poll() is not None, 10, "the daemon to exit after the abort")
-        assert os.listdir(m.path) == []
+# ``xetfs umount --force`` of a stopped daemon, with fusectl mounted or not: test_first_use.py.
 
 
 # -- the fuzzer, briefly -----------------------------------------------------------------

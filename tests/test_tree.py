@@ -72,9 +72,9 @@ def listing(tree: Tree, inode: int) -> list[bytes]:
 
 
 def walk(tree: Tree) -> dict[str, Node]:
-    """Every path of the tree -> its node, checking parents on the way."""
-    out: dict[str, Node] = {}
-    stack = [("", ROOT_INODE)]
+    """Every path of the tree -> its node, checking parents on the way; the hidden ``.xetfs`` too."""
+    out: dict[str, Node] = {".xetfs": Node(XETFS_INODE, Kind.DIR, None, 4)}
+    stack = [("", ROOT_INODE), (".xetfs/", XETFS_INODE)]
     while stack:
         prefix, inode = stack.pop()
         for name, node in tree.children(inode):
@@ -87,16 +87,21 @@ def walk(tree: Tree) -> dict[str, Node]:
 
 
 def check_invariants(tree: Tree) -> dict[str, Node]:
-    """nlink equals the names found for files and 2 + subdirectories for directories; inodes are dense."""
+    """nlink counts a file's names outside .xetfs (at least 1) and 2 + listed subdirectories of a directory.
+
+    Inodes are dense.
+    """
     paths = walk(tree)
-    links = Counter(n.inode for n in paths.values() if n.kind is not Kind.DIR)
+    links = Counter(n.inode for p, n in paths.items() if n.kind is not Kind.DIR and not p.startswith(".xetfs/"))
     for node in paths.values():
         if node.kind is Kind.DIR:
             subdirs = sum(1 for _, c in tree.children(node.inode) if c.kind is Kind.DIR)
             assert node.nlink == 2 + subdirs
         else:
-            assert node.nlink == links[node.inode]
+            assert node.nlink == max(links[node.inode], 1)
         assert tree.get(node.inode) == node
+    root = tree.get(ROOT_INODE)
+    assert root is not None and root.nlink == 2 + sum(1 for _, c in tree.children(ROOT_INODE) if c.kind is Kind.DIR)
     inodes = {n.inode for n in paths.values()} | {ROOT_INODE}
     assert inodes == set(range(1, tree.inode_count + 1))
     assert tree.files == len({n.inode for n in paths.values() if n.kind is Kind.FILE})
@@ -113,11 +118,11 @@ A, B, C = entry(1, 100), entry(2, 200), entry(3, 0, sha256=None)
 def test_without_manifest_files_are_named_by_hash() -> None:
     tree, warnings = build_tree(make_index(A, B, C), None)
     assert warnings == []
-    assert listing(tree, ROOT_INODE) == [b".xetfs", *sorted(e.hex.encode() for e in (A, B, C))]
+    assert listing(tree, ROOT_INODE) == sorted(e.hex.encode() for e in (A, B, C))
     for e in (A, B, C):
         node = tree.lookup(ROOT_INODE, e.hex.encode())
         assert node is not None and node.kind is Kind.FILE and node.entry is e
-        assert node.nlink == (2 if e.sha256 is None else 3)
+        assert node.nlink == 1  # the names in .xetfs are not counted
     check_invariants(tree)
 
 
@@ -139,7 +144,8 @@ def test_xetfs_layout() -> None:
 
 def test_an_empty_index() -> None:
     tree, warnings = build_tree(Index(), None)
-    assert warnings == [] and listing(tree, ROOT_INODE) == [b".xetfs"]
+    assert warnings == [] and listing(tree, ROOT_INODE) == []
+    assert tree.lookup(ROOT_INODE, b".xetfs") == Node(XETFS_INODE, Kind.DIR, None, 4)
     assert tree.files == 0 and tree.dirs == 4 and tree.inode_count == 5
     check_invariants(tree)
 
@@ -151,7 +157,7 @@ def test_equal_sha256_first_file_in_inode_order_wins() -> None:
     assert listing(tree, BY_SHA256_INODE) == [sha.encode()]
     first = min((x, y), key=lambda e: e.file_hash)
     node = tree.lookup(BY_SHA256_INODE, sha.encode())
-    assert node is not None and node.entry is first and node.nlink == 3
+    assert node is not None and node.entry is first and node.nlink == 1
     check_invariants(tree)
 
 
@@ -167,7 +173,7 @@ def test_named_tree() -> None:
     )
     tree, warnings = build_tree(make_index(A, B, C), m)
     assert warnings == []
-    assert listing(tree, ROOT_INODE) == [b".xetfs", b"README", b"empty", b"models"]
+    assert listing(tree, ROOT_INODE) == [b"README", b"empty", b"models"]
     node = resolve(tree, "models/sub/b.bin")
     assert node is not None and node.entry is B and node.kind is Kind.FILE
     empty = resolve(tree, "empty")
@@ -175,7 +181,7 @@ def test_named_tree() -> None:
     models = resolve(tree, "models")
     assert models is not None and models.nlink == 3
     root = tree.get(ROOT_INODE)
-    assert root == Node(ROOT_INODE, Kind.DIR, None, 2 + 3)  # .xetfs, empty, models
+    assert root == Node(ROOT_INODE, Kind.DIR, None, 2 + 2)  # empty, models (the hidden .xetfs is not counted)
     assert tree.files == 3
     paths = check_invariants(tree)
     assert {p for p in paths if not p.startswith(".xetfs")} == {
@@ -192,7 +198,7 @@ def test_children_are_sorted_by_bytes() -> None:
     names = ["b", "B", "a", "ä", "a.txt", "a-b", "Z", "日本", "~", "a b"]
     m = manifest(*(mfile(n, A) for n in names))
     tree, _ = build_tree(make_index(A), m)
-    expected = sorted([n.encode() for n in names] + [b".xetfs"])
+    expected = sorted(n.encode() for n in names)
     assert listing(tree, ROOT_INODE) == expected
     assert [name for name, _ in tree.iter_children(ROOT_INODE, 3)] == expected[3:]
     assert list(tree.iter_children(ROOT_INODE, len(expected))) == []
@@ -205,9 +211,9 @@ def test_hard_links_share_one_inode() -> None:
     nodes = [resolve(tree, p) for p in ("a", "dir/also-a", "dir/again")]
     nodes += [tree.lookup(BY_HASH_INODE, A.hex.encode()), tree.lookup(BY_SHA256_INODE, (A.sha256 or "").encode())]
     assert len({n.inode for n in nodes if n}) == 1
-    assert all(n is not None and n.nlink == 5 for n in nodes)
+    assert all(n is not None and n.nlink == 3 for n in nodes)  # the three names outside .xetfs
     b = resolve(tree, "b")
-    assert b is not None and b.nlink == 3
+    assert b is not None and b.nlink == 1
     check_invariants(tree)
 
 
@@ -247,7 +253,7 @@ def test_manifest_entries_under_xetfs_are_dropped() -> None:
     m = manifest(mfile(".xetfs/by-hash/x", A), mfile(".xetfs", B), mfile("ok", A), dirs=((".xetfs", "d"),))
     tree, warnings = build_tree(make_index(A, B), m)
     assert listing(tree, XETFS_INODE) == [b"by-hash", b"by-sha256", b"stats"]
-    assert listing(tree, ROOT_INODE) == [b".xetfs", b"ok"]
+    assert listing(tree, ROOT_INODE) == [b"ok"]
     assert len(warnings) == 1 and "3 entries" in warnings[0] and ".xetfs" in warnings[0]
     check_invariants(tree)
 
@@ -335,7 +341,7 @@ def test_a_hundred_thousand_files_are_cheap() -> None:
     assert kept / N < 400, f"{kept / N:.0f} bytes per file"  # about 300 measured
     assert elapsed < 30, f"{elapsed:.1f} s"  # about 1.5 s under tracemalloc; a guard against quadratic work
     node = resolve(tree, "d123/sub/file-000123.bin")
-    assert node is not None and node.entry is entries[123] and node.nlink == 3
+    assert node is not None and node.entry is entries[123] and node.nlink == 1
     assert len(tree.children(BY_HASH_INODE)) == N
 
 

@@ -8,6 +8,7 @@ stderr and a non-zero exit status; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import math
@@ -22,8 +23,9 @@ from xetfs import __version__, hashes
 from xetfs.errors import XetfsError, describe
 from xetfs.index import FileEntry, Index
 from xetfs.indexer import load_index
+from xetfs.manifest import format_mtime
 from xetfs.reader import Reader
-from xetfs.store import Store
+from xetfs.store import StoreLike
 
 log = logging.getLogger("xetfs")
 
@@ -31,6 +33,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_PROBLEMS = 3  # ``verify`` found damage
+EXIT_BROKEN_PIPE = 141  # the output pipe was closed: what a shell shows for a program killed by SIGPIPE
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -56,7 +59,8 @@ def parse_size(text: str) -> int:
 
 def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="least severe messages to log (default: warning)")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,20 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xetfs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    from xetfs.remoteargs import add_remote_args
+
     p = sub.add_parser("ls", help="list the files of a store")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
+    add_remote_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON list")
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("cat", help="write a file's bytes to stdout")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help="store directory or URL")
+    add_remote_args(p)
     p.add_argument("hash", help="xet hash of the file (a unique prefix of at least 8 digits is enough)")
     p.add_argument("--offset", type=parse_size, default=0, help="first byte to write")
     p.add_argument("--length", type=parse_size, default=None, help="bytes to write (default: to the end)")
     p.set_defaults(func=cmd_cat)
 
     p = sub.add_parser("verify", help="audit a whole store offline")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help="store directory or URL")
+    add_remote_args(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_verify)
 
@@ -110,9 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
-        # The consumer (e.g. ``head``) stopped reading: not an error.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+        # The consumer (e.g. ``head``) stopped reading: the output is incomplete, so not a success.
+        # (A command whose status says more, like ``verify`` finding damage, returns that itself.)
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except (XetfsError, OSError, UsageError) as exc:
         if args.debug:
             raise
@@ -120,11 +130,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR
 
 
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit cannot fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 # -- store helpers -------------------------------------------------------------
 
 
-def open_index(path: str) -> tuple[Store, Index]:
-    store = Store.open(path)
+def open_index(args: argparse.Namespace) -> tuple[StoreLike, Index]:
+    from xetfs.remoteargs import open_location
+
+    store = open_location(args)
     return store, load_index(store).index
 
 
@@ -148,51 +165,120 @@ def find_file(index: Index, text: str) -> FileEntry:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    _, index = open_index(args.store)
-    entries = sorted(index, key=lambda e: e.hex)
+    """One row per file, or, when the store has names, one per name (then the files no name refers to).
+
+    A row is a dict, so that more columns can join without breaking readers
+    of ``--json``; the text form prints its values in order, the path last.
+    """
+    from xetfs.pack import store_manifest
+
+    store, index = open_index(args)
+    manifest = store_manifest(args.store, store)
+    rows: list[dict[str, Any]] = []
+    if manifest is None:
+        rows = [_ls_row(e) for e in sorted(index, key=lambda e: e.hex)]
+    else:
+        for warning in manifest.warnings:
+            log.warning("names: %s", warning)
+        named: set[bytes] = set()
+        for f in sorted(manifest.files, key=lambda f: f.path):
+            entry = index.get(f.xet_hash)
+            if entry is None:
+                log.warning("names: %r: file %s is not in the store; skipped", f.name, hashes.to_hex(f.xet_hash))
+                continue
+            named.add(f.xet_hash)
+            rows.append(_ls_row(entry, f.name, f.mtime_ns))
+        rows += [_ls_row(e, None, None) for e in sorted(index, key=lambda e: e.hex) if e.file_hash not in named]
     if args.json:
-        rows = [{"hash": e.hex, "size": e.size, "sha256": e.sha256, "terms": e.num_terms} for e in entries]
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return EXIT_OK
-    for e in entries:
-        print(f"{e.hex}  {e.size:>14}  {e.sha256 or '-':<64}  {e.num_terms}")
+    for row in rows:
+        cells = [row["hash"], f"{row['size']:>14}", f"{row['sha256'] or '-':<64}", str(row["terms"])]
+        if "path" in row:  # the time to the second
+            mtime = row["mtime"]
+            cells += [mtime.partition(".")[0].removesuffix("Z") + "Z" if mtime else "-", row["path"] or "-"]
+        print("  ".join(cells))
     return EXIT_OK
+
+
+def _ls_row(e: FileEntry, *named: Any) -> dict[str, Any]:
+    """``xetfs ls``'s row for ``e``; with ``named`` = ``(path or None, mtime_ns or None)`` also those columns."""
+    row: dict[str, Any] = {"hash": e.hex, "size": e.size, "sha256": e.sha256, "terms": e.num_terms}
+    if named:
+        path, mtime_ns = named
+        row["path"] = path
+        row["mtime"] = None if mtime_ns is None else format_mtime(mtime_ns)
+    return row
 
 
 CAT_BLOCK = 8 * 1024 * 1024
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
-    store, index = open_index(args.store)
+    store, index = open_index(args)
     entry = find_file(index, args.hash)
     end = entry.size if args.length is None else min(entry.size, args.offset + args.length)
     reader = Reader(index, store, cache_size=64 * 1024 * 1024)
-    out = sys.stdout.buffer
+    write = _stdout_writer()
 
     async def run() -> None:
         for offset in range(args.offset, end, CAT_BLOCK):
-            out.write(await reader.read(entry, offset, min(CAT_BLOCK, end - offset)))
+            write(await reader.read(entry, offset, min(CAT_BLOCK, end - offset)))
 
     trio.run(run)
-    out.flush()
+    sys.stdout.buffer.flush()
     return EXIT_OK
 
 
+def _stdout_writer() -> Callable[[bytes | memoryview], None]:
+    """A function writing all of its bytes to stdout; a closed pipe raises ``BrokenPipeError``.
+
+    Straight to the file descriptor when there is one: a buffered stream can
+    end a large write early when the reader goes away, without an error, and
+    the rest would be lost silently.
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, io.UnsupportedOperation):  # not a file (captured output)
+
+        def write_buffered(data: bytes | memoryview) -> None:
+            sys.stdout.buffer.write(data)
+
+        return write_buffered
+    sys.stdout.flush()
+
+    def write_all(data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    return write_all
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
+    from xetfs.remoteargs import open_location
     from xetfs.verify import audit
 
-    store = Store.open(args.store)
+    store = open_location(args)
     show = sys.stderr.isatty() and not args.no_progress
     from tqdm import tqdm
 
     with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not show, desc="verify") as bar:
         report = trio.run(audit, store, bar)
-    for problem in report.problems:
-        print(f"PROBLEM: {problem}")
-    status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
-    print(
-        f"{status}: {report.shards} shards, {report.xorbs} xorbs, {report.chunks} chunks, "
-        f"{report.files} files, {report.bytes_checked} file bytes checked"
-    )
-    return EXIT_OK if report.ok else EXIT_PROBLEMS
+    status = EXIT_OK if report.ok else EXIT_PROBLEMS
+    try:
+        for problem in report.problems:
+            print(f"PROBLEM: {problem}")
+        summary = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+        print(
+            f"{summary}: {report.shards} shards, {report.xorbs} xorbs, {report.chunks} chunks, "
+            f"{report.files} files, {report.bytes_checked} file bytes checked"
+        )
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Damage stays damage when nobody reads the report (``verify | head``).
+        if report.ok:
+            raise
+        _silence_stdout()
+    return status

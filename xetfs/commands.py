@@ -1,4 +1,4 @@
-"""Sub-commands of the FUSE side: mount, umount, stats (and pack, from pack.py)."""
+"""Sub-commands of the FUSE side: mount, umount, stats, publish (and pack, from pack.py)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ STATS_PATH = ".xetfs/stats"
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the mount-related sub-commands to ``sub``."""
     from xetfs.cli import parse_size
+    from xetfs.remoteargs import add_remote_args
 
     p = sub.add_parser("mount", help="mount a store as a read-only filesystem")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
+    add_remote_args(p, io_timeout=False)
     p.add_argument("mountpoint", help="an empty directory")
     p.add_argument("-f", "--foreground", action="store_true", help="stay attached, log to stderr")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT]",
@@ -46,7 +48,8 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                    help="read the store inline (fastest) or in worker threads with a time bound; "
                         "auto: threads when the store is on a network or FUSE filesystem")  # fmt: skip
     p.add_argument("--io-timeout", type=float, default=30.0, metavar="SECONDS",
-                   help="with threaded store reads, fail a read that takes longer with EIO (default 30)")  # fmt: skip
+                   help="with threaded or remote store reads, fail a read that takes longer with EIO "
+                        "(default 30)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="decode worker processes (default: one per CPU, up to 8; 0: decode in the daemon)")  # fmt: skip
     p.add_argument("--log-file", type=Path, help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log)")
@@ -54,15 +57,20 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.set_defaults(func=cmd_mount)
 
     p = sub.add_parser("umount", help="unmount a xetfs mount")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="where the store is mounted")
     p.add_argument("-z", "--lazy", action="store_true", help="lazy unmount (detach now, clean up when unused)")
-    p.add_argument("--force", action="store_true", help="abort the FUSE connection first (a hung daemon; root)")
+    p.add_argument("--force", action="store_true",
+                   help="abort the FUSE connection first (hung daemon; root); unmounts non-xetfs mounts")  # fmt: skip
     p.set_defaults(func=cmd_umount)
 
     p = sub.add_parser("stats", help="show the live counters of a mount")
-    p.add_argument("mountpoint")
+    p.add_argument("mountpoint", help="where the store is mounted")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("publish", help="write or refresh the listing a store needs to be served over HTTP")
+    p.add_argument("store", help="store directory")
+    p.set_defaults(func=cmd_publish)
 
     from xetfs.pack import add_pack_parser
 
@@ -71,9 +79,10 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
 def _config(args: argparse.Namespace) -> MountConfig:
     from xetfs.mount import MountConfig, parse_options
+    from xetfs.objects import is_url
 
     return MountConfig(
-        store=Path(args.store).resolve(),
+        store=args.store if is_url(args.store) else str(Path(args.store).resolve()),
         mountpoint=Path(args.mountpoint).resolve(),
         options=parse_options(args.options),
         uid=args.uid,
@@ -87,6 +96,9 @@ def _config(args: argparse.Namespace) -> MountConfig:
         io_mode=args.io_mode,
         io_timeout=args.io_timeout,
         workers=args.workers,
+        cache_dir=args.cache_dir.absolute() if args.cache_dir else None,
+        disk_cache_size=args.disk_cache_size,
+        headers=tuple(args.headers),
     )
 
 
@@ -101,6 +113,9 @@ def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--cache-size", str(args.cache_size), "--read-ahead", str(args.read_ahead)]
+    argv += ["--disk-cache-size", str(args.disk_cache_size)]  # --header values go by environment
+    if config.cache_dir:
+        argv += ["--cache-dir", str(config.cache_dir)]
     if args.workers is not None:
         argv += ["--workers", str(args.workers)]
     argv += ["--log-level", args.log_level]
@@ -125,13 +140,29 @@ def cmd_mount(args: argparse.Namespace) -> int:
             logging.getLogger().handlers[:] = [handler]
         return run_daemon(config, args.ready_fd)
     # Check what can be checked here, so the usual mistakes fail fast and plainly.
-    Store.open(config.store)
+    from xetfs.objects import is_url, public_url
+    from xetfs.remoteargs import headers_env
+
+    if not is_url(str(config.store)):
+        Store.open(config.store)
     if config.names is not None:
         load_manifest(config.names)
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
-    spawn_daemon(_child_argv(args, config), config.mountpoint, log_file)
-    print(f"mounted {config.store} at {config.mountpoint} (log: {log_file})", file=sys.stderr)
+    warnings, n = spawn_daemon(_child_argv(args, config), config.mountpoint, log_file, env=headers_env(args))
+    for warning in warnings:
+        print(f"xetfs: warning: {warning}", file=sys.stderr)
+    count = f" with {n} warning{'s' if n != 1 else ''} about the store" if n else ""
+    shown = public_url(str(config.store)) if is_url(str(config.store)) else config.store
+    print(f"mounted {shown} at {config.mountpoint}{count} (log: {log_file})", file=sys.stderr)
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from xetfs.remote import publish
+
+    path, listing = publish(args.store)
+    print(f"wrote {path}: {len(listing.objects)} objects", file=sys.stderr)
     return 0
 
 

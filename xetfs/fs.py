@@ -25,7 +25,7 @@ import trio
 
 from xetfs.errors import XetfsError
 from xetfs.index import FileEntry
-from xetfs.readahead import Readahead
+from xetfs.readahead import DEFAULT_MAXIMUM, Readahead
 from xetfs.reader import Reader
 from xetfs.stream import Stream
 from xetfs.tree import Kind, Node, Tree
@@ -48,6 +48,7 @@ class FsOptions:
     direct_io: bool = False
     mtime_ns: int = 0
     prefetch: bool = True
+    prefetch_max: int = DEFAULT_MAXIMUM  # how far ahead of a sequential reader prefetch may go
 
 
 @dataclass
@@ -97,6 +98,8 @@ class XetFS(pyfuse3.Operations):
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store never changes
         self._next_fh = 1
+        self._stats_open = 0  # open handles of .xetfs/stats
+        self._stats_latest: bytes | None = None  # the document taken at the latest open of .xetfs/stats
         self._nursery: trio.Nursery | None = None
         self._prefetch = self.options.prefetch and reader.cache.capacity >= MIN_CACHE_FOR_PREFETCH
         if self.options.prefetch and not self._prefetch:
@@ -126,7 +129,7 @@ class XetFS(pyfuse3.Operations):
         elif node.kind is Kind.STATS:
             a.st_mode = stat.S_IFREG | 0o444
             a.attr_timeout = 0
-            size = len(self.stats_document())
+            size = len(self._stats_for_attrs())
         else:
             a.st_mode = stat.S_IFREG | 0o444
             size = node.entry.size if node.entry else 0
@@ -136,8 +139,20 @@ class XetFS(pyfuse3.Operations):
         a.st_size = size
         a.st_blksize = BLOCK_SIZE
         a.st_blocks = (size + 511) // 512
-        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = self.options.mtime_ns
+        mtime = self.options.mtime_ns if node.mtime_ns is None else node.mtime_ns
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = mtime
         return a
+
+    def _stats_for_attrs(self) -> bytes:
+        """The stats document whose size ``getattr`` reports.
+
+        While a reader holds ``.xetfs/stats`` open, the one taken at the latest
+        open (an ``fstat`` after ``open`` matches the bytes that reader gets);
+        otherwise a fresh one.
+        """
+        if self._stats_open == 0 or self._stats_latest is None:
+            self._stats_latest = self.stats_document()
+        return self._stats_latest
 
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -224,9 +239,11 @@ class XetFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        handle = _Handle(node)
+        handle = _Handle(node, Readahead(maximum=self.options.prefetch_max))
         if node.kind is Kind.STATS:
-            handle.snapshot = self.stats_document()
+            # One document per open: the size and the bytes a reader sees never change under it.
+            handle.snapshot = self._stats_latest = self.stats_document()
+            self._stats_open += 1
             self._handles[fh] = handle
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
         direct = self.options.direct_io
@@ -244,8 +261,6 @@ class XetFS(pyfuse3.Operations):
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
         if handle.node.kind is Kind.STATS:
-            if off == 0:
-                handle.snapshot = self.stats_document()
             return handle.snapshot[off : off + size]
         entry = handle.node.entry
         if entry is None:
@@ -297,6 +312,8 @@ class XetFS(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
+        if handle is not None and handle.node.kind is Kind.STATS:
+            self._stats_open -= 1
         if handle is not None and handle.stream is not None:
             handle.stream.restart()
 

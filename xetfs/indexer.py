@@ -3,6 +3,9 @@
 A shard that cannot be read or parsed affects only the files it alone
 describes: it is skipped with one warning naming it (or, with ``strict``,
 the whole load fails).  The result says which shards were skipped and why.
+When shards were skipped and no file is left, the load fails: a view of
+nothing would hide the damage.  A store with no shards at all is empty, not
+damaged; one with xorbs but no shards has lost its shards.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from xetfs.errors import FormatError, StoreError
 from xetfs.format.shard import parse_shard
 from xetfs.index import Index
 from xetfs.stats import IndexCounters
-from xetfs.store import Store
+from xetfs.store import StoreLike
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +37,17 @@ class LoadResult:
         )
 
 
-def load_index(store: Store, *, strict: bool = False) -> LoadResult:
+def load_index(store: StoreLike, *, strict: bool = False) -> LoadResult:
     """Index every shard of ``store``.
 
-    Raises ``StoreError`` when the store has no shards, or, with ``strict``,
-    the first shard error.
+    Raises ``StoreError`` when the store has xorbs but no shards, when every
+    shard was skipped and no file is left, or, with ``strict``, the first
+    shard error.
     """
     shard_files = store.shard_files()
-    if not shard_files:
-        raise StoreError(f"store {store.root}: no shards in {store.root / 'shards'}")
+    problem = shards_missing(store, len(shard_files))
+    if problem is not None:
+        raise StoreError(problem)
     result = LoadResult(Index())
     for shard_file in shard_files:
         try:
@@ -54,4 +59,23 @@ def load_index(store: Store, *, strict: bool = False) -> LoadResult:
             result.skipped.append(str(exc))
             continue
         result.index.add_shard(shard)
+    if result.skipped and len(result.index) == 0:
+        bad, total = len(result.skipped), len(shard_files)
+        which = f"all {total} shards are bad" if bad == total else f"{bad} of {total} shards are bad, the rest empty"
+        raise StoreError(f"store {store.location}: nothing to show: {which} (first: {result.skipped[0]})")
     return result
+
+
+def shards_missing(store: StoreLike, shards: int) -> str | None:
+    """Why a store with ``shards`` shards is damaged as a whole, or None.
+
+    A store with neither shards nor xorbs is empty, which is fine; xorbs
+    without any shard mean the shards are lost.  ``mount`` and ``verify``
+    judge by this one rule.
+    """
+    if shards:
+        return None
+    xorbs = sum(1 for _ in store.xorb_hashes())
+    if not xorbs:
+        return None
+    return f"store {store.location}: no shards in {store.location}/shards, but {xorbs} xorbs: the shards are missing"

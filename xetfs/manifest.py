@@ -9,6 +9,10 @@ listing saved from the Hub works as is::
       "xetHash": "<64 hex>", "lfs": {"oid": "<sha256 hex>", "size": 123, "pointerSize": 134}},
      {"type": "directory", "path": "dir", "oid": "...", "size": 0}]
 
+One field of our own, which a Hub listing simply lacks: ``"mtime"``, the
+source file's modification time as UTC ISO 8601 with up to nine fractional
+digits (``"2024-05-01T12:00:00.123456789Z"``), written by ``xetfs pack``.
+
 Contract:
 
 * Only input that is not a JSON list at all (bad JSON, another JSON type, too
@@ -28,8 +32,10 @@ Contract:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from xetfs import hashes
@@ -51,6 +57,7 @@ class ManifestFile:
     xet_hash: bytes
     size: int | None  # what the manifest says; the store's size wins
     sha256: str | None  # lowercase hex, from ``lfs.oid``
+    mtime_ns: int | None = None  # the source file's modification time (ns since the epoch), from ``mtime``
 
     @property
     def name(self) -> str:
@@ -190,7 +197,37 @@ def _file(item: dict[str, Any], parts: PathParts, where: str, log: WarningLog) -
     if size is not None and (type(size) is not int or size < 0):
         log.add("invalid", f"{where}: size is not a byte count: {_show(size)}; ignored")
         size = None
-    return ManifestFile(parts, hashes.from_hex(xet), size, _sha256(item.get("lfs"), where, log))
+    mtime = item.get("mtime")
+    mtime_ns = None if mtime is None else parse_mtime(mtime)
+    if mtime is not None and mtime_ns is None:
+        log.add("invalid", f"{where}: mtime is not a UTC ISO 8601 time: {_show(mtime)}; ignored")
+    return ManifestFile(parts, hashes.from_hex(xet), size, _sha256(item.get("lfs"), where, log), mtime_ns)
+
+
+_MTIME = re.compile(r"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})(?:\.(\d{1,9}))?(?:Z|\+00:00)")
+
+
+def parse_mtime(value: object) -> int | None:
+    """``"2024-05-01T12:00:00.5Z"`` -> nanoseconds since the epoch.
+
+    None when ``value`` is not such a time, or one that 64-bit nanoseconds cannot hold.
+    """
+    m = _MTIME.fullmatch(value) if isinstance(value, str) else None
+    if m is None:
+        return None
+    try:
+        seconds = datetime.strptime(m[1], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return None
+    ns = int(seconds) * 1_000_000_000 + int((m[2] or "0").ljust(9, "0"))
+    return ns if -(2**63) <= ns < 2**63 else None  # what st_mtime_ns can hold (years 1677 to 2262)
+
+
+def format_mtime(ns: int) -> str:
+    """Nanoseconds since the epoch -> ``"2024-05-01T12:00:00.123456789Z"`` (no fraction when whole)."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    text = datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{text}.{fraction:09d}Z" if fraction else f"{text}Z"
 
 
 def _sha256(lfs: Any, where: str, log: WarningLog) -> str | None:
@@ -297,6 +334,8 @@ def dump_manifest(files: Iterable[ManifestFile], directories: Iterable[PathParts
         row["xetHash"] = hashes.to_hex(f.xet_hash)
         if f.sha256 is not None:
             row["lfs"] = {"oid": f.sha256} if f.size is None else {"oid": f.sha256, "size": f.size}
+        if f.mtime_ns is not None:
+            row["mtime"] = format_mtime(f.mtime_ns)
         rows.append((f.path, row))
     rows.sort(key=lambda r: r[0])
     return json.dumps([r for _, r in rows], ensure_ascii=False, indent=1).encode("utf-8") + b"\n"

@@ -25,20 +25,30 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from xetfs.diskcache import DEFAULT_SIZE as DEFAULT_DISK_CACHE
+from xetfs.diskcache import DiskCache
+from xetfs.diskcache import default_dir as default_cache_dir
 from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
 from xetfs.indexer import load_index
 from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import Manifest
-from xetfs.pack import find_manifest, load_manifest
+from xetfs.objects import RemoteOptions, is_url
+from xetfs.pack import load_manifest, store_manifest
 from xetfs.pool import DecodePool, default_workers
-from xetfs.reader import Reader, inline_io, threaded_io
-from xetfs.store import Store
+from xetfs.readahead import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
+from xetfs.reader import PREFETCH_BATCH, Reader, inline_io, threaded_io
+from xetfs.remote import RemoteStore
+from xetfs.stats import Stats
+from xetfs.store import Store, StoreLike
 from xetfs.tree import build_tree
 
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report
+REMOTE_FETCH_WIDTH = 8  # prefetch batches in flight for a remote store
+REMOTE_BATCH = 64  # chunks (about 4 MiB) per prefetch request to a remote store
+REMOTE_PREFETCH = 64 * 1024 * 1024  # how far prefetch may run ahead of a reader of a remote store
 KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions"}
 
 
@@ -48,7 +58,7 @@ class MountError(XetfsError):
 
 @dataclass(frozen=True)
 class MountConfig:
-    store: Path
+    store: str | Path  # a directory (absolute) or a URL
     mountpoint: Path
     options: frozenset[str] = frozenset()
     uid: int | None = None
@@ -62,6 +72,9 @@ class MountConfig:
     io_mode: str = "auto"  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
     io_timeout: float = 30.0
     workers: int | None = None  # decode worker processes; None: one per CPU
+    cache_dir: Path | None = None  # disk cache of remote stores; None: the default
+    disk_cache_size: int = DEFAULT_DISK_CACHE
+    headers: tuple[str, ...] = ()  # for a remote store: extra header lines (the environment adds more)
 
 
 def parse_options(values: list[str]) -> frozenset[str]:
@@ -79,6 +92,8 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
     try:
         if os.path.ismount(mountpoint):
             raise MountError(f"{mountpoint}: already a mount point (unmount it first: xetfs umount {mountpoint})")
+        if not mountpoint.exists():
+            raise MountError(f"{mountpoint}: no such directory (create it first: mkdir {mountpoint})")
         if not mountpoint.is_dir():
             raise MountError(f"{mountpoint}: not a directory")
         if not nonempty and any(os.scandir(mountpoint)):
@@ -93,27 +108,50 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
         raise MountError("FUSE is not available on this machine (no /dev/fuse; install fuse3)")
 
 
-def _load_manifest(config: MountConfig) -> Manifest | None:
-    path = config.names or find_manifest(config.store)
-    return None if path is None else load_manifest(path)
+def _load_manifest(config: MountConfig, store: StoreLike) -> Manifest | None:
+    if config.names is not None:
+        return load_manifest(config.names)
+    return store_manifest(config.store, store)
+
+
+def open_mount_store(config: MountConfig, stats: Stats) -> StoreLike:
+    """The store to mount; a remote one reads through the disk cache (unless it is off)."""
+    location = os.fspath(config.store)
+    if not is_url(location):
+        return Store.open(location)
+    options = RemoteOptions.for_timeout(config.io_timeout, list(config.headers))
+    cache = None
+    if config.disk_cache_size:
+        cache = DiskCache(config.cache_dir or default_cache_dir(), config.disk_cache_size, stats.remote)
+        log.info("disk cache: %s, %d bytes at most", cache.directory, config.disk_cache_size)
+    return RemoteStore.open(location, options, cache=cache, counters=stats.remote)
 
 
 def build_fs(config: MountConfig) -> XetFS:
     """Open the store, index it and assemble the filesystem (no FUSE yet)."""
-    store = Store.open(config.store)
+    stats = Stats()
+    store = open_mount_store(config, stats)
+    remote = isinstance(store, RemoteStore)
     loaded = load_index(store, strict=config.strict)
-    manifest = _load_manifest(config)
+    manifest = _load_manifest(config, store)
     for warning in manifest.warnings if manifest else ():
         log.warning("names: %s", warning)
     tree, warnings = build_tree(loaded.index, manifest)
     for warning in warnings:
         log.warning("names: %s", warning)
-    threaded = choose_io_mode(config.io_mode, store.root) == "thread"
+    # A remote store is read in the daemon's threads (obstore releases the GIL), many requests at once.
+    threaded = remote or choose_io_mode(config.io_mode, Path(config.store)) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
-    reader = Reader(loaded.index, store, cache_size=config.cache_size, io=io, pool=_decode_pool(config, threaded))
+    pool = _decode_pool(config, threaded)
+    reader = Reader(
+        loaded.index, store, cache_size=config.cache_size, stats=stats, io=io, pool=pool,
+        fetch_width=REMOTE_FETCH_WIDTH if remote else 1, prefetch_batch=REMOTE_BATCH if remote else PREFETCH_BATCH,
+    )  # fmt: skip
     counters = loaded.counters()
     reader.stats.index = counters
+    if counters.shards == 0 and counters.shards_skipped == 0:
+        log.warning("store %s has no shards: the mount shows no files", store.location)
     log.info(
         "indexed %d files, %d terms, %d xorbs from %d shards (%d skipped)",
         counters.files, counters.terms, counters.xorbs, counters.shards, counters.shards_skipped,
@@ -124,6 +162,7 @@ def build_fs(config: MountConfig) -> XetFS:
         direct_io=config.direct_io,
         mtime_ns=int(store.mtime * 1e9),
         prefetch=config.prefetch,
+        prefetch_max=REMOTE_PREFETCH if remote else DEFAULT_PREFETCH,
     )
     return XetFS(tree, reader, options)
 
@@ -189,10 +228,28 @@ def set_read_ahead(mountpoint: Path, kb: int) -> None:
         log.info("could not set read-ahead to %d KiB: %s", kb, exc.strerror)
 
 
+class _Collect(logging.Handler):
+    """Keeps the messages of warnings logged while the filesystem is built, for the mounting terminal."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
-    """Mount and serve until unmounted or signalled.  Reports readiness on ``ready_fd``."""
+    """Mount and serve until unmounted or signalled.
+
+    Reports on ``ready_fd``: one ``warning: ...`` line per warning about the
+    store (at most ``MAX_REPORTED_WARNINGS``, then one for the rest), a
+    ``warnings: N`` line with their number, then ``ok`` or ``error: ...``.
+    """
     keep_freed_memory()
     fs: XetFS | None = None
+    collect = _Collect()
+    logging.getLogger("xetfs").addHandler(collect)
     try:
         check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
         fs = build_fs(config)
@@ -202,6 +259,9 @@ def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
             fs.reader.close()
         _report(ready_fd, f"error: {describe(exc)}")
         raise
+    finally:
+        logging.getLogger("xetfs").removeHandler(collect)
+    _send_warnings(ready_fd, collect.messages)
     try:
         trio.run(_serve, fs, config, ready_fd)
     finally:
@@ -244,7 +304,22 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
             return
 
 
+MAX_REPORTED_WARNINGS = 20
+
+
+def _send_warnings(fd: int | None, messages: list[str]) -> None:
+    """Pass warnings to the waiting ``xetfs mount``, one line each (the log has them all)."""
+    if fd is None:
+        return
+    lines = [f"warning: {m}".replace("\n", " ") for m in messages[:MAX_REPORTED_WARNINGS]]
+    if len(messages) > MAX_REPORTED_WARNINGS:
+        lines.append(f"warning: ... and {len(messages) - MAX_REPORTED_WARNINGS} more (see the log)")
+    with contextlib.suppress(OSError):
+        os.write(fd, "".join(f"{line}\n" for line in [*lines, f"warnings: {len(messages)}"]).encode())
+
+
 def _report(fd: int | None, message: str) -> None:
+    """Send the final line (``ok`` or ``error: ...``) and close ``fd``."""
     if fd is None:
         return
     with contextlib.suppress(OSError):
@@ -252,10 +327,15 @@ def _report(fd: int | None, message: str) -> None:
         os.close(fd)
 
 
-def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> None:
+def spawn_daemon(
+    argv: list[str], mountpoint: Path, log_file: Path, env: dict[str, str] | None = None
+) -> tuple[list[str], int]:
     """Start the daemon (``argv`` + ``--foreground --ready-fd N``) and wait until it serves.
 
-    Raises ``MountError`` with the daemon's own message when it fails.
+    ``env`` is added to the daemon's environment (secrets go there, never into
+    ``argv``).  Returns the daemon's warnings about the store to show (a long
+    list ends with a line for the rest) and their number.  Raises
+    ``MountError`` with the daemon's own message when it fails.
     """
     read_fd, write_fd = os.pipe()
     log_file.parent.mkdir(parents=True, exist_ok=True)
@@ -268,17 +348,23 @@ def spawn_daemon(argv: list[str], mountpoint: Path, log_file: Path) -> None:
             pass_fds=(write_fd,),
             start_new_session=True,
             cwd="/",
+            env={**os.environ, **(env or {})},
         )
     os.close(write_fd)
-    message = _read_report(read_fd, child, READY_TIMEOUT)
+    lines = _read_report(read_fd, child, READY_TIMEOUT).splitlines()
+    warnings = [line.removeprefix("warning: ") for line in lines if line.startswith("warning: ")]
+    counts = [int(line.split()[1]) for line in lines if re.fullmatch(r"warnings: \d+", line)]
+    message = lines[-1] if lines and not lines[-1].startswith("warning") else ""
     if message != "ok":
         with contextlib.suppress(ProcessLookupError):
             child.terminate()
         detail = message.removeprefix("error: ") if message else f"the daemon exited (see {log_file})"
         raise MountError(detail)
+    return warnings, counts[-1] if counts else len(warnings)
 
 
 def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str:
+    """What the daemon wrote on the report pipe up to and including its final line (or EOF)."""
     deadline = time.monotonic() + timeout
     chunks = []
     with os.fdopen(fd, "rb", buffering=0) as pipe:
@@ -290,7 +376,8 @@ def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str
                 data = None
             if data:
                 chunks.append(data)
-                if b"\n" in data:
+                last = b"".join(chunks).rstrip(b"\n").rpartition(b"\n")[2]
+                if data.endswith(b"\n") and not last.startswith(b"warning"):
                     break
             elif data == b"":  # EOF: the daemon closed the pipe or died
                 break
@@ -302,18 +389,27 @@ def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str
     return b"".join(chunks).decode(errors="replace").strip()
 
 
+XETFS_FS_TYPE = "fuse.xetfs"  # what mountinfo shows for our mounts (``subtype=xetfs``)
+FUSECTL = Path("/sys/fs/fuse/connections")
+
+
 def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> None:
     """Unmount with fusermount3 (or umount), refusing paths that are not mounted.
 
-    ``force`` first aborts the FUSE connection (root only), which fails every
+    Anything but a xetfs mount is refused unless ``force``.  ``force`` first
+    aborts the FUSE connection of a FUSE mount (root only), which fails every
     pending and future request at once: the way out of a hung daemon.
     """
     path = os.path.abspath(mountpoint)  # no syscalls: the mount may be hung
-    device = _mounted_device(path)
-    if device is None:
+    found = next(((device, kind) for point, device, kind in _mounts() if point == path), None)
+    if found is None:
         raise MountError(f"{mountpoint}: not mounted")
+    device, kind = found
+    if kind != XETFS_FS_TYPE and not force:
+        raise MountError(f"{mountpoint}: not a xetfs mount (it is {kind}); use --force to unmount it anyway")
     if force:
-        _abort_connection(device)
+        if kind.split(".")[0] == "fuse":
+            _abort_connection(device)
         lazy = True
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     cmd = [tool, "-u", *(["-z"] if lazy else []), path] if tool else ["umount", *(["-l"] if lazy else []), path]
@@ -328,11 +424,29 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
 
 
 def _abort_connection(device: str) -> None:
+    """Abort the FUSE connection of the mount on ``device`` through fusectl, mounting fusectl if root needs it."""
     minor = device.partition(":")[2]
+    if os.geteuid() != 0:
+        raise MountError(f"cannot abort FUSE connection {minor}: --force needs root")
+    if not any(point == str(FUSECTL) for point, _, _ in _mounts()):
+        _mount_fusectl()
+    abort = FUSECTL / minor / "abort"
     try:
-        Path(f"/sys/fs/fuse/connections/{minor}/abort").write_text("1\n")
+        abort.write_text("1\n")
     except OSError as exc:
-        raise MountError(f"cannot abort FUSE connection {minor}: {exc.strerror} (needs root and fusectl)") from None
+        raise MountError(f"cannot abort FUSE connection {minor}: {abort}: {exc.strerror}") from None
+
+
+def _mount_fusectl() -> None:
+    """Mount the FUSE control filesystem at ``FUSECTL`` (root only)."""
+    cmd = ["mount", "-t", "fusectl", "fusectl", str(FUSECTL)]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise MountError(
+            f"cannot abort a FUSE connection: the fusectl filesystem is not mounted at {FUSECTL}, "
+            f"and '{' '.join(cmd)}' failed: {result.stderr.strip() or result.returncode}"
+        )
+    log.info("mounted fusectl at %s", FUSECTL)
 
 
 def _mounted_device(path: str) -> str | None:

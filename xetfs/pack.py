@@ -4,7 +4,11 @@ Owns the planning of a pack (which files, under which names), the upload
 through the official client (``hf_xet.upload_files`` with a ``local://``
 endpoint), and the names manifest beside the store
 (``STORE/xetfs-manifest.json``, Hub tree-listing JSON, merged with the one
-already there).  Also where a mount looks for that manifest.
+already there), and the store's listing (``remote.publish``), which lets a
+plain HTTP server serve it.  Also where a mount looks for that manifest.
+
+Each file's modification time (taken before the upload) is kept in the
+manifest's ``mtime`` field, which the mount shows.
 
 Naming: a directory that is the only SRC contributes its contents relative to
 itself; otherwise a directory contributes ``<its name>/...`` and a file its
@@ -39,6 +43,8 @@ from xetfs.manifest import (
     parse_manifest,
     path_problem,
 )
+from xetfs.remote import RemoteStore, publish
+from xetfs.store import StoreLike
 
 MANIFEST_NAME = "xetfs-manifest.json"
 
@@ -71,6 +77,19 @@ def find_manifest(store_dir: Path) -> Path | None:
     return None
 
 
+def store_manifest(location: str | os.PathLike[str], store: StoreLike) -> Manifest | None:
+    """The names manifest of ``store`` (opened from ``location``), or None.
+
+    Beside a store directory (``find_manifest``), or at the top of a remote
+    store, read through it (``RemoteStore.read_meta``).
+    """
+    if isinstance(store, RemoteStore):
+        data = store.read_meta(MANIFEST_NAME)
+        return None if data is None else parse_manifest(data, source=f"{store.location}/{MANIFEST_NAME}")
+    path = find_manifest(Path(location).resolve())
+    return None if path is None else load_manifest(path)
+
+
 def load_manifest(path: Path) -> Manifest:
     """Read and parse a manifest file; refuses one over ``MAX_MANIFEST_BYTES`` before reading it.
 
@@ -87,10 +106,11 @@ def load_manifest(path: Path) -> Manifest:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """One file to upload: its name in the manifest and where it is on disk (absolute)."""
+    """One file to upload: its name in the manifest, where it is on disk (absolute), its mtime (ns)."""
 
     path: PathParts
     local: Path
+    mtime_ns: int
 
 
 @dataclass
@@ -122,7 +142,7 @@ def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = _print_warning)
                 plan.directories.append(prefix)
             _walk(src, prefix, plan, skip, warn)
         elif stat.S_ISREG(st.st_mode):
-            plan.files.append(Source((_top_name(src),), src.absolute()))
+            plan.files.append(Source((_top_name(src),), src.absolute(), st.st_mtime_ns))
         else:
             raise XetfsError(f"{src}: not a regular file or directory")
     if not plan.files:
@@ -163,7 +183,7 @@ def _walk(top: Path, prefix: PathParts, plan: Plan, skip: Path, warn: Warn) -> N
                 plan.directories.append((*parts, e.name))
                 below.append((path, (*parts, e.name)))
             elif e.is_file(follow_symlinks=False):
-                plan.files.append(Source((*parts, e.name), path.absolute()))
+                plan.files.append(Source((*parts, e.name), path.absolute(), e.stat(follow_symlinks=False).st_mtime_ns))
             else:
                 warn(f"skipping {path}: not a regular file")
         stack.extend(reversed(below))
@@ -306,13 +326,14 @@ def pack(
     plan = plan_pack([Path(s) for s in sources], store_dir, warn)
     results = upload([f.local for f in plan.files], store_dir, progress=progress)
     new: list[Entry] = [
-        ManifestFile(f.path, r.xet_hash, r.size, r.sha256) for f, r in zip(plan.files, results, strict=True)
+        ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns) for f, r in zip(plan.files, results, strict=True)
     ]
     new.extend(plan.directories)
     merged, messages = merge(new, old, source=MANIFEST_NAME)
     for message in messages:
         warn(message)
     write_manifest(manifest_path, merged)
+    publish(store_dir)  # the listing an HTTP server needs to serve the store
     return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files))
 
 

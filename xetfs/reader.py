@@ -24,12 +24,12 @@ import trio
 
 from xetfs import hashes
 from xetfs.cache import Loader, LoadingCache
-from xetfs.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError
+from xetfs.errors import IntegrityError, MissingObjectError, StoreError, StoreTimeoutError, XetfsError
 from xetfs.format.xorb import ChunkSpec, XorbLayout, chunk_specs, decode_run
 from xetfs.index import FileEntry, Index, chunk_span
 from xetfs.pool import DecodePool, SharedChunk, WorkerLost
 from xetfs.stats import CacheCounters, Stats
-from xetfs.store import Store
+from xetfs.store import StoreLike
 from xetfs.stream import Budget, Segment, Stream
 
 T = TypeVar("T")
@@ -72,20 +72,27 @@ class Reader:
     def __init__(
         self,
         index: Index,
-        store: Store,
+        store: StoreLike,
         *,
         cache_size: int = DEFAULT_CACHE_SIZE,
         stats: Stats | None = None,
         verify: bool = True,
         io: Io = inline_io,
         pool: DecodePool | None = None,
+        fetch_width: int = 1,
+        prefetch_batch: int = PREFETCH_BATCH,
     ) -> None:
+        """``fetch_width``: without decode workers, how many prefetch batches load at once, and
+        ``prefetch_batch``: chunks per batch (one store read).  A remote store's reads wait on the
+        network: several larger ones are in flight."""
         self.index = index
         self.store = store
         self.stats = stats or Stats()
         self.verify = verify
         self._io = io
         self._pool = pool
+        self._fetch_width = fetch_width
+        self._prefetch_batch = prefetch_batch
         # A run must fit a worker's slot; without workers only MAX_RUN_BYTES bounds it.
         self._max_run_decoded = pool.slot_size if pool else sys.maxsize
         self.cache: LoadingCache[ChunkKey, Chunk] = LoadingCache(cache_size, self.stats.cache, self.stats.prefetch)
@@ -242,16 +249,17 @@ class Reader:
 
         A reader that catches up waits for the batch holding its chunk, not
         for the whole window.  With workers, as many batches are in flight
-        as the pool has slots, handed out in file order.
+        as the pool has slots (without, ``fetch_width``), handed out in file order.
         """
-        batches = [keys[i : i + PREFETCH_BATCH] for i in range(0, len(keys), PREFETCH_BATCH)]
+        step = self._prefetch_batch
+        batches = [keys[i : i + step] for i in range(0, len(keys), step)]
         pool = self._ready_pool()
-        if pool is None:
+        if pool is None and self._fetch_width <= 1:
             for batch in batches:
                 await self.cache.prefetch(batch, load)
                 await trio.lowlevel.checkpoint()
             return
-        in_flight = trio.Semaphore(pool.capacity)
+        in_flight = trio.Semaphore(pool.capacity if pool is not None else self._fetch_width)
 
         async def one(batch: list[ChunkKey]) -> None:
             try:
@@ -437,6 +445,8 @@ class Reader:
             errors.missing += 1
         elif isinstance(exc, StoreTimeoutError):
             errors.timeout += 1
+        elif isinstance(exc, StoreError):
+            self.stats.remote.failed_reads += 1
         else:
             errors.format += 1
 

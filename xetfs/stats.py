@@ -77,6 +77,24 @@ class ErrorCounters:
 
 
 @dataclass
+class RemoteCounters:
+    """Requests to a remote store, and its on-disk cache (zero for a local store)."""
+
+    requests: int = 0  # sent, retries included
+    bytes: int = 0  # received
+    retries: int = 0
+    errors: int = 0  # failed requests (some were retried)
+    in_flight: int = 0  # calls waiting for the server now
+    disk_hits: int = 0
+    disk_misses: int = 0
+    disk_bytes: int = 0  # held in the disk cache, as this mount last counted it
+    disk_evictions: int = 0
+    disk_corrupt: int = 0  # entries that failed their check: dropped and fetched again
+    disk_write_errors: int = 0  # entries not written (a full disk, say); their bytes were served anyway
+    failed_reads: int = 0  # reads that failed with EIO because the server could not be reached or refused
+
+
+@dataclass
 class IndexCounters:
     files: int = 0
     terms: int = 0
@@ -95,6 +113,7 @@ class Stats:
     stream: StreamCounters = field(default_factory=StreamCounters)
     errors: ErrorCounters = field(default_factory=ErrorCounters)
     index: IndexCounters = field(default_factory=IndexCounters)
+    remote: RemoteCounters = field(default_factory=RemoteCounters)
     started: float = field(default_factory=time.time)
 
     def snapshot(self) -> Snapshot:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from cachetools import LRUCache
 
@@ -38,6 +39,40 @@ MAX_SHARD_BYTES = 1 << 30  # builders aim at 64 MiB
 class ShardFile:
     name: str
     path: Path
+
+
+class StoreLike(Protocol):
+    """What the index, the reader and ``verify`` need from a store: ``Store`` (a directory) or
+    ``remote.RemoteStore`` (a URL).  Every method may be called from worker threads."""
+
+    mtime: float
+
+    @property
+    def location(self) -> str:
+        """Where the store is, for messages (a directory or a URL without secrets)."""
+        ...
+
+    def shard_files(self) -> list[ShardFile]: ...
+
+    def read_shard(self, shard: ShardFile) -> bytes: ...
+
+    def has_xorb(self, xorb_hash: bytes) -> bool: ...
+
+    def xorb_hashes(self) -> Iterator[bytes]: ...
+
+    def xorb_size(self, xorb_hash: bytes) -> int: ...
+
+    def xorb_path(self, xorb_hash: bytes) -> Path:
+        """The xorb's local file, for decode workers; a remote store has none (``StoreError``)."""
+        ...
+
+    def read_xorb(self, xorb_hash: bytes, start: int, end: int) -> bytes: ...
+
+    def read_chunks(self, xorb_hash: bytes, start: int, end: int, first: int, stop: int) -> bytes: ...
+
+    def load_layout(self, xorb_hash: bytes) -> XorbLayout: ...
+
+    def close(self) -> None: ...
 
 
 def find_root(path: Path) -> Path:
@@ -78,6 +113,10 @@ class Store:
     def open(cls, path: str | os.PathLike[str]) -> Store:
         return cls(find_root(Path(path)))
 
+    @property
+    def location(self) -> str:
+        return str(self.root)
+
     # -- shards -----------------------------------------------------------
 
     def shard_files(self) -> list[ShardFile]:
@@ -106,6 +145,12 @@ class Store:
 
     def xorb_hashes(self) -> Iterator[bytes]:
         return iter(self._xorbs)
+
+    def xorb_size(self, xorb_hash: bytes) -> int:
+        try:
+            return self.xorb_path(xorb_hash).stat().st_size
+        except OSError as exc:
+            raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot stat: {exc.strerror}") from None
 
     def xorb_path(self, xorb_hash: bytes) -> Path:
         try:
@@ -166,18 +211,24 @@ def read_chunk_run(fd: int, start: int, end: int, first: int, stop: int, *, wher
 
 
 def read_layout(fd: int, xorb_hash: bytes) -> XorbLayout:
-    """Read and check the layout of the xorb open as ``fd``; chunk hashes are tied to the xorb's name.
+    """Read and check the layout of the xorb open as ``fd`` (``layout_from``)."""
+    where = f"xorb {hashes.to_hex(xorb_hash)}"
+    return layout_from(lambda start, end: read_range(fd, start, end, where=where), os.fstat(fd).st_size, xorb_hash)
 
-    With a footer: the footer's xorb hash and the Merkle root of its chunk
-    hashes must both equal ``xorb_hash``.  Without one: the chunk headers
-    are walked, every chunk is decoded and hashed, and the root checked.
+
+def layout_from(read: Callable[[int, int], bytes], size: int, xorb_hash: bytes) -> XorbLayout:
+    """Read and check the layout of a xorb of ``size`` bytes; ``read(start, end)`` gives its bytes.
+
+    Chunk hashes are tied to the xorb's name.  With a footer: the footer's
+    xorb hash and the Merkle root of its chunk hashes must both equal
+    ``xorb_hash``.  Without one: the chunk headers are walked, every chunk is
+    decoded and hashed, and the root checked.
     """
     where = f"xorb {hashes.to_hex(xorb_hash)}"
-    size = os.fstat(fd).st_size
-    length = footer_length(read_range(fd, size - 4, size, where=where), size) if size >= 4 else None
+    length = footer_length(read(size - 4, size), size) if size >= 4 else None
     if length is not None:
         footer_at = size - length - 4
-        footer = read_range(fd, footer_at, size, where=where)
+        footer = read(footer_at, size)
         if footer.startswith(b"XETBLOB"):
             layout = parse_footer(footer, size, where=where)
             if layout.xorb_hash != xorb_hash:
@@ -186,19 +237,19 @@ def read_layout(fd: int, xorb_hash: bytes) -> XorbLayout:
                 )
             at = footer_at + HASHES_AT
             return _checked(layout, xorb_hash, f"{where}: the chunk hashes in its footer (offset {at})")
-    return _checked(_walk(fd, xorb_hash, size, where), xorb_hash, f"{where}: the hashes of its chunks")
+    return _checked(_walk(read, xorb_hash, size, where), xorb_hash, f"{where}: the hashes of its chunks")
 
 
-def _walk(fd: int, xorb_hash: bytes, size: int, where: str) -> XorbLayout:
+def _walk(read: Callable[[int, int], bytes], xorb_hash: bytes, size: int, where: str) -> XorbLayout:
     """Layout of a footer-less xorb: walk its headers, hash every chunk (FORMAT.md 2.5).
 
     Reads one chunk at a time, so memory stays bounded by the chunk size
     limit whatever the file claims.
     """
-    bare = walk_headers_with(lambda start, end: read_range(fd, start, end, where=where), size, where=where)
+    bare = walk_headers_with(read, size, where=where)
     chunk_hashes = []
     for i in range(bare.num_chunks):
-        data = read_range(fd, bare.phys_start(i), bare.phys_ends[i], where=where)
+        data = read(bare.phys_start(i), bare.phys_ends[i])
         (decoded,) = decode_run(data, xorb_hash, bare, i, i + 1, verify=False)
         if isinstance(decoded, XetfsError):
             raise decoded

@@ -4,14 +4,22 @@ Layout::
 
     /                       the manifest's named tree, or (without a manifest)
                             every file of the store named by its xet hex hash
+    /.xetfs/                hidden: found by name, never listed in the root
     /.xetfs/by-hash/<xet hex>        every file of the store
     /.xetfs/by-sha256/<sha256 hex>   every file whose shard records a SHA-256
     /.xetfs/stats                    the live statistics (``Kind.STATS``)
 
 Contract:
 
-* One inode per distinct file: every name of a file is a hard link to it and
-  ``nlink`` counts them.  A directory's ``nlink`` is 2 + its subdirectories.
+* One inode per distinct file: every name of a file is a hard link to it.
+  ``nlink`` counts only the names outside ``/.xetfs`` (at least 1), so tools
+  that walk the tree (``tar``, ``cp -a``, ``rsync -H``, ``du``) see the links
+  of the named tree alone, as they would without the hidden directory.  A
+  directory's ``nlink`` is 2 + its listed subdirectories.
+* ``/.xetfs`` is like ZFS's ``.zfs`` under ``snapdir=hidden``: ``lookup``
+  finds it, ``iter_children`` of the root does not list it.
+* A file's modification time is the latest ``mtime`` its manifest names
+  give it, or None (the mount shows the store's).
 * Inodes are dense and deterministic, so they survive a remount of the same
   store and manifest: the fixed inodes below, then the files in raw
   file-hash order (independent of the manifest), then the manifest's
@@ -47,6 +55,7 @@ XETFS_NAME = ".xetfs"
 BY_HASH_NAME = "by-hash"
 BY_SHA256_NAME = "by-sha256"
 STATS_NAME = "stats"
+_XETFS_BYTES = XETFS_NAME.encode()
 
 
 class Kind(enum.Enum):
@@ -63,6 +72,7 @@ class Node:
     kind: Kind
     entry: FileEntry | None
     nlink: int
+    mtime_ns: int | None = None  # a file's own modification time, when its names give one
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,16 +86,20 @@ class _Dir:
 
 
 _STATS_NODE = Node(STATS_INODE, Kind.STATS, None, 1)
+_NO_MTIME = -1  # in ``Tree._mtimes``: the manifest gives none
 
 
 class Tree:
     """The immutable name tree of one mount.  Build it with ``build_tree``."""
 
-    def __init__(self, entries: list[FileEntry], nlinks: array[int], dirs: dict[int, _Dir]) -> None:
-        """``entries[i]`` has inode ``FIRST_FILE_INODE + i`` and ``nlinks[i]`` names."""
+    def __init__(
+        self, entries: list[FileEntry], nlinks: array[int], dirs: dict[int, _Dir], mtimes: array[int] | None = None
+    ) -> None:
+        """``entries[i]`` has inode ``FIRST_FILE_INODE + i``, ``nlinks[i]`` names and mtime ``mtimes[i]`` (ns)."""
         self._entries = entries
         self._nlinks = nlinks
         self._dirs = dirs
+        self._mtimes = mtimes if mtimes is not None else array("q", [_NO_MTIME]) * len(entries)
 
     def get(self, inode: int) -> Node | None:
         """The node of ``inode``, or None when there is no such inode."""
@@ -94,7 +108,8 @@ class Tree:
             return Node(inode, Kind.DIR, None, d.nlink)
         i = inode - FIRST_FILE_INODE
         if 0 <= i < len(self._entries):
-            return Node(inode, Kind.FILE, self._entries[i], self._nlinks[i])
+            mtime = self._mtimes[i]
+            return Node(inode, Kind.FILE, self._entries[i], self._nlinks[i], None if mtime == _NO_MTIME else mtime)
         if inode == STATS_INODE:
             return _STATS_NODE
         return None
@@ -102,7 +117,8 @@ class Tree:
     def lookup(self, parent: int, name: bytes) -> Node | None:
         """The node named ``name`` in directory ``parent``; None when absent or ``parent`` is no directory.
 
-        ``.`` and ``..`` resolve to the directory and its parent.
+        ``.`` and ``..`` resolve to the directory and its parent; ``.xetfs`` in
+        the root to the hidden directory.
         """
         d = self._dirs.get(parent)
         if d is None:
@@ -111,6 +127,8 @@ class Tree:
             return self.get(parent)
         if name == b"..":
             return self.get(d.parent)
+        if parent == ROOT_INODE and name == _XETFS_BYTES:
+            return self.get(XETFS_INODE)
         i = bisect_left(d.names, name)
         if i < len(d.names) and d.names[i] == name:
             return self.get(d.inodes[i])
@@ -120,7 +138,8 @@ class Tree:
         """``(name, node)`` for the entries of ``parent`` from position ``start`` on, in name order.
 
         Positions are stable (the tree never changes), so ``start`` can serve
-        as a readdir offset.  Nothing for a non-directory; no ``.``/``..``.
+        as a readdir offset.  Nothing for a non-directory; no ``.``/``..``,
+        and no hidden ``.xetfs`` in the root.
         """
         d = self._dirs.get(parent)
         if d is None:
@@ -198,14 +217,18 @@ def build_tree(index: Index, manifest: Manifest | None) -> tuple[Tree, list[str]
     """
     entries = sorted(index, key=attrgetter("file_hash"))
     nlinks = array("I", [0]) * len(entries)
-    by_hash, by_sha256 = _hash_names(entries, nlinks)
+    mtimes = array("q", [_NO_MTIME]) * len(entries)
+    by_hash, by_sha256 = _hash_names(entries)
     log = WarningLog()
     if manifest is None:
         named: _Pending = dict(by_hash)
         for i in range(len(entries)):
             nlinks[i] += 1
     else:
-        named = _named(manifest, entries, nlinks, log)
+        named = _named(manifest, entries, nlinks, mtimes, log)
+    for i, n in enumerate(nlinks):
+        if n == 0:  # only in .xetfs, which is not counted: still one link
+            nlinks[i] = 1
     dirs: dict[int, _Dir] = {
         XETFS_INODE: _freeze_leaves(
             ROOT_INODE,
@@ -219,22 +242,19 @@ def build_tree(index: Index, manifest: Manifest | None) -> tuple[Tree, list[str]
         BY_HASH_INODE: _freeze_leaves(XETFS_INODE, by_hash),
         BY_SHA256_INODE: _freeze_leaves(XETFS_INODE, by_sha256),
     }
-    named[XETFS_NAME.encode()] = XETFS_INODE
     _freeze_tree(named, dirs, first_inode=FIRST_FILE_INODE + len(entries))
-    return Tree(entries, nlinks, dirs), log.lines()
+    return Tree(entries, nlinks, dirs, mtimes), log.lines()
 
 
-def _hash_names(entries: list[FileEntry], nlinks: array[int]) -> tuple[dict[bytes, int], dict[bytes, int]]:
-    """The entries of ``by-hash`` and ``by-sha256``; counts the links in ``nlinks``."""
+def _hash_names(entries: list[FileEntry]) -> tuple[dict[bytes, int], dict[bytes, int]]:
+    """The entries of ``by-hash`` and ``by-sha256`` (links that ``nlink`` does not count)."""
     by_hash: dict[bytes, int] = {}
     by_sha256: dict[bytes, int] = {}
     for i, entry in enumerate(entries):
         by_hash[entry.hex.encode()] = FIRST_FILE_INODE + i
-        nlinks[i] += 1
         sha = None if entry.sha256 is None else entry.sha256.encode()
         if sha is not None and sha not in by_sha256:  # equal SHA-256s: the first file in inode order wins
             by_sha256[sha] = FIRST_FILE_INODE + i
-            nlinks[i] += 1
     return by_hash, by_sha256
 
 
@@ -271,8 +291,13 @@ def _freeze_tree(root: _Pending, dirs: dict[int, _Dir], first_inode: int) -> Non
         stack.extend(reversed(below))
 
 
-def _named(manifest: Manifest, entries: list[FileEntry], nlinks: array[int], log: WarningLog) -> _Pending:
-    """The manifest's names as a pending tree whose leaves are file inodes; counts links in ``nlinks``."""
+def _named(
+    manifest: Manifest, entries: list[FileEntry], nlinks: array[int], mtimes: array[int], log: WarningLog
+) -> _Pending:
+    """The manifest's names as a pending tree whose leaves are file inodes.
+
+    Counts links in ``nlinks`` and keeps each file's latest ``mtime`` in ``mtimes``.
+    """
     ranks = {entry.file_hash: i for i, entry in enumerate(entries)}
     root: _Pending = {}
     reserved = 0
@@ -288,6 +313,8 @@ def _named(manifest: Manifest, entries: list[FileEntry], nlinks: array[int], log
         parent = _descend(root, f.path[:-1], f, log)
         if parent is not None and _link(parent, f, FIRST_FILE_INODE + i, log):
             nlinks[i] += 1
+            if f.mtime_ns is not None:
+                mtimes[i] = max(mtimes[i], f.mtime_ns)
     for parts in manifest.directories:
         if parts[0] == XETFS_NAME:
             reserved += 1

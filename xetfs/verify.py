@@ -3,6 +3,8 @@
 Checks, and reports every problem with the object, the offset and expected
 versus found:
 
+* the store has shards, unless it has no xorbs either (an empty store is
+  fine, as it is for ``mount``);
 * every shard parses and is named after the hash of its bytes;
 * every xorb's footer is consistent, its chunk hashes aggregate to its name,
   and every chunk decodes and hashes to its recorded hash;
@@ -24,8 +26,9 @@ from xetfs.errors import XetfsError
 from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
 from xetfs.format.xorb import XorbLayout, decode_run
 from xetfs.index import EMPTY_SHA256, Index
+from xetfs.indexer import shards_missing
 from xetfs.reader import Reader
-from xetfs.store import Store
+from xetfs.store import StoreLike
 
 READ_SIZE = 8 * 1024 * 1024
 
@@ -62,7 +65,7 @@ class Report:
 
 @dataclass
 class _Audit:
-    store: Store
+    store: StoreLike
     progress: Progress
     report: Report = field(default_factory=Report)
     layouts: dict[bytes, XorbLayout] = field(default_factory=dict)
@@ -73,11 +76,11 @@ class _Audit:
         self.report.problems.append(message)
 
 
-async def audit(store: Store, progress: Progress | None = None) -> Report:
+async def audit(store: StoreLike, progress: Progress | None = None) -> Report:
     """Check everything in ``store``; progress counts xorb bytes scanned plus file bytes read."""
     a = _Audit(store, progress or _NoProgress())
     shards = _check_shards(a)
-    xorb_bytes = sum(store.xorb_path(x).stat().st_size for x in store.xorb_hashes())
+    xorb_bytes = sum(store.xorb_size(x) for x in store.xorb_hashes())
     file_bytes = {r.file_hash: r.size for shard in shards for r in shard.files if r.sha256 is not None}
     a.progress.reset(total=xorb_bytes + sum(file_bytes.values()))
     for xorb_hash in sorted(store.xorb_hashes()):
@@ -100,7 +103,11 @@ async def audit(store: Store, progress: Progress | None = None) -> Report:
 
 def _check_shards(a: _Audit) -> list[Shard]:
     shards = []
-    for shard_file in a.store.shard_files():
+    shard_files = a.store.shard_files()
+    missing = shards_missing(a.store, len(shard_files))
+    if missing is not None:
+        a.problem(missing)
+    for shard_file in shard_files:
         try:
             data = a.store.read_shard(shard_file)
             shards.append(parse_shard(data, where=f"shard {shard_file.name}"))
@@ -123,18 +130,39 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
         return
     a.layouts[xorb_hash] = layout
     a.report.xorbs += 1
-    for i in range(layout.num_chunks):
-        start, end = layout.phys_start(i), layout.phys_ends[i]
+    # Runs of whole chunks, one store read each (one request for a remote store); a run whose read
+    # fails is read again chunk by chunk, so each problem names the chunk it is about.
+    start = 0
+    while start < layout.num_chunks:
+        stop = start + 1
+        while stop < layout.num_chunks and layout.phys_ends[stop] - layout.phys_start(start) <= READ_SIZE:
+            stop += 1
         try:
-            (outcome,) = decode_run(a.store.read_xorb(xorb_hash, start, end), xorb_hash, layout, i, i + 1, verify=True)
-        except XetfsError as exc:  # the read itself failed
-            outcome = exc
-        a.progress.update(end - start)
-        if isinstance(outcome, XetfsError):
-            a.problem(str(outcome))
-            a.bad_chunks.setdefault(xorb_hash, set()).add(i)
+            data = a.store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
+        except XetfsError:
+            outcomes = [_check_chunk(a, xorb_hash, layout, i) for i in range(start, stop)]
         else:
-            a.report.chunks += 1
+            outcomes = list(decode_run(data, xorb_hash, layout, start, stop, verify=True))
+        for i, outcome in enumerate(outcomes, start):
+            a.progress.update(layout.phys_ends[i] - layout.phys_start(i))
+            if isinstance(outcome, XetfsError):
+                a.problem(str(outcome))
+                a.bad_chunks.setdefault(xorb_hash, set()).add(i)
+            else:
+                a.report.chunks += 1
+        start = stop
+
+
+def _check_chunk(a: _Audit, xorb_hash: bytes, layout: XorbLayout, i: int) -> bytes | XetfsError:
+    """Chunk ``i`` decoded and checked on its own: its bytes, or the error that stopped it."""
+    try:
+        (outcome,) = decode_run(
+            a.store.read_xorb(xorb_hash, layout.phys_start(i), layout.phys_ends[i]), xorb_hash, layout, i, i + 1,
+            verify=True,
+        )  # fmt: skip
+    except XetfsError as exc:  # the read itself failed
+        return exc
+    return outcome
 
 
 def _check_cas(a: _Audit, cas: CasRecord) -> None:

@@ -1,0 +1,278 @@
+"""Real servers for remote-store tests, on 127.0.0.1: nginx, moto's S3 server, and a fault-injecting proxy.
+
+Each runs on a free port, is polled until it answers (with a deadline,
+failing loudly with its log if it dies), and is always stopped when its
+``with`` block ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import shutil
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEADLINE = 20.0
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_http(port: int, proc: subprocess.Popen[bytes] | None, log: Path | None, what: str) -> None:
+    end = time.monotonic() + DEADLINE
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/")
+            conn.getresponse().read()
+            conn.close()
+            return
+        except OSError:
+            pass
+        text = log.read_text(errors="replace") if log and log.exists() else ""
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode}:\n{text}")
+        if time.monotonic() > end:
+            raise RuntimeError(f"{what} did not answer on port {port} within {DEADLINE} s:\n{text}")
+        time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@dataclass
+class Server:
+    url: str
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    def access_log(self) -> str:
+        return self.log.with_name("access.log").read_text(errors="replace") if self.log else ""
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+
+_NGINX_CONF = """
+daemon off;
+master_process off;
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log {tmp}/access.log;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    default_type application/octet-stream;
+    sendfile on;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        {auth}
+        location / {{ }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx(root: Path, *, token: str | None = None, port: int | None = None) -> Iterator[Server]:
+    """nginx serving the directory ``root`` (as a plain static server); with ``token``, only to
+    requests that carry ``Authorization: Bearer <token>``."""
+    tmp = Path(tempfile.mkdtemp(prefix="xetfs-nginx-"))
+    port = port or free_port()
+    auth = f'if ($http_authorization != "Bearer {token}") {{ return 401; }}' if token else ""
+    conf = tmp / "nginx.conf"
+    conf.write_text(_NGINX_CONF.format(tmp=tmp, port=port, root=root, auth=auth))
+    with _serving([NGINX, "-p", str(tmp), "-c", str(conf)], tmp, port, tmp / "error.log", "nginx") as server:
+        yield server
+
+
+@contextlib.contextmanager
+def _serving(cmd: list[str], tmp: Path, port: int, log: Path, what: str) -> Iterator[Server]:
+    """Run ``cmd`` (a server on ``port``; its output to ``tmp/output``) until the block ends, then
+    stop it and remove ``tmp``."""
+    with open(tmp / "output", "wb") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    try:
+        _wait_http(port, proc, log, what)
+        yield Server(f"http://127.0.0.1:{port}", port, proc, log)
+    finally:
+        _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret-key",
+    "AWS_REGION": "us-east-1",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_ALLOW_HTTP": "true",
+}
+
+
+@contextlib.contextmanager
+def moto_s3() -> Iterator[Server]:
+    """moto's standalone S3-compatible server; ``S3_ENV`` plus ``AWS_ENDPOINT_URL`` reach it."""
+    tmp = Path(tempfile.mkdtemp(prefix="xetfs-moto-"))
+    port = free_port()
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    with _serving(cmd, tmp, port, tmp / "output", "moto server") as server:
+        yield server
+
+
+def upload_dir(bucket_url: str, endpoint: str, top: Path) -> None:
+    """Copy the directory ``top`` as-is to ``bucket_url`` (``s3://bucket/prefix``), creating the bucket."""
+    import obstore
+    from obstore.store import S3Store
+
+    env = {**S3_ENV, "AWS_ENDPOINT_URL": endpoint}
+    bucket = bucket_url.removeprefix("s3://").split("/")[0]
+    conn = http.client.HTTPConnection("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
+    conn.request("PUT", f"/{bucket}")
+    conn.getresponse().read()
+    store = S3Store.from_url(bucket_url, endpoint=endpoint, access_key_id=env["AWS_ACCESS_KEY_ID"],
+                             secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
+                             client_options={"allow_http": True})  # fmt: skip
+    for path in sorted(top.rglob("*")):
+        if path.is_file():
+            obstore.put(store, path.relative_to(top).as_posix(), path.read_bytes())
+
+
+# -- the fault-injecting proxy ---------------------------------------------------------
+
+
+@dataclass
+class Faults:
+    """What the proxy does to the next requests: one fault per request, in order, then pass-through.
+
+    Faults: ``"503"``, ``"500"``, ``"429"`` (an error answer), ``"reset"`` (close
+    without answering), ``"truncate"`` (half the body, then close),
+    ``"slow"`` (the body in small pieces with pauses), ``"stall"`` (headers and
+    part of the body, then nothing until ``release``).  ``stall_all`` stalls every request.
+    """
+
+    queue: deque[str] = field(default_factory=deque)
+    stall_all: bool = False
+    released: threading.Event = field(default_factory=threading.Event)
+    seen: list[str] = field(default_factory=list)  # faults applied, in order
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next(self) -> str:
+        with self.lock:
+            fault = "stall" if self.stall_all else (self.queue.popleft() if self.queue else "")
+            if fault:
+                self.seen.append(fault)
+            return fault
+
+    def release(self) -> None:
+        self.stall_all = False
+        self.released.set()
+
+
+class _ProxyHandler(socketserver.BaseRequestHandler):
+    server: _ProxyServer
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.settimeout(30)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            part = sock.recv(65536)
+            if not part:
+                return
+            head += part
+        lines = head.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+        method, target, _ = lines[0].split(" ", 2)
+        headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+        headers.pop("Connection", None)
+        fault = self.server.faults.next()
+        if fault in ("503", "500", "429"):
+            sock.sendall(f"HTTP/1.1 {fault} Fault\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
+            return
+        if fault == "reset":
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            return
+        upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=30)
+        upstream.request(method, target, headers=headers)
+        response = upstream.getresponse()
+        body = response.read()
+        upstream.close()
+        out = [f"HTTP/1.1 {response.status} {response.reason}"]
+        out += [f"{k}: {v}" for k, v in response.getheaders() if k.lower() not in ("connection", "keep-alive")]
+        out += ["Connection: close", "", ""]
+        sock.sendall("\r\n".join(out).encode("latin-1"))
+        if fault == "truncate":
+            sock.sendall(body[: len(body) // 2])
+            return
+        if fault == "stall":
+            sock.sendall(body[: len(body) // 4])
+            self.server.faults.released.wait(60)
+            return
+        if fault == "slow":
+            step = max(1, len(body) // 8)
+            for i in range(0, len(body), step):
+                sock.sendall(body[i : i + step])
+                time.sleep(0.02)
+            return
+        sock.sendall(body)
+
+
+class _ProxyServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, upstream_port: int, faults: Faults) -> None:
+        self.upstream_port = upstream_port
+        self.faults = faults
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+
+
+@contextlib.contextmanager
+def fault_proxy(upstream: Server) -> Iterator[tuple[Server, Faults]]:
+    """A proxy in front of ``upstream`` that applies ``Faults`` to the requests it forwards."""
+    faults = Faults()
+    server = _ProxyServer(upstream.port, faults)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    try:
+        yield Server(f"http://127.0.0.1:{port}", port), faults
+    finally:
+        faults.release()
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def env_with(**extra: str) -> dict[str, str]:
+    return {**os.environ, **extra}

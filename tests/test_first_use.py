@@ -1,0 +1,466 @@
+"""What a new user meets first: the command on PATH, installing, and the plain errors and exit codes.
+
+Each test runs xetfs the way a user does (scripts/setup.sh, ``python -m
+xetfs`` as its own process, real mounts in temporary directories).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import oracle
+import pytest
+from mounting import force_unmount, is_mounted
+from oracle import OracleStore, run_xetfs
+
+REPO = oracle.REPO_ROOT
+VENV_XETFS = REPO / ".venv" / "bin" / "xetfs"
+
+
+def _setup(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup.sh")],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=600, check=False,
+    )  # fmt: skip
+
+
+# -- the command on PATH -----------------------------------------------------------------------
+
+
+def test_setup_puts_xetfs_on_path(tmp_path: Path) -> None:
+    """After setup, a new shell whose PATH has the link directory runs ``xetfs``; a rerun is quiet."""
+    bin_dir = tmp_path / "bin"
+    first = _setup({"XETFS_BIN_DIR": str(bin_dir)})
+    assert first.returncode == 0, first.stderr
+    link = bin_dir / "xetfs"
+    assert link.is_symlink() and Path(os.readlink(link)) == VENV_XETFS
+    assert f"linked {link} -> {VENV_XETFS}" in first.stderr
+    assert f"{bin_dir} is not on your PATH" in first.stderr  # and it says what to do about it
+    shell = subprocess.run(
+        ["env", "-i", f"PATH={bin_dir}:/usr/bin:/bin", f"HOME={tmp_path}", "bash", "-c", "xetfs --version"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert shell.returncode == 0 and shell.stdout.startswith("xetfs "), shell
+    again = _setup({"XETFS_BIN_DIR": str(bin_dir), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert again.returncode == 0 and "xetfs" not in again.stderr, again.stderr
+
+
+def test_setup_leaves_another_xetfs_alone(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    other = bin_dir / "xetfs"
+    other.write_text("#!/bin/sh\necho another xetfs\n")
+    proc = _setup({"XETFS_BIN_DIR": str(bin_dir)})
+    assert proc.returncode == 0, proc.stderr
+    assert other.read_text() == "#!/bin/sh\necho another xetfs\n"
+    assert f"{other} exists and is not this checkout's; run xetfs here as {VENV_XETFS}" in proc.stderr
+    other.unlink()
+    other.symlink_to(tmp_path / "gone" / "xetfs")  # a checkout that was deleted: replaced
+    proc = _setup({"XETFS_BIN_DIR": str(bin_dir)})
+    assert proc.returncode == 0 and Path(os.readlink(other)) == VENV_XETFS, proc.stderr
+
+
+def test_pip_install_of_the_project(tmp_path: Path) -> None:
+    """``pip install .`` from a clean copy of the sources gives a working ``xetfs`` (not this checkout's)."""
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
+    site = tmp_path / "site"
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
+         "--no-build-isolation", "--target", str(site), str(src)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    where = subprocess.run(
+        [str(site / "bin" / "xetfs"), "--version"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert where.returncode == 0 and where.stdout.startswith("xetfs "), where
+    module = subprocess.run(
+        [sys.executable, "-c", "import xetfs.format.shard, xetfs; print(xetfs.__file__)"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60, check=False,
+    )  # fmt: skip
+    assert module.returncode == 0 and module.stdout.startswith(str(site)), module
+
+
+# -- arguments and messages ------------------------------------------------------------------
+
+
+def test_every_option_has_help() -> None:
+    from xetfs.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [
+        f"{name} {action.option_strings or action.dest}"
+        for name, p in sub.choices.items()
+        for action in p._actions
+        if action.help is None and not isinstance(action, argparse._HelpAction)
+    ]
+    assert missing == []
+    text = run_xetfs("mount", "--help").stdout.decode()
+    assert "--log-level {debug,info,warning,error}\n" in text and "least severe messages to log" in text
+
+
+def test_mount_on_a_missing_mountpoint_says_so(basic_store: OracleStore, tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    proc = run_xetfs("mount", basic_store.path, missing)
+    assert proc.returncode == 1
+    assert proc.stderr.decode() == f"xetfs: error: {missing}: no such directory (create it first: mkdir {missing})\n"
+    not_dir = tmp_path / "file"
+    not_dir.write_text("x")
+    proc = run_xetfs("mount", basic_store.path, not_dir)
+    assert proc.stderr.decode() == f"xetfs: error: {not_dir}: not a directory\n"
+
+
+# -- exit codes with a closed output pipe -------------------------------------------------------
+
+
+def _into_a_closed_pipe(*args: object) -> subprocess.CompletedProcess[bytes]:
+    """Run ``xetfs ARGS`` with stdout a pipe whose reader has gone (``| head`` after head exited)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "xetfs", *map(str, args)],
+            stdout=write_end, stderr=subprocess.PIPE, cwd=REPO, timeout=300, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write_end)
+
+
+def test_verify_into_a_closed_pipe_keeps_the_damage_status(basic_store: OracleStore, tmp_path: Path) -> None:
+    """``xetfs verify STORE | head`` on a damaged store never exits 0: it says 3 (damage found)."""
+    store = oracle.copy_store(basic_store, tmp_path / "store")
+    f = store["random.bin"]
+    (xorb,) = {t.xorb for t in oracle.store_terms(store)[f.hash]}
+    oracle.flip_byte(store.xorb_path(xorb), 5000)
+    assert run_xetfs("verify", store.path).returncode == 3
+    for _ in range(3):
+        proc = _into_a_closed_pipe("verify", store.path)
+        assert (proc.returncode, proc.stderr) == (3, b"")
+
+
+def test_ls_into_a_closed_pipe_is_not_a_success(basic_store: OracleStore) -> None:
+    proc = _into_a_closed_pipe("ls", basic_store.path)
+    assert (proc.returncode, proc.stderr) == (141, b"")
+
+
+# -- empty and damaged stores: mount and verify agree ------------------------------------------
+
+
+@pytest.fixture
+def mnt(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "mnt"
+    path.mkdir()
+    try:
+        yield path
+    finally:
+        if is_mounted(path):
+            subprocess.run([sys.executable, "-m", "xetfs", "umount", str(path)], capture_output=True, check=False)
+        if is_mounted(path):
+            force_unmount(path)
+        assert not is_mounted(path)
+
+
+@pytest.mark.fuse
+def test_a_skipped_shard_is_reported_where_the_user_mounts(multi_store: OracleStore, tmp_path: Path, mnt: Path) -> None:
+    store = oracle.copy_store(multi_store, tmp_path / "store")
+    victim = store.shard_paths()[0]
+    oracle.truncate(victim, victim.stat().st_size // 2)
+    log = tmp_path / "daemon.log"
+    proc = run_xetfs("mount", store.path, mnt, "--log-file", log)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.decode().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"xetfs: warning: skipping shard {victim.name}: "), lines
+    assert lines[1] == f"mounted {store.path} at {mnt} with 1 warning about the store (log: {log})"
+    assert victim.name in log.read_text()
+
+
+@pytest.mark.fuse
+def test_a_store_whose_every_shard_is_bad_is_refused(multi_store: OracleStore, tmp_path: Path, mnt: Path) -> None:
+    store = oracle.copy_store(multi_store, tmp_path / "store")
+    shards = store.shard_paths()
+    for shard in shards:
+        oracle.truncate(shard, 10)
+    proc = run_xetfs("mount", store.path, mnt, "--log-file", tmp_path / "daemon.log")
+    assert proc.returncode == 1 and not is_mounted(mnt)
+    (line,) = proc.stderr.decode().splitlines()
+    assert line.startswith(
+        f"xetfs: error: store {store.xorb_dir.parent}: nothing to show: all {len(shards)} shards are bad"
+    ), line
+    assert run_xetfs("verify", store.path).returncode == 3
+    assert run_xetfs("ls", store.path).returncode == 1
+
+
+@pytest.mark.fuse
+def test_an_empty_store_mounts_and_verifies(tmp_path: Path, mnt: Path) -> None:
+    """A store with neither shards nor xorbs is empty, not damaged: mount and verify both accept it."""
+    store = tmp_path / "empty"
+    (store / "shards").mkdir(parents=True)
+    (store / "xorbs").mkdir()
+    verify = run_xetfs("verify", store)
+    assert verify.returncode == 0 and verify.stdout.decode().startswith("OK: 0 shards"), verify
+    proc = run_xetfs("mount", store, mnt, "--log-file", tmp_path / "daemon.log")
+    assert proc.returncode == 0, proc.stderr
+    assert "has no shards: the mount shows no files" in proc.stderr.decode()
+    assert os.listdir(mnt) == [] and json.loads((mnt / ".xetfs/stats").read_bytes())["index"]["files"] == 0
+
+
+def test_xorbs_without_shards_are_refused_by_mount_and_verify(basic_store: OracleStore, tmp_path: Path) -> None:
+    store = oracle.copy_store(basic_store, tmp_path / "store")
+    for shard in store.shard_paths():
+        shard.unlink()
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for args in (("mount", store.path, mnt), ("verify", store.path), ("ls", store.path)):
+        proc = run_xetfs(*args)
+        out = (proc.stdout + proc.stderr).decode()
+        assert proc.returncode in (1, 3) and "the shards are missing" in out, (args, out)
+    assert not is_mounted(mnt)
+
+
+# -- umount ------------------------------------------------------------------------------------
+
+
+@pytest.mark.fuse
+def test_umount_refuses_what_xetfs_did_not_mount(mnt: Path) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        proc = run_xetfs("umount", mnt)
+        assert proc.returncode == 1 and is_mounted(mnt)
+        assert proc.stderr.decode() == (
+            f"xetfs: error: {mnt}: not a xetfs mount (it is tmpfs); use --force to unmount it anyway\n"
+        )
+        forced = run_xetfs("umount", "--force", mnt)
+        assert (forced.returncode, forced.stderr) == (0, b"") and not is_mounted(mnt)
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+FORCE_SCENARIO = textwrap.dedent(
+    """
+    import json, os, signal, subprocess, sys, time
+    store, mnt, log, fusectl = sys.argv[1:5]
+    point = "/sys/fs/fuse/connections"
+    def mounted(path):
+        with open("/proc/self/mountinfo") as f:
+            return any(line.split()[4] == path for line in f)
+    # This is a private mount namespace: what changes here is seen nowhere else.
+    if mounted(point) and fusectl == "missing":
+        subprocess.run(["umount", point], check=True)
+    if not mounted(point) and fusectl == "mounted":
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", point], check=True)
+    before = mounted(point)
+    daemon = subprocess.Popen([sys.executable, "-m", "xetfs", "mount", "--foreground", store, mnt, "--log-file", log])
+    try:
+        deadline = time.monotonic() + 30
+        while not (mounted(mnt) and os.path.exists(os.path.join(mnt, ".xetfs/stats"))):
+            assert daemon.poll() is None and time.monotonic() < deadline, "the mount did not come up"
+            time.sleep(0.02)
+        os.kill(daemon.pid, signal.SIGSTOP)
+        proc = subprocess.run([sys.executable, "-m", "xetfs", "umount", "--force", mnt],
+                              capture_output=True, text=True, timeout=30)
+        result = {"fusectl_before": before, "fusectl_after": mounted(point), "status": proc.returncode,
+                  "stderr": proc.stderr, "still_mounted": mounted(mnt)}
+        os.kill(daemon.pid, signal.SIGCONT)
+        result["daemon_status"] = daemon.wait(10)
+        print(json.dumps(result))
+    finally:
+        if daemon.poll() is None:
+            os.kill(daemon.pid, signal.SIGCONT)
+            daemon.kill()
+            daemon.wait()
+    """
+)
+
+
+@pytest.mark.fuse
+@pytest.mark.parametrize("fusectl", ["missing", "mounted"])
+def test_umount_force_cleans_a_stopped_daemon(basic_store: OracleStore, tmp_path: Path, fusectl: str) -> None:
+    """``xetfs umount --force`` of a hung (stopped) daemon, with and without fusectl mounted beforehand.
+
+    Runs in a private mount namespace (``unshare -m``), so that fusectl can be
+    absent there whatever the machine has; root mounts it when it is missing.
+    """
+    if shutil.which("unshare") is None:
+        pytest.fail("needs unshare (util-linux)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", FORCE_SCENARIO,
+         str(basic_store.path), str(mnt), str(tmp_path / "daemon.log"), fusectl],
+        capture_output=True, text=True, cwd=REPO, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["fusectl_before"] is (fusectl == "mounted")
+    assert (result["status"], result["stderr"]) == (0, ""), result
+    assert result["fusectl_after"] and not result["still_mounted"], result
+    assert result["daemon_status"] is not None
+    assert not is_mounted(mnt)
+
+
+# -- logs of the test suite ---------------------------------------------------------------------
+
+
+@pytest.mark.fuse
+def test_default_daemon_log_is_under_the_tests_temporary_directory(
+    basic_store: OracleStore, mnt: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A mount without ``--log-file`` logs under ``$XDG_STATE_HOME``, which the suite points at its temp dir."""
+    home_logs = Path.home() / ".local" / "state" / "xetfs"
+    before = set(home_logs.iterdir()) if home_logs.is_dir() else set()
+    proc = run_xetfs("mount", basic_store.path, mnt)
+    assert proc.returncode == 0, proc.stderr
+    try:
+        log = Path(proc.stderr.decode().rsplit("(log: ", 1)[1].rstrip(")\n"))
+        assert log.is_file() and log.is_relative_to(tmp_path_factory.getbasetemp()), log
+    finally:
+        assert run_xetfs("umount", mnt).returncode == 0
+    after = set(home_logs.iterdir()) if home_logs.is_dir() else set()
+    assert after == before
+
+
+# -- a packed tree, as ordinary tools see it -----------------------------------------------------
+
+TREE = {
+    "README.md": b"# a model\n" * 50,
+    "model/config.json": b'{"hidden_size": 8}\n',
+    "model/weights.bin": oracle.random_bytes(300_000, 1),
+    "model/copy-of-weights.bin": oracle.random_bytes(300_000, 1),  # the same content: one file, two names
+    "data/empty.txt": b"",
+}
+MTIMES = {name: 1_600_000_000_123_456_789 + i * 86_400_000_000_000 for i, name in enumerate(sorted(TREE))}
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store written by ``xetfs pack`` from a tree whose files have known, distinct mtimes."""
+    tmp = tmp_path_factory.mktemp("packed")
+    src = tmp / "src"
+    for name, data in TREE.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(data)
+        os.utime(src / name, ns=(MTIMES[name], MTIMES[name]))
+    proc = run_xetfs("pack", src, tmp / "store", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    return tmp / "store"
+
+
+def test_pack_records_mtimes_in_the_manifest(packed: Path) -> None:
+    from xetfs.manifest import parse_mtime
+
+    rows = json.loads((packed / "xetfs-manifest.json").read_bytes())
+    files = {r["path"]: r for r in rows if r["type"] == "file"}
+    assert {p: parse_mtime(r["mtime"]) for p, r in files.items()} == MTIMES
+    assert files["README.md"]["mtime"] == "2020-09-13T12:26:40.123456789Z"
+
+
+def test_ls_shows_names_and_mtimes(packed: Path) -> None:
+    rows = json.loads(run_xetfs("ls", packed, "--json").stdout)
+    assert [r["path"] for r in rows] == sorted(TREE)
+    for r in rows:
+        assert r["size"] == len(TREE[r["path"]]) and r["mtime"] is not None
+    assert rows[0].keys() == {"hash", "size", "sha256", "terms", "path", "mtime"}
+    weights = {r["hash"] for r in rows if r["path"].endswith("weights.bin")}
+    assert len(weights) == 1
+    text = run_xetfs("ls", packed).stdout.decode().splitlines()
+    assert len(text) == len(TREE)
+    readme = next(line for line in text if line.endswith("  README.md"))
+    assert readme.split()[-2:] == ["2020-09-13T12:26:40Z", "README.md"]
+
+
+@pytest.fixture(scope="module")
+def packed_mount(packed: Path) -> Iterator[Path]:
+    from mounting import mounted
+
+    with mounted(packed) as m:
+        yield m.path
+
+
+@pytest.mark.fuse
+def test_the_mount_shows_source_mtimes(packed_mount: Path, packed: Path) -> None:
+    twins = ("model/copy-of-weights.bin", "model/weights.bin")
+    for name in TREE:
+        want = max(MTIMES[t] for t in twins) if name in twins else MTIMES[name]
+        assert os.stat(packed_mount / name).st_mtime_ns == want, name
+    # The two names of one file (one inode) show the later of their times; directories show the store's.
+    assert os.stat(packed_mount / "model").st_mtime_ns != MTIMES["model/config.json"]
+
+
+@pytest.mark.fuse
+def test_the_control_directory_is_hidden_but_reachable(packed_mount: Path) -> None:
+    assert ".xetfs" not in os.listdir(packed_mount)
+    assert sorted(os.listdir(packed_mount / ".xetfs")) == ["by-hash", "by-sha256", "stats"]
+    cd = subprocess.run(["bash", "-c", "cd .xetfs && cat stats"], cwd=packed_mount, capture_output=True, timeout=60)
+    assert cd.returncode == 0 and json.loads(cd.stdout)["index"]["files"] == 4
+    assert os.stat(packed_mount).st_nlink == 2 + 2  # data, model
+
+
+@pytest.mark.fuse
+def test_tools_that_walk_the_tree_see_the_named_tree(packed_mount: Path, tmp_path: Path) -> None:
+    found = subprocess.run(["find", ".", "-type", "f"], cwd=packed_mount, capture_output=True, text=True, timeout=60)
+    assert sorted(found.stdout.split()) == sorted(f"./{n}" for n in TREE)
+    du = subprocess.run(["du", "-sb", "--apparent-size", "."], cwd=packed_mount, capture_output=True, text=True)
+    # du counts the two names of one file once: the sum of the distinct files (and the directories, 0 bytes)
+    assert int(du.stdout.split()[0]) == sum(len(d) for n, d in TREE.items() if n != "model/copy-of-weights.bin")
+
+    copied = tmp_path / "copy"
+    assert subprocess.run(["cp", "-r", str(packed_mount), str(copied)], timeout=60).returncode == 0
+    assert sorted(str(p.relative_to(copied)) for p in copied.rglob("*") if p.is_file()) == sorted(TREE)
+    assert not (copied / ".xetfs").exists()
+
+    archive = tmp_path / "all.tar"
+    tar = subprocess.run(["tar", "cf", str(archive), "."], cwd=packed_mount, capture_output=True, text=True)
+    assert (tar.returncode, tar.stderr) == (0, ""), tar.stderr  # no "File shrank", no .xetfs
+    listed = subprocess.run(["tar", "tf", str(archive)], capture_output=True, text=True, check=True).stdout
+    assert ".xetfs" not in listed
+    out = tmp_path / "out"
+    out.mkdir()
+    one = subprocess.run(["tar", "xf", str(archive), "./README.md"], cwd=out, capture_output=True, text=True)
+    assert (one.returncode, one.stderr) == (0, "")
+    assert (out / "README.md").read_bytes() == TREE["README.md"]
+    assert os.stat(out / "README.md").st_mtime_ns // 1_000_000_000 == MTIMES["README.md"] // 1_000_000_000
+
+
+@pytest.mark.fuse
+def test_stats_keep_their_size_while_open(packed: Path) -> None:
+    """An open ``.xetfs/stats`` is one document: its size and bytes do not change under the reader."""
+    from mounting import mounted
+
+    with mounted(packed) as m:  # a mount of its own: nothing in the page cache, so reads move the counters
+        _check_stats_while_open(m.path)
+
+
+def _check_stats_while_open(packed_mount: Path) -> None:
+    fd = os.open(packed_mount / ".xetfs/stats", os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        first = os.pread(fd, 1 << 20, 0)
+        assert len(first) == size
+        for name in TREE:  # move the counters on
+            (packed_mount / name).read_bytes()
+        with open(packed_mount / "model/weights.bin", "rb") as f:
+            f.seek(123_457)
+            f.read(10)
+        assert os.fstat(fd).st_size == size
+        assert os.pread(fd, 1 << 20, 0) == first
+    finally:
+        os.close(fd)
+    fresh = json.loads((packed_mount / ".xetfs/stats").read_bytes())  # a new open: a new document
+    assert fresh["reads"]["bytes"] > json.loads(first)["reads"]["bytes"]

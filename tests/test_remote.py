@@ -1,0 +1,484 @@
+"""Remote stores, against real servers on 127.0.0.1: nginx (HTTP), moto (S3), a fault-injecting proxy.
+
+The store is written by ``xetfs pack`` (hf_xet, with names and a listing).
+Every byte read remotely is compared with the original file.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import oracle
+import pytest
+import servers
+import trio
+from mounting import mounted, wait_until
+from oracle import CliRunner, hf_xet_env
+
+from xetfs.diskcache import CachedSource, DiskCache
+from xetfs.errors import StoreError
+from xetfs.indexer import load_index
+from xetfs.objects import RemoteOptions, redact
+from xetfs.reader import Reader
+from xetfs.remote import LISTING_NAME, RemoteStore
+from xetfs.stats import RemoteCounters
+
+pytestmark = pytest.mark.fuse
+
+TOKEN = "tok-8d1f0c2b9e7a4f6d"
+
+
+@dataclass(frozen=True)
+class Packed:
+    top: Path  # the store directory (manifest, listing, xet/xorbs/...)
+    files: dict[str, bytes]  # name in the manifest -> content
+    hashes: dict[str, str]  # name -> xet hash
+
+
+def _files() -> dict[str, bytes]:
+    return {
+        "model/weights.bin": oracle.random_bytes(3_000_000, 1),
+        "model/config.json": json.dumps({"layers": list(range(2000))}).encode(),
+        "data/text.txt": oracle.text_bytes(1_500_000, 2),
+        "walk.f32": oracle.float32_walk(300_000, 3),
+        "empty": b"",
+    }
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
+    tmp = tmp_path_factory.mktemp("remote")
+    files = _files()
+    src = tmp / "src"
+    for name, data in files.items():
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes(data)
+    top = tmp / "store"
+    proc = subprocess.run([sys.executable, "-m", "xetfs", "pack", "--no-progress", str(src), str(top)],
+                          capture_output=True, env=hf_xet_env(tmp / "hf_xet"), check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    manifest = json.loads((top / "xetfs-manifest.json").read_bytes())
+    hashes = {e["path"]: e["xetHash"] for e in manifest if e["type"] == "file"}
+    assert (top / LISTING_NAME).is_file()
+    return Packed(top, files, hashes)
+
+
+@pytest.fixture(scope="module")
+def web(packed: Packed) -> Iterator[servers.Server]:
+    with servers.nginx(packed.top) as server:
+        yield server
+
+
+def _check_tree(mnt: Path, packed: Packed) -> None:
+    for name, data in packed.files.items():
+        assert (mnt / name).read_bytes() == data, name
+
+
+def _ranges(path: Path, data: bytes, seed: int, count: int = 40) -> None:
+    rnd = random.Random(seed)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for _ in range(count):
+            offset = rnd.randrange(len(data))
+            size = rnd.choice([1, 100, 4096, 70_000, 300_000])
+            assert os.pread(fd, size, offset) == data[offset : offset + size], (path, offset, size)
+    finally:
+        os.close(fd)
+
+
+# -- HTTP with nginx -----------------------------------------------------------------------
+
+
+def test_ls_cat_verify_over_http(packed: Packed, web: servers.Server, cli: CliRunner, tmp_path: Path) -> None:
+    cache = ["--cache-dir", tmp_path / "cache"]
+    local = cli("ls", "--json", packed.top)
+    remote = cli("ls", "--json", web.url, *cache)
+    assert remote.returncode == 0, remote.stderr
+    assert json.loads(remote.stdout) == json.loads(local.stdout)
+    for name, data in packed.files.items():
+        out = cli("cat", web.url, packed.hashes[name], *cache)
+        assert out.returncode == 0 and out.stdout == data, (name, out.stderr)
+    data = packed.files["model/weights.bin"]
+    part = cli("cat", web.url, packed.hashes["model/weights.bin"], "--offset", 1_234_567, "--length", 99_999,
+               "--disk-cache-size", 0)  # fmt: skip
+    assert part.stdout == data[1_234_567 : 1_234_567 + 99_999]
+    report = cli("verify", "--no-progress", web.url, *cache)
+    assert report.returncode == 0, report.stderr
+    assert report.stdout.startswith(b"OK:")
+
+
+def test_http_store_without_listing_says_how_to_publish(packed: Packed, cli: CliRunner, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    oracle.copy_store(oracle.OracleStore(packed.top, (), ()), bare)
+    (bare / LISTING_NAME).unlink()
+    with servers.nginx(bare) as server:
+        out = cli("ls", server.url, "--disk-cache-size", 0)
+        assert out.returncode == 1
+        assert LISTING_NAME in out.stderr and "xetfs publish" in out.stderr, out.stderr
+        assert cli("publish", bare).returncode == 0
+        assert cli("ls", server.url, "--disk-cache-size", 0).returncode == 0
+
+
+def test_mount_over_http_names_ranges_stats(packed: Packed, web: servers.Server, tmp_path: Path) -> None:
+    with mounted(web.url, "--cache-dir", str(tmp_path / "cache")) as m:
+        _check_tree(m.path, packed)
+        for name in ("model/weights.bin", "data/text.txt", "walk.f32"):
+            _ranges(m / name, packed.files[name], seed=len(name))
+        assert (m / ".xetfs/by-hash" / packed.hashes["walk.f32"]).read_bytes() == packed.files["walk.f32"]
+        remote = m.stats()["remote"]
+        assert remote["requests"] > 0 and remote["bytes"] > 0 and remote["in_flight"] == 0, remote
+        assert remote["disk_misses"] > 0 and remote["disk_bytes"] > 0, remote
+    # Only what was read crossed the wire: ranges of xorbs, never a whole one more than once.
+    xorbs = sum(p.stat().st_size for p in (packed.top / "xet/xorbs/xorbs").iterdir())
+    assert remote["bytes"] < 2 * xorbs
+
+
+def test_bearer_token_is_sent_and_never_shown(
+    packed: Packed, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with servers.nginx(packed.top, token=TOKEN) as server:
+        refused = cli("ls", server.url, "--disk-cache-size", 0)
+        assert refused.returncode == 1 and "refused" in refused.stderr, refused.stderr
+        wrong = cli("ls", server.url, "--disk-cache-size", 0, "--header", "Authorization: Bearer wrong-secret-99")
+        assert wrong.returncode == 1 and "wrong-secret-99" not in wrong.stderr, wrong.stderr
+        ok = cli("ls", server.url, "--disk-cache-size", 0, "--header", f"Authorization: Bearer {TOKEN}")
+        assert ok.returncode == 0, ok.stderr
+        monkeypatch.setenv("XETFS_HTTP_TOKEN", TOKEN)
+        with mounted(server.url, "--disk-cache-size", "0", "--log-level", "debug") as m:
+            _check_tree(m.path, packed)
+            stats = (m / ".xetfs/stats").read_text()
+            text = m.log()
+        assert TOKEN not in stats and TOKEN not in text
+
+
+# -- the disk cache --------------------------------------------------------------------------
+
+
+def test_background_mount_with_header_keeps_it_out_of_argv(packed: Packed, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with servers.nginx(packed.top, token=TOKEN) as server:
+        cmd = [sys.executable, "-m", "xetfs", "mount", server.url, str(mnt), "--disk-cache-size", "0",
+               "--header", f"Authorization: Bearer {TOKEN}", "--log-file", str(tmp_path / "log")]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        try:
+            assert proc.returncode == 0, proc.stderr
+            assert TOKEN not in proc.stderr
+            assert (mnt / "data/text.txt").read_bytes() == packed.files["data/text.txt"]
+            daemons = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _cmdline(p).count(str(mnt))]
+            assert daemons and not any(TOKEN in _cmdline(p) for p in daemons)
+        finally:
+            subprocess.run([sys.executable, "-m", "xetfs", "umount", str(mnt)], capture_output=True, check=False)
+            wait_until(lambda: not os.path.ismount(mnt), 10, "the unmount")
+        assert TOKEN not in (tmp_path / "log").read_text()
+
+
+def _cmdline(proc_dir: Path) -> str:
+    try:
+        return (proc_dir / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_restart_serves_from_cache_with_server_down(packed: Packed, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    port = servers.free_port()
+    read = ("model/config.json", "data/text.txt")
+    with servers.nginx(packed.top, port=port) as server, mounted(server.url, "--cache-dir", cache) as m:
+        for name in read:
+            assert (m / name).read_bytes() == packed.files[name]
+        url = server.url
+    # nginx is stopped: the listing, the manifest, the shards and what was read come from the cache.
+    with mounted(url, "--cache-dir", cache, "--io-timeout", "20", allow_errors=True) as m:
+        for name in read:
+            assert (m / name).read_bytes() == packed.files[name]
+        started = time.monotonic()
+        with pytest.raises(OSError) as failed:
+            (m / "model/weights.bin").read_bytes()  # at most its first and last MiB were cached
+        assert failed.value.errno == errno.EIO
+        assert time.monotonic() - started < 5, "an uncached read with the server down must fail fast"
+        stats = m.stats()
+        assert stats["remote"]["disk_hits"] > 0 and stats["remote"]["failed_reads"] > 0, stats
+
+
+def test_corrupt_cache_entries_are_dropped_and_fetched_again(
+    packed: Packed, web: servers.Server, tmp_path: Path
+) -> None:
+    cache = tmp_path / "cache"
+    with mounted(web.url, "--cache-dir", str(cache)) as m:
+        _check_tree(m.path, packed)
+    entries = sorted(p for p in (cache / "v1").rglob("*") if p.is_file())
+    assert len(entries) > 3
+    for i, path in enumerate(entries):
+        if i % 3 == 0:
+            oracle.flip_byte(path, path.stat().st_size // 2)
+        elif i % 3 == 1:
+            oracle.truncate(path, path.stat().st_size // 2)  # as a torn write would leave it
+    with mounted(web.url, "--cache-dir", str(cache)) as m:
+        _check_tree(m.path, packed)
+        remote = m.stats()["remote"]
+    assert remote["disk_corrupt"] >= len(entries) * 2 // 3 - 2, remote
+    assert remote["disk_hits"] > 0, remote
+
+
+def test_full_disk_cache_still_serves(packed: Packed, web: servers.Server, tmp_path: Path) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
+    try:
+        with mounted(web.url, "--cache-dir", str(small)) as m:
+            _check_tree(m.path, packed)
+            remote = m.stats()["remote"]
+        assert remote["disk_write_errors"] > 0 or remote["disk_evictions"] > 0, remote
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_two_mounts_share_one_cache(packed: Packed, web: servers.Server, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache")
+    failures: list[BaseException] = []
+    with mounted(web.url, "--cache-dir", cache) as a, mounted(web.url, "--cache-dir", cache) as b:
+
+        def read_all(mnt: Path) -> None:
+            try:
+                for _ in range(2):
+                    _check_tree(mnt, packed)
+            except BaseException as exc:  # reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=read_all, args=(m.path,)) for m in (a, b, a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not failures, failures
+        hits = a.stats()["remote"]["disk_hits"] + b.stats()["remote"]["disk_hits"]
+    assert hits > 0
+
+
+def test_disk_cache_lru_and_restart(tmp_path: Path) -> None:
+    counters = RemoteCounters()
+    cache = DiskCache(tmp_path, 10_000, counters)
+    for i in range(5):
+        cache.put(f"k{i}", bytes([i]) * 1500)
+        os.utime(cache._path(f"k{i}"), (1000 + i, 1000 + i))  # a clear order of use
+    assert cache.get("k0") is not None  # k0 is now the most recently used
+    for i in range(5, 8):
+        cache.put(f"k{i}", bytes([i]) * 1500)
+    assert counters.disk_evictions > 0 and counters.disk_bytes <= 10_000
+    assert cache.get("k1") is None and cache.get("k0") == bytes([0]) * 1500
+    again = DiskCache(tmp_path, 10_000)  # a restart, or another mount
+    assert again.get("k7") == bytes([7]) * 1500
+    assert again.counters.disk_bytes == counters.disk_bytes
+
+
+def test_disk_cache_bound_holds_for_two_writers(tmp_path: Path) -> None:
+    a, b = DiskCache(tmp_path, 20_000), DiskCache(tmp_path, 20_000)
+    for i in range(30):
+        (a if i % 2 else b).put(f"k{i}", bytes([i]) * 1500)
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "v1").rglob("*") if p.is_file())
+    assert on_disk <= 20_000, on_disk
+    assert a.counters.disk_evictions + b.counters.disk_evictions > 0
+
+
+class CountingSource:
+    """A fake ``ObjectSource`` that records every call (unit tests of ``CachedSource``)."""
+
+    location = "fake://store"
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+        self.calls: list[tuple[object, ...]] = []
+        self.down = False
+
+    def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
+        self.calls.append(("read", name))
+        if self.down:
+            raise StoreError("fake://store: server unreachable")
+        return self.objects[name]
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        self.calls.append(("range", name, start, end))
+        if self.down:
+            raise StoreError("fake://store: server unreachable")
+        return self.objects[name][start:end]
+
+    def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
+        return None
+
+
+def test_cached_source_fetches_missing_blocks_in_merged_ranges(tmp_path: Path) -> None:
+    data = oracle.random_bytes(5500, 9)
+    fake = CountingSource({"x": data})
+    cached = CachedSource(fake, DiskCache(tmp_path, 1 << 20), block=1000)
+    cached.sizes["x"] = len(data)
+    assert cached.read_range("x", 1500, 3500) == data[1500:3500]
+    assert fake.calls == [("range", "x", 1000, 4000)]  # three blocks, one request
+    fake.calls.clear()
+    assert cached.read_range("x", 1999, 3001) == data[1999:3001]
+    assert fake.calls == []
+    assert cached.read_range("x", 0, 5500) == data
+    assert fake.calls == [("range", "x", 0, 1000), ("range", "x", 4000, 5500)]  # only the gaps
+
+
+def test_cached_source_drops_corrupt_entries_and_falls_back_when_down(tmp_path: Path) -> None:
+    data = oracle.random_bytes(3000, 10)
+    fake = CountingSource({"x": data, "listing": b"v1"})
+    cache = DiskCache(tmp_path, 1 << 20)
+    cached = CachedSource(fake, cache, block=1000)
+    cached.sizes["x"] = len(data)
+    assert cached.read_range("x", 0, 3000) == data
+    assert cached.read("listing", limit=100, fresh=True) == b"v1"
+    for path in (tmp_path / "v1").rglob("*"):
+        if path.is_file() and path.stat().st_size > 1000:
+            oracle.flip_byte(path, path.stat().st_size - 1)
+    fake.calls.clear()
+    assert cached.read_range("x", 0, 3000) == data  # every block failed its check: fetched again
+    assert fake.calls == [("range", "x", 0, 3000)]
+    assert cache.counters.disk_corrupt == 3
+    fake.down = True
+    assert cached.read_range("x", 500, 2500) == data[500:2500]  # from the cache
+    assert cached.read("listing", limit=100, fresh=True) == b"v1"  # the server is down: the cached copy
+    with pytest.raises(StoreError):
+        cached.read("other", limit=100, fresh=True)
+
+
+def test_object_store_urls_and_what_they_show() -> None:
+    from xetfs.objects import ObstoreSource, is_url, public_url
+
+    assert is_url("s3://b/p") and is_url("HTTPS://h/p") and not is_url("/srv/store") and not is_url("store")
+    assert public_url("https://user:pw@host:8080/a/b/?sig=secret") == "https://host:8080/a/b"
+    assert public_url("abfs://container@acct.dfs.core.windows.net/p") == "abfs://container@acct.dfs.core.windows.net/p"
+    gcs = ObstoreSource("gs://bucket/prefix", RemoteOptions())  # obstore gives GCS (and Azure) too
+    assert gcs.lists and gcs.location == "gs://bucket/prefix"
+
+
+def test_secrets_go_to_the_daemon_by_environment_not_argv(tmp_path: Path) -> None:
+    from xetfs.cli import build_parser
+    from xetfs.commands import _child_argv, _config
+    from xetfs.remoteargs import headers_env
+
+    args = build_parser().parse_args(
+        ["mount", "http://127.0.0.1:9/s", str(tmp_path), "--header", f"Authorization: Bearer {TOKEN}"]
+    )
+    argv = _child_argv(args, _config(args))
+    assert not any(TOKEN in a for a in argv), argv
+    assert TOKEN in headers_env(args)["XETFS_HTTP_HEADERS"]
+    assert redact(f"GET http://u:{TOKEN}@h/x Bearer {TOKEN}", [TOKEN]) == "GET http://***@h/x Bearer ***"
+
+
+# -- S3 (moto's server) ------------------------------------------------------------------------
+
+
+def test_s3_store_mounts_as_copied(
+    packed: Packed, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with servers.moto_s3() as s3:
+        for key, value in {**servers.S3_ENV, "AWS_ENDPOINT_URL": s3.url}.items():
+            monkeypatch.setenv(key, value)
+        copy = tmp_path / "copy"
+        oracle.copy_store(oracle.OracleStore(packed.top, (), ()), copy)
+        (copy / LISTING_NAME).unlink()  # a bucket lists itself
+        servers.upload_dir("s3://mirror/models/a", s3.url, copy)
+        url = "s3://mirror/models/a"
+        out = cli("ls", "--json", url, "--disk-cache-size", 0)
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout) == json.loads(cli("ls", "--json", packed.top).stdout)
+        with mounted(url, "--cache-dir", str(tmp_path / "cache")) as m:
+            _check_tree(m.path, packed)
+            _ranges(m / "model/weights.bin", packed.files["model/weights.bin"], seed=5)
+            stats = (m / ".xetfs/stats").read_text()
+        assert servers.S3_ENV["AWS_SECRET_ACCESS_KEY"] not in stats
+        # The same from the AWS shared config and credentials files of a named profile.
+        for key in (
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_REGION",
+            "AWS_DEFAULT_REGION",
+            "AWS_ENDPOINT_URL",
+        ):
+            monkeypatch.delenv(key)
+        (tmp_path / "config").write_text(f"[profile mirror]\nregion = us-east-1\nendpoint_url = {s3.url}\n")
+        secret = servers.S3_ENV["AWS_SECRET_ACCESS_KEY"]
+        (tmp_path / "credentials").write_text(
+            f"[mirror]\naws_access_key_id = testing\naws_secret_access_key = {secret}\n"
+        )
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+        monkeypatch.setenv("AWS_PROFILE", "mirror")
+        out = cli("cat", url, packed.hashes["walk.f32"], "--disk-cache-size", 0)
+        assert out.returncode == 0 and out.stdout == packed.files["walk.f32"], out.stderr
+
+
+# -- faults (a proxy in front of nginx) --------------------------------------------------------
+
+
+def _read_all(url: str, packed: Packed, counters: RemoteCounters, timeout: float = 10) -> dict[str, bytes]:
+    options = RemoteOptions(deadline=timeout, request_timeout=timeout / 3)
+    store = RemoteStore.open(url, options, counters=counters)
+    index = load_index(store).index
+    reader = Reader(index, store, cache_size=0)
+    out = {}
+
+    async def run() -> None:
+        for name, xet_hash in packed.hashes.items():
+            entry = index.get(bytes.fromhex(_raw(xet_hash)))
+            assert entry is not None
+            out[name] = bytes(await reader.read(entry, 0, entry.size))
+
+    trio.run(run)
+    return out
+
+
+def _raw(xet_hex: str) -> str:
+    from xetfs import hashes
+
+    return hashes.from_hex(xet_hex).hex()
+
+
+def test_retries_give_correct_bytes(packed: Packed, web: servers.Server) -> None:
+    with servers.fault_proxy(web) as (proxy, faults):
+        faults.queue.extend(["503", "429", "reset", "truncate", "slow", "500", "reset", "truncate", "503"] * 2)
+        counters = RemoteCounters()
+        got = _read_all(proxy.url, packed, counters)
+        assert got == packed.files
+        assert not faults.queue, "every fault was met"
+        assert counters.retries >= 16 - 2, counters  # "slow" answers are whole, and need no retry
+        assert counters.errors >= counters.retries and counters.in_flight == 0
+
+
+def test_stalled_server_gives_eio_in_time_and_umount_works(packed: Packed, web: servers.Server) -> None:
+    with (
+        servers.fault_proxy(web) as (proxy, faults),
+        mounted(proxy.url, "--disk-cache-size", "0", "--io-timeout", "3", allow_errors=True) as m,
+    ):
+        assert (m / "model/config.json").read_bytes() == packed.files["model/config.json"]
+        faults.stall_all = True
+        started = time.monotonic()
+        with pytest.raises(OSError) as failed:
+            (m / "data/text.txt").read_bytes()
+        took = time.monotonic() - started
+        assert failed.value.errno == errno.EIO
+        assert took < 8, f"a stalled read took {took:.1f} s with --io-timeout 3"
+        # Stuck requests do not stop the mount from answering, or from unmounting.
+        stuck = subprocess.Popen(["cat", str(m / "walk.f32")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: m.stats()["remote"]["in_flight"] > 0, 5, "a stuck request")
+            assert sorted(os.listdir(m.path)) == ["data", "empty", "model", "walk.f32"]
+            umount = subprocess.run([sys.executable, "-m", "xetfs", "umount", "-z", str(m.path)],
+                                    capture_output=True, timeout=10, check=False)  # fmt: skip
+            assert umount.returncode == 0, umount.stderr
+            wait_until(lambda: m.proc.poll() is not None, 15, "the daemon to exit after umount")
+        finally:
+            faults.release()
+            stuck.wait(15)
