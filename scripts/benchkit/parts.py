@@ -1,6 +1,6 @@
 """The parts alone: read every xorb of a store, decode and hash every chunk, in one tight loop, each step timed.
 
-    python scripts/benchkit/parts.py STORE_DIR     # prints JSON on stdout
+    python scripts/benchkit/parts.py XORB [XORB ...]     # prints JSON on stdout
 
 What a read path cannot do with less CPU in one Python process: each xorb
 is read into one reused buffer (``readinto``: the copy out of the page
@@ -8,7 +8,7 @@ cache), then each chunk's header is parsed and its payload decoded with
 xetfs' own format code (``xetfs.format.chunk``), then each decoded chunk
 is hashed (``xetfs.hashes.chunk_hash``, BLAKE3 keyed).  The CPU time
 (``time.thread_time``) of the three steps is summed separately over the
-store; ``bytes`` is the decoded total, to divide by.  Runs standalone: the
+xorbs given; ``bytes`` is the decoded total, to divide by.  Runs standalone: the
 benchmark starts it as a child process.
 """
 
@@ -25,20 +25,12 @@ from xetfs.format.xorb import footer_length
 from xetfs.hashes import chunk_hash
 
 
-def xorbs(store: Path) -> list[Path]:
-    out = []
-    for d in (store / "xet" / "xorbs" / "xorbs", store / "xorbs"):
-        if d.is_dir():
-            out += [p for p in sorted(d.iterdir()) if p.is_file() and not p.name.endswith(".tagset")]
-    return out
-
-
-def run(store: Path) -> dict[str, float]:
+def run(paths: list[Path]) -> dict[str, float]:
     clock = time.thread_time
     buf = bytearray(64 << 20)
     read_s = decode_s = hash_s = 0.0
     total = chunks = 0
-    for path in xorbs(store):
+    for path in paths:
         t0 = clock()
         with open(path, "rb", buffering=0) as f:
             size = os.fstat(f.fileno()).st_size
@@ -76,4 +68,4 @@ def run(store: Path) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    json.dump(run(Path(sys.argv[1])), sys.stdout)
+    json.dump(run([Path(a) for a in sys.argv[1:]]), sys.stdout)

@@ -54,7 +54,7 @@ def measure(r: Runner, column: str, rnd: int) -> None:
     cat_to_null(ds.xorbs)
     try:
         proc = subprocess.run(
-            [sys.executable, str(SCRIPTS / "benchkit" / "parts.py"), str(ds.store)],
+            [sys.executable, str(SCRIPTS / "benchkit" / "parts.py"), *map(str, ds.xorbs)],
             capture_output=True,
             timeout=r.timeout_for(ds.stored_bytes),
             check=False,
