@@ -5,7 +5,7 @@
     .venv/bin/python scripts/bench_remote.py --json out.json
 
 Needs root, /dev/fuse and nginx.  For each data kind (a store written by
-hf_xet, ``bench_data.dataset``) served by nginx from the same machine, every
+hf_xet, ``benchkit.data.dataset``) served by nginx from the same machine, every
 round measures, in a rotated order:
 
 * curl      the store's xorbs fetched whole by one ``curl`` (the wire's limit on loopback)
@@ -47,8 +47,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO / "tests"))
-import bench_data  # noqa: E402
 import servers  # noqa: E402
+from benchkit import data as bench_data  # noqa: E402
 from mounting import mounted  # noqa: E402
 
 GiB = 1 << 30
