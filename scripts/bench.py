@@ -6,7 +6,7 @@
     .venv/bin/python scripts/bench.py --quick --only load,parquet,fio,same-file
     .venv/bin/python scripts/bench.py --only cold,load --baseline main --json out.json
 
-Needs root, /dev/fuse, fio, and the bench extra (``scripts/setup.sh
+Needs root, /dev/fuse, fio, nginx and curl, and the bench extra (``scripts/setup.sh
 --bench`` installs all of it).  Everything runs in one invocation on the same
 machine and the same data.  Sections (``--only``), each in
 ``scripts/benchkit/sections/``:
@@ -18,6 +18,9 @@ machine and the same data.  Sections (``--only``), each in
   fio        4 KiB randread (1 and 4 jobs) and 1 MiB sequential read
   same-file  1, 2 and 4 readers of one file at once
   parts      the parts alone: read, decode and hash every chunk in one loop
+  remote     a store over nginx: curl (the wire), two HTTP clients, remote, disk-cache and local mounts
+  remote-load  the load model over nginx and from the store directory (also run by remote)
+  hub        a Hugging Face cache: import (pack --hub-cache), then load by repo id via a mount
 
 Every section reports CPU seconds per GiB (the daemon, its decode workers,
 the reading process; hf_xet and the ceiling daemon for reference) and, for

@@ -19,7 +19,7 @@ from benchkit.data import model_shapes
 from benchkit.report import Table, cell_text, fmt_value, missing, render, to_json
 from benchkit.rounds import rotations
 from benchkit.rows import CURRENT, Results, Row, Target, Variant, per_gib, percentile, ratio
-from benchkit.sections import GROUPS, SECTIONS
+from benchkit.sections import GROUPS, SECTIONS, hub, remote
 from benchkit.sections.fio import fio_command, parse_fio
 from benchkit.util import parse_size
 
@@ -54,7 +54,7 @@ def test_only_takes_known_sections() -> None:
 
 def test_the_issue_sections_exist_and_every_row_key_is_declared_once() -> None:
     assert {"plain", "peer", "ceiling", "cold", "warm", "random", "parallel", "mount"} <= set(SECTIONS)
-    assert {"load", "parquet", "fio", "same-file", "parts"} <= set(SECTIONS)
+    assert {"load", "parquet", "fio", "same-file", "parts", "hub", "remote", "remote-load"} <= set(SECTIONS)
     keys: dict[str, Row] = {}
     for group in GROUPS:
         for value in vars(group).values():
@@ -219,3 +219,25 @@ def _count(shape: tuple[int, ...]) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def test_remote_ranges_cover_every_object_once() -> None:
+    got = remote.ranges({"a": 20, "b": 8, "c": 0}, step=8)
+    assert got == [("a", 0, 8), ("a", 8, 16), ("a", 16, 20), ("b", 0, 8)]
+
+
+def test_remote_load_is_shown_with_remote() -> None:
+    args = cli.parse_args(["--quick", "--only", "remote", "--kinds", "text"])
+    assert remote.columns(args, set(args.only)) == ["text", "model"]
+    assert remote.columns(args, {"remote-load"}) == ["model"] and remote.columns(args, {"load"}) == []
+    assert SECTIONS["remote-load"].also == ("remote",)
+
+
+def test_hub_parses_the_pack_summary_and_sizes_its_model() -> None:
+    assert hub.parse_pack("packed 3 revisions\n402653184 cache bytes -> 158334976 store bytes added\n") == (
+        402653184,
+        158334976,
+    )
+    with pytest.raises(cli.BenchError, match="unexpected"):
+        hub.parse_pack("nothing packed")
+    assert hub.tensor_mib(cli.parse_args(["--quick"])) == 2 and hub.tensor_mib(cli.parse_args([])) == 16

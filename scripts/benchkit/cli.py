@@ -28,8 +28,14 @@ from benchkit.sections import GROUPS, SECTIONS
 from benchkit.util import BenchError, GiB, MiB, human, log, parse_size, proc_meminfo
 
 BENCH_MODULES = ("hf_xet", "pyfuse3", "numpy", "xetfs")
-SECTION_MODULES = {"load": ("safetensors",), "parquet": ("pyarrow", "duckdb")}
-SECTION_TOOLS = {"fio": ("fio",)}
+SECTION_MODULES = {
+    "load": ("safetensors",),
+    "parquet": ("pyarrow", "duckdb"),
+    "remote": ("obstore", "safetensors"),
+    "remote-load": ("safetensors",),
+    "hub": ("safetensors", "transformers", "huggingface_hub"),
+}
+SECTION_TOOLS = {"fio": ("fio",), "remote": ("nginx", "curl"), "remote-load": ("nginx",)}
 
 
 def parse_sections(text: str) -> list[str]:
@@ -150,7 +156,7 @@ def collect_tasks(runner: Runner) -> list[Task]:
 def tables(runner: Runner) -> list[Table]:
     out = []
     for name, s in SECTIONS.items():
-        if name in runner.selected or (name == "parts" and runner.parts_columns):
+        if name in runner.selected or set(s.also) & runner.selected or (name == "parts" and runner.parts_columns):
             out.append(Table(name, s.title_for(runner), s.columns(runner), s.rows(runner)))
     return out
 

@@ -116,7 +116,7 @@ class Mounts:
         return d
 
     def xetfs_mount_cmd(
-        self, prefix: str, store: Path, *options: str, after: Sequence[str] = (), variant: Variant | None = None
+        self, prefix: str, store: Path | str, *options: str, after: Sequence[str] = (), variant: Variant | None = None
     ) -> tuple[Path, Path, Path, list[str]]:
         """A fresh work directory, its mountpoint and log, and ``xetfs mount`` for them.
 
@@ -142,7 +142,7 @@ class Mounts:
         d.read_ahead = read_ahead_kb(d.mountpoint)
 
     @contextlib.contextmanager
-    def xetfs(self, store: Path, *options: str, variant: Variant | None = None) -> Iterator[Daemon]:
+    def xetfs(self, store: Path | str, *options: str, variant: Variant | None = None) -> Iterator[Daemon]:
         """``xetfs mount --foreground`` in a child process (so its pid is known); always unmounted.
 
         ``variant`` picks the Python (and so the xetfs) that runs it; it runs

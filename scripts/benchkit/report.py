@@ -78,7 +78,7 @@ def missing(results: Results, tables: Sequence[Table], variants: Sequence[Varian
 def fmt_value(x: float, unit: str) -> str:
     if unit == "x":
         return f"{x:.2f}x"
-    if unit in ("us", "MiB", "IOPS", "%") or abs(x) >= 1000:
+    if unit in ("us", "MiB", "IOPS", "%", "/GiB") or abs(x) >= 1000:
         return f"{x:,.0f}"
     if unit == "s/GiB":
         return f"{x:.2f}"

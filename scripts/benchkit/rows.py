@@ -50,7 +50,7 @@ class Target:
 class Row:
     key: str
     label: str
-    unit: str  # "GB/s", "x", "us", "s", "MiB", "%", "IOPS", "s/GiB"
+    unit: str  # "GB/s", "MB/s", "x", "us", "s", "MiB", "%", "IOPS", "s/GiB", "/GiB" (a count per GiB)
     target: Target | None = None
     derive: Callable[[Get], float | None] | None = None  # per round, from other rows
     xetfs: bool = False  # measured once per xetfs variant

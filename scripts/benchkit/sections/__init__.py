@@ -22,15 +22,16 @@ class Section:
     title: str | Callable[[Any], str]  # or made from the Runner
     rows: Callable[[Any], tuple[Row, ...]]  # given the Runner
     columns: Callable[[Any], tuple[str, ...]]  # given the Runner
+    also: tuple[str, ...] = ()  # other --only names that show this section too
 
     def title_for(self, runner: Any) -> str:
         return self.title(runner) if callable(self.title) else self.title
 
 
 def _groups() -> tuple[ModuleType, ...]:
-    from benchkit.sections import fio, load, mount, parquet, parts, same_file, sequential
+    from benchkit.sections import fio, hub, load, mount, parquet, parts, remote, same_file, sequential
 
-    return (sequential, mount, load, parquet, fio, same_file, parts)
+    return (sequential, mount, load, parquet, fio, same_file, parts, remote, hub)
 
 
 GROUPS = _groups()

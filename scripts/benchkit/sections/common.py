@@ -31,11 +31,13 @@ def vs_floor(daemon: Row, workers: Row, ceiling: Row) -> Any:
     return f
 
 
-def run_json(argv: Sequence[str], what: str, timeout: float, stdin: str | None = None) -> dict[str, Any]:
+def run_json(
+    argv: Sequence[str], what: str, timeout: float, stdin: str | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
     """Run a child process that prints one JSON object; a failure or a timeout is a BenchError naming ``what``."""
     try:
         proc = subprocess.run(
-            [sys.executable, *argv], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+            [sys.executable, *argv], input=stdin, capture_output=True, text=True, timeout=timeout, check=False, env=env
         )
     except subprocess.TimeoutExpired:
         raise BenchError(f"{what} took more than {timeout:.0f} s") from None
