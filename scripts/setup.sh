@@ -1,11 +1,33 @@
 #!/usr/bin/env bash
 # Prepare this checkout for the test suite; safe to run again and again.
 #
-# * as root with apt-get: the FUSE packages, and nginx for the remote-store tests (only when one is missing);
+#   scripts/setup.sh            what the tests need
+#   scripts/setup.sh --bench    and what scripts/bench.py needs (also: XETFS_SETUP_BENCH=1)
+#
+# * as root with apt-get: the FUSE packages, nginx for the remote-store tests,
+#   and fio with --bench (only when one is missing);
 # * .venv in the repository root, made with python3 >= 3.11 (PYTHON=... to choose);
-# * the project in editable mode with its test extras, reinstalled only when
-#   pyproject.toml changed (a stamp in .venv holds its hash).
+# * the project in editable mode with its test extras (and bench extras with
+#   --bench), reinstalled only when pyproject.toml or the extras changed (a
+#   stamp in .venv holds their hash).
 set -euo pipefail
+
+bench=${XETFS_SETUP_BENCH:-0}
+for arg in "$@"; do
+    case $arg in
+    --bench) bench=1 ;;
+    -h | --help)
+        sed -n '2,12p' "$0"
+        exit 0
+        ;;
+    *)
+        echo "setup.sh: unknown argument $arg (try --bench)" >&2
+        exit 2
+        ;;
+    esac
+done
+extras=test
+[[ $bench == 1 ]] && extras=test,bench
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,6 +38,7 @@ die() {
 
 # -- system packages ---------------------------------------------------------
 PACKAGES=(fuse3 libfuse3-dev pkg-config attr nginx curl)
+[[ $bench == 1 ]] && PACKAGES+=(fio)
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
     missing=()
     for pkg in "${PACKAGES[@]}"; do
@@ -49,14 +72,18 @@ new_enough .venv/bin/python || die ".venv/bin/python is older than 3.11; remove 
 
 # -- the project -------------------------------------------------------------
 stamp=.venv/.xetfs-setup-stamp
-want="$(sha256sum pyproject.toml | cut -d' ' -f1) $(.venv/bin/python -c 'import sys; print(sys.version)' | head -1)"
+# Once installed, the bench extras stay: a plain run keeps them rather than reinstalling.
+if [[ -f $stamp ]] && grep -q '\[test,bench\]' "$stamp"; then
+    extras=test,bench
+fi
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) [$extras] $(.venv/bin/python -c 'import sys; print(sys.version)' | head -1)"
 if [[ ! -f $stamp || $(<"$stamp") != "$want" ]] || ! .venv/bin/python -c 'import xetfs' 2>/dev/null; then
-    echo "setup.sh: installing xetfs[test] into .venv" >&2
+    echo "setup.sh: installing xetfs[$extras] into .venv" >&2
     log=$(mktemp)
     trap 'rm -f "$log"' EXIT
-    if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e '.[test]' >"$log" 2>&1; then
+    if ! .venv/bin/python -m pip install --disable-pip-version-check -q -e ".[$extras]" >"$log" 2>&1; then
         cat "$log" >&2
-        die "pip install -e '.[test]' failed"
+        die "pip install -e '.[$extras]' failed"
     fi
     printf '%s\n' "$want" >"$stamp"
 fi

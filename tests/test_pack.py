@@ -24,11 +24,13 @@ from xetfs.indexer import load_index
 from xetfs.manifest import Entry, Manifest, ManifestFile
 from xetfs.pack import (
     MANIFEST_NAME,
+    PackUsageError,
     add_pack_parser,
     cmd_pack,
     find_manifest,
     load_manifest,
     merge,
+    pack_targets,
     plan_pack,
     upload,
 )
@@ -237,10 +239,23 @@ def test_pack_parser() -> None:
 
     add_pack_parser(sub, add_common)
     args = parser.parse_args(["pack", "a", "b/", "STORE", "--no-progress"])
-    assert args.sources == ["a", "b/"] and args.store == "STORE" and args.no_progress
+    assert pack_targets(args) == (["a", "b/"], "STORE", None) and args.no_progress
     assert args.func is cmd_pack and args.debug is False
-    with pytest.raises(SystemExit):
-        parser.parse_args(["pack", "STORE"])
+    with pytest.raises(PackUsageError):
+        pack_targets(parser.parse_args(["pack", "STORE"]))
+
+
+def test_pack_parser_hub_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_pack_parser(parser.add_subparsers(), lambda p: None)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert pack_targets(parser.parse_args(["pack", "--hub-cache", "STORE"])) == ([], "STORE", tmp_path / "hub")
+    assert pack_targets(parser.parse_args(["pack", "STORE", "--hub-cache"])) == ([], "STORE", tmp_path / "hub")
+    args = parser.parse_args(["pack", "--hub-cache", "DIR", "STORE", "--repo", "a/b", "--repo", "c"])
+    assert pack_targets(args) == ([], "STORE", Path("DIR")) and args.repo == ["a/b", "c"]
+    for bad in (["pack", "--hub-cache", "DIR", "S1", "S2"], ["pack", "--hub-cache"]):
+        with pytest.raises(PackUsageError):
+            pack_targets(parser.parse_args(bad))
 
 
 # -- real packs (hf_xet in a child process) ----------------------------------------

@@ -15,17 +15,20 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from xetfs import __version__, hashes
+from xetfs.catalogue import Catalogue
 from xetfs.errors import XetfsError, describe
 from xetfs.index import FileEntry, Index
 from xetfs.indexer import load_index
 from xetfs.manifest import format_mtime
+from xetfs.objects import is_url
 from xetfs.reader import Reader
-from xetfs.store import StoreLike
+from xetfs.store import Store, StoreLike
 
 log = logging.getLogger("xetfs")
 
@@ -70,10 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from xetfs.remoteargs import add_remote_args
 
-    p = sub.add_parser("ls", help="list the files of a store")
+    p = sub.add_parser("ls", help="list the repos and revisions of a store (its files when it has no catalogue)")
     p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
     add_remote_args(p)
-    p.add_argument("--json", action="store_true", help="print a JSON list")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--files", action="store_true", help="list the store's files even when it has a catalogue")
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("cat", help="write a file's bytes to stdout")
@@ -165,13 +169,20 @@ def find_file(index: Index, text: str) -> FileEntry:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
-    """One row per file, or, when the store has names, one per name (then the files no name refers to).
+    """The repos and revisions of the store's Hub catalogue, when it has one (and not ``--files``).
 
-    A row is a dict, so that more columns can join without breaking readers
-    of ``--json``; the text form prints its values in order, the path last.
+    Otherwise one row per file, or, when the store has names, one per name
+    (then the files no name refers to).  A row is a dict, so that more
+    columns can join without breaking readers of ``--json``; the text form
+    prints its values in order, the path last.
     """
+    from xetfs.catalogue import find_catalogue, load_catalogue
     from xetfs.pack import store_manifest
 
+    path = None if args.files or is_url(args.store) else find_catalogue(Path(args.store))
+    if path is not None:
+        Store.open(args.store)
+        return _ls_catalogue(load_catalogue(path), as_json=args.json)
     store, index = open_index(args)
     manifest = store_manifest(args.store, store)
     rows: list[dict[str, Any]] = []
@@ -199,6 +210,35 @@ def cmd_ls(args: argparse.Namespace) -> int:
             mtime = row["mtime"]
             cells += [mtime.partition(".")[0].removesuffix("Z") + "Z" if mtime else "-", row["path"] or "-"]
         print("  ".join(cells))
+    return EXIT_OK
+
+
+def _ls_catalogue(catalogue: Catalogue, *, as_json: bool) -> int:
+    """Repos and revisions of a store's catalogue: one line per repo, one per revision below it."""
+    for warning in catalogue.warnings:
+        print(f"xetfs: warning: {warning}", file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    for repo in catalogue.repos:
+        revisions: list[dict[str, Any]] = []
+        for commit in sorted(repo.revisions):
+            rev = repo.revisions[commit]
+            revisions.append({
+                "commit": commit,
+                "refs": sorted(ref for ref, c in repo.refs.items() if c == commit),
+                "files": len(rev.files),
+                "bytes": sum(repo.blobs[b].size for b in rev.files.values()),
+                "noExist": len(rev.no_exist),
+            })  # fmt: skip
+        rows.append({"type": repo.type, "id": repo.id, "folder": repo.folder, "revisions": revisions})
+    if as_json:
+        json.dump({"repos": rows}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    for row in rows:
+        print(f"{row['type']:<8} {row['id']}  ({len(row['revisions'])} revisions)")
+        for r in row["revisions"]:
+            refs = ", ".join(r["refs"]) or "-"
+            print(f"  {r['commit']}  {r['files']:>6} files  {r['bytes']:>14} bytes  refs: {refs}")
     return EXIT_OK
 
 
@@ -257,8 +297,9 @@ def _stdout_writer() -> Callable[[bytes | memoryview], None]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from xetfs.catalogue import find_catalogue, load_catalogue
     from xetfs.remoteargs import open_location
-    from xetfs.verify import audit
+    from xetfs.verify import audit, audit_catalogue
 
     store = open_location(args)
     show = sys.stderr.isatty() and not args.no_progress
@@ -266,6 +307,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not show, desc="verify") as bar:
         report = trio.run(audit, store, bar)
+    catalogue = None if is_url(args.store) else find_catalogue(Path(args.store))
+    if catalogue is not None:
+        report.problems += audit_catalogue(load_catalogue(catalogue), load_index(store).index)
     status = EXIT_OK if report.ok else EXIT_PROBLEMS
     try:
         for problem in report.problems:

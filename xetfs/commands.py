@@ -43,6 +43,10 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                    help="kernel read-ahead for the mount (default 1M; needs root)")  # fmt: skip
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="no readahead of chunks")
     p.add_argument("--names", type=Path, help="names manifest (Hub tree-listing JSON)")
+    p.add_argument("--layout", choices=["auto", "hub", "names", "hash"], default="auto",
+                   help="what the root shows: the huggingface_hub cache layout of the store's catalogue (hub), "
+                        "the named tree (names) or files by hash; auto: hub when there is a catalogue and "
+                        "no --names, else names when there is a manifest, else hash")  # fmt: skip
     p.add_argument("--strict", action="store_true", help="refuse to mount if any shard is bad")
     p.add_argument("--io-mode", choices=["auto", "inline", "thread"], default="auto",
                    help="read the store inline (fastest) or in worker threads with a time bound; "
@@ -96,6 +100,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         io_mode=args.io_mode,
         io_timeout=args.io_timeout,
         workers=args.workers,
+        layout=args.layout,
         cache_dir=args.cache_dir.absolute() if args.cache_dir else None,
         disk_cache_size=args.disk_cache_size,
         headers=tuple(args.headers),
@@ -118,7 +123,7 @@ def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
         argv += ["--cache-dir", str(config.cache_dir)]
     if args.workers is not None:
         argv += ["--workers", str(args.workers)]
-    argv += ["--log-level", args.log_level]
+    argv += ["--log-level", args.log_level, "--layout", args.layout]
     if config.names:
         argv += ["--names", str(config.names)]
     for flag, on in (("--direct-io", args.direct_io), ("--strict", args.strict),
@@ -129,7 +134,8 @@ def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from xetfs.mount import check_mountpoint, default_log_file, run_daemon, spawn_daemon
+    from xetfs.catalogue import load_catalogue
+    from xetfs.mount import check_mountpoint, choose_layout, default_log_file, run_daemon, spawn_daemon
     from xetfs.pack import load_manifest
 
     config = _config(args)
@@ -145,7 +151,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     if not is_url(str(config.store)):
         Store.open(config.store)
-    if config.names is not None:
+    _, catalogue = choose_layout(config)
+    if catalogue is not None:
+        load_catalogue(catalogue)
+    elif config.names is not None:
         load_manifest(config.names)
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()

@@ -51,3 +51,7 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
     return str(exc)
+
+
+class CatalogueError(FormatError):
+    """A Hub catalogue (``xetfs-hub.json``) that cannot be used at all."""

@@ -135,6 +135,12 @@ class XetFS(pyfuse3.Operations):
             a.st_mode = stat.S_IFREG | 0o444
             a.attr_timeout = 0
             size = len(self._stats_for_attrs())
+        elif node.kind is Kind.SYMLINK:
+            a.st_mode = stat.S_IFLNK | 0o777
+            size = len(node.data)
+        elif node.kind is Kind.DATA:
+            a.st_mode = stat.S_IFREG | 0o444
+            size = len(node.data)
         else:
             a.st_mode = stat.S_IFREG | 0o444
             size = node.entry.size if node.entry else 0
@@ -173,6 +179,13 @@ class XetFS(pyfuse3.Operations):
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
         return self._attrs(self._node(inode))
+
+    @_guard
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        node = self._node(inode)
+        if node.kind is not Kind.SYMLINK:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return node.data
 
     async def forget(self, inode_list: Any) -> None:
         pass  # every inode lives as long as the mount
@@ -251,6 +264,10 @@ class XetFS(pyfuse3.Operations):
             self._stats_open += 1
             self._handles[fh] = handle
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
+        if node.kind is Kind.DATA:  # bytes held by the tree (a Hub ref): served like the stats snapshot
+            handle.snapshot = node.data
+            self._handles[fh] = handle
+            return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=True)
         direct = self.options.direct_io
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
@@ -263,7 +280,7 @@ class XetFS(pyfuse3.Operations):
         handle = self._handles.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
-        if handle.node.kind is Kind.STATS:
+        if handle.node.kind in (Kind.STATS, Kind.DATA):  # bytes fixed at open
             return handle.snapshot[off : off + size]
         entry = handle.node.entry
         if entry is None:

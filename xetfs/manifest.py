@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from xetfs import hashes
-from xetfs.errors import ManifestError
+from xetfs.errors import FormatError, ManifestError
 
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
@@ -132,19 +132,24 @@ def _show(value: object, limit: int = 120) -> str:
 # -- parsing -------------------------------------------------------------------
 
 
+def parse_json(data: bytes, *, what: str, limit: int, error: type[FormatError]) -> Any:
+    """The JSON value of ``data`` (``what`` names it in messages); ``error`` when too big, too deep or not JSON."""
+    if len(data) > limit:
+        raise error(f"{what}: {len(data)} bytes, the limit is {limit}")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise error(f"{what}: JSON nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
+        raise error(f"{what}: not valid JSON: {exc}") from None
+
+
 def parse_manifest(data: bytes, *, source: str) -> Manifest:
     """Parse a manifest (Hub tree-listing JSON) read from ``source`` (named in messages).
 
     Raises ``ManifestError`` only when ``data`` is not usable as a whole.
     """
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"manifest {source}: {len(data)} bytes, the limit is {MAX_MANIFEST_BYTES}")
-    try:
-        doc = json.loads(data)
-    except RecursionError:
-        raise ManifestError(f"manifest {source}: JSON nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, too many digits
-        raise ManifestError(f"manifest {source}: not valid JSON: {exc}") from None
+    doc = parse_json(data, what=f"manifest {source}", limit=MAX_MANIFEST_BYTES, error=ManifestError)
     if not isinstance(doc, list):
         raise ManifestError(f"manifest {source}: expected a JSON list of entries, found a {type(doc).__name__}")
     log = WarningLog()

@@ -25,11 +25,14 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from xetfs.catalogue import CATALOGUE_NAME, find_catalogue, load_catalogue
 from xetfs.diskcache import DEFAULT_SIZE as DEFAULT_DISK_CACHE
 from xetfs.diskcache import DiskCache
 from xetfs.diskcache import default_dir as default_cache_dir
 from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
+from xetfs.hubtree import build_hub_tree
+from xetfs.index import Index
 from xetfs.indexer import load_index
 from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import Manifest
@@ -41,7 +44,7 @@ from xetfs.reader import RUN_BYTES, Reader, inline_io, threaded_io
 from xetfs.remote import RemoteStore
 from xetfs.stats import RemoteCounters
 from xetfs.store import Store, StoreLike
-from xetfs.tree import build_tree
+from xetfs.tree import Tree, build_tree
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,7 @@ class MountConfig:
     io_mode: str = "auto"  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
     io_timeout: float = 30.0
     workers: int | None = None  # decode worker processes; None: one per CPU
+    layout: str = "auto"  # "hub", "names", "hash" or "auto" (see choose_layout)
     cache_dir: Path | None = None  # disk cache of remote stores; None: the default
     disk_cache_size: int = DEFAULT_DISK_CACHE
     headers: tuple[str, ...] = ()  # for a remote store: extra header lines (the environment adds more)
@@ -108,6 +112,48 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
         raise MountError("FUSE is not available on this machine (no /dev/fuse; install fuse3)")
 
 
+LAYOUTS = ("auto", "hub", "names", "hash")
+
+
+def choose_layout(config: MountConfig) -> tuple[str, Path | None]:
+    """The layout to show, and the catalogue it comes from for ``hub``.
+
+    ``auto``: the Hub cache layout when the store has a catalogue and no
+    ``--names`` was given, else the named tree (``names``: by hash when there
+    is no manifest).  Catalogues are read from local stores only.  Raises
+    ``MountError`` for ``hub`` without a catalogue.
+    """
+    location = os.fspath(config.store)
+    wanted = config.layout == "hub" or (config.layout == "auto" and config.names is None)
+    catalogue = find_catalogue(Path(location)) if wanted and not is_url(location) else None
+    if config.layout == "hub" and catalogue is None:
+        raise MountError(
+            f"--layout hub: {location} has no {CATALOGUE_NAME} (import with xetfs pack --hub-cache; "
+            "catalogues are read from local stores only)"
+        )
+    if catalogue is not None:
+        return "hub", catalogue
+    return ("hash" if config.layout == "hash" else "names"), None
+
+
+def _build_tree(config: MountConfig, store: StoreLike, index: Index) -> Tree:
+    layout, catalogue_path = choose_layout(config)
+    log.info("layout: %s%s", layout, f" from {catalogue_path}" if catalogue_path else "")
+    if catalogue_path is not None:
+        catalogue = load_catalogue(catalogue_path)
+        for warning in catalogue.warnings:
+            log.warning("catalogue: %s", warning)
+        tree, warnings = build_hub_tree(index, catalogue)
+    else:
+        manifest = _load_manifest(config, store) if layout == "names" else None
+        for warning in manifest.warnings if manifest else ():
+            log.warning("names: %s", warning)
+        tree, warnings = build_tree(index, manifest)
+    for warning in warnings:
+        log.warning("names: %s", warning)
+    return tree
+
+
 def _load_manifest(config: MountConfig, store: StoreLike) -> Manifest | None:
     if config.names is not None:
         return load_manifest(config.names)
@@ -133,12 +179,7 @@ def build_fs(config: MountConfig) -> XetFS:
     store = open_mount_store(config, remote_counters)
     remote = isinstance(store, RemoteStore)
     loaded = load_index(store, strict=config.strict)
-    manifest = _load_manifest(config, store)
-    for warning in manifest.warnings if manifest else ():
-        log.warning("names: %s", warning)
-    tree, warnings = build_tree(loaded.index, manifest)
-    for warning in warnings:
-        log.warning("names: %s", warning)
+    tree = _build_tree(config, store, loaded.index)
     # A remote store is read in the daemon's threads (obstore releases the GIL), many requests at once.
     threaded = remote or choose_io_mode(config.io_mode, Path(config.store)) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io

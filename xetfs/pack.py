@@ -44,7 +44,7 @@ from xetfs.manifest import (
     path_problem,
 )
 from xetfs.remote import RemoteStore, publish
-from xetfs.store import StoreLike
+from xetfs.store import StoreLike, find_beside
 
 MANIFEST_NAME = "xetfs-manifest.json"
 
@@ -59,22 +59,8 @@ def _print_warning(message: str) -> None:
 
 
 def find_manifest(store_dir: Path) -> Path | None:
-    """The manifest of the store given as ``store_dir``, or None.
-
-    Looks in ``store_dir`` itself and, when ``store_dir`` is the inner
-    ``DIR/xet`` or ``DIR/xet/xorbs`` of an hf_xet layout, in ``DIR`` (where
-    ``pack`` writes it).
-    """
-    candidates = [store_dir]
-    if store_dir.name == "xet":
-        candidates.append(store_dir.parent)
-    elif store_dir.name == "xorbs" and store_dir.parent.name == "xet":
-        candidates.append(store_dir.parent.parent)
-    for directory in candidates:
-        path = directory / MANIFEST_NAME
-        if path.is_file():
-            return path
-    return None
+    """The manifest of the store given as ``store_dir`` (``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``), or None."""
+    return find_beside(store_dir, MANIFEST_NAME)
 
 
 def store_manifest(location: str | os.PathLike[str], store: StoreLike) -> Manifest | None:
@@ -216,11 +202,17 @@ class Uploaded:
     sha256: str | None
 
 
-def upload(paths: Sequence[Path], store: Path, *, progress: bool = False) -> list[Uploaded]:
-    """Upload ``paths`` into the store at ``store`` with one ``hf_xet.upload_files`` call.
+def upload(paths: Sequence[Path], store: Path, *, progress: bool = False,
+           rounds: Sequence[int] | None = None) -> list[Uploaded]:  # fmt: skip
+    """Upload ``paths`` into the store at ``store``: one ``hf_xet.upload_files`` call per round.
 
-    Results are in input order.  ``progress`` shows a byte progress bar on
-    stderr.  Raises ``XetfsError`` when hf_xet is missing or the upload fails.
+    hf_xet deduplicates a file against what earlier calls stored, not
+    against the other files of the same call, so files that are likely to
+    share chunks (versions of one file) go into different rounds:
+    ``rounds[i]`` is the round of ``paths[i]`` (default: all in round 0).
+    Results are in input order.  ``progress`` shows a progress bar of bytes
+    and files on stderr.  Raises ``XetfsError`` when hf_xet is missing or
+    an upload fails.
     """
     try:
         import hf_xet
@@ -229,27 +221,45 @@ def upload(paths: Sequence[Path], store: Path, *, progress: bool = False) -> lis
     from tqdm import tqdm
 
     endpoint = f"local://{store.resolve()}"
+    order = list(rounds) if rounds is not None else [0] * len(paths)
+    results: dict[int, Uploaded] = {}
     with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress, desc="pack") as bar:
-        updater = _progress_updater(bar) if progress else None
-        try:
-            with warnings.catch_warnings():
-                # upload_files is deprecated in favour of XetSession, and still writes the same store.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                infos = hf_xet.upload_files([str(p) for p in paths], endpoint, None, None, updater, None)
-        except Exception as exc:  # hf_xet raises plain RuntimeError/OSError subclasses
-            raise XetfsError(f"hf_xet could not write {store}: {exc}") from exc
-    if len(infos) != len(paths):
-        raise XetfsError(f"hf_xet reported {len(infos)} results for {len(paths)} files")
-    return [_uploaded(info, path) for info, path in zip(infos, paths, strict=True)]
+        updater = _progress_updater(bar, len(paths)) if progress else None
+        for r in sorted(set(order)):
+            picked = [i for i, k in enumerate(order) if k == r]
+            batch = [str(paths[i]) for i in picked]
+            try:
+                with warnings.catch_warnings():
+                    # upload_files is deprecated in favour of XetSession, and still writes the same store.
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    infos = hf_xet.upload_files(batch, endpoint, None, None, updater, None)
+            except Exception as exc:  # hf_xet raises plain RuntimeError/OSError subclasses
+                raise XetfsError(f"hf_xet could not write {store}: {exc}") from exc
+            if len(infos) != len(batch):
+                raise XetfsError(f"hf_xet reported {len(infos)} results for {len(batch)} files")
+            for i, info in zip(picked, infos, strict=True):
+                results[i] = _uploaded(info, paths[i])
+    return [results[i] for i in range(len(paths))]
 
 
-def _progress_updater(bar: Any) -> Callable[[Any, Any], None]:
-    """An hf_xet progress callback (``(total_update, item_updates)``, verified with hf_xet 1.8) feeding ``bar``."""
+def _progress_updater(bar: Any, files: int) -> Callable[[Any, Any], None]:
+    """An hf_xet progress callback (``(total_update, item_updates)``, verified with hf_xet 1.8) feeding ``bar``.
+
+    The bar counts bytes; its postfix counts the files finished out of ``files``.
+    """
+    finished: set[str] = set()
+    bar.set_postfix_str(f"0/{files} files", refresh=False)
 
     def update(total_update: Any, item_updates: Any) -> None:
         if total_update.total_bytes_increment:
             bar.total += total_update.total_bytes_increment
             bar.refresh()
+        before = len(finished)
+        for item in item_updates or ():
+            if item.total_bytes and item.bytes_completed >= item.total_bytes:
+                finished.add(item.item_name)
+        if len(finished) != before:
+            bar.set_postfix_str(f"{len(finished)}/{files} files", refresh=False)
         bar.update(total_update.total_bytes_completion_increment)
 
     return update
@@ -318,29 +328,87 @@ def pack(
 
     Raises ``XetfsError`` or ``OSError`` with a message fit for one line.
     """
+    from xetfs.catalogue import locked
+
     store_dir = Path(store).absolute()
     if store_dir.exists() and not store_dir.is_dir():
         raise XetfsError(f"store {store_dir}: exists and is not a directory")
-    manifest_path = store_dir / MANIFEST_NAME
-    old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
     plan = plan_pack([Path(s) for s in sources], store_dir, warn)
-    results = upload([f.local for f in plan.files], store_dir, progress=progress)
-    new: list[Entry] = [
-        ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns) for f, r in zip(plan.files, results, strict=True)
-    ]
-    new.extend(plan.directories)
-    merged, messages = merge(new, old, source=MANIFEST_NAME)
-    for message in messages:
-        warn(message)
-    write_manifest(manifest_path, merged)
-    publish(store_dir)  # the listing an HTTP server needs to serve the store
+    store_dir.mkdir(parents=True, exist_ok=True)
+    # hf_xet cannot write one store from two processes at once: packs take turns.
+    with locked(store_dir, lambda: warn(f"another pack is writing {store_dir}: waiting for it to finish")):
+        manifest_path = store_dir / MANIFEST_NAME
+        old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
+        results = upload([f.local for f in plan.files], store_dir, progress=progress)
+        new: list[Entry] = [
+            ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns)
+            for f, r in zip(plan.files, results, strict=True)
+        ]
+        new.extend(plan.directories)
+        merged, messages = merge(new, old, source=MANIFEST_NAME)
+        for message in messages:
+            warn(message)
+        write_manifest(manifest_path, merged)
+        publish(store_dir)  # the listing an HTTP server needs to serve the store
     return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files))
+
+
+def pack_targets(args: argparse.Namespace) -> tuple[list[str], str, Path | None]:
+    """``(sources, store, hub cache dir or None)`` from the ``pack`` arguments.
+
+    ``pack SRC... STORE``; ``pack --hub-cache [DIR] STORE`` (``--hub-cache``
+    takes its DIR only when a STORE follows it).  Raises ``UsageError``-like
+    ``XetfsError`` for a wrong number of paths.
+    """
+    from xetfs.hubcache import default_cache_dir
+
+    paths = list(args.paths)
+    if args.hub_cache is None:
+        if len(paths) < 2:
+            raise PackUsageError("pack needs SRC... STORE (or --hub-cache [DIR] STORE)")
+        return paths[:-1], paths[-1], None
+    if args.hub_cache == _DEFAULT_CACHE:
+        if len(paths) != 1:
+            raise PackUsageError("pack --hub-cache [DIR] STORE takes one STORE")
+        return [], paths[0], default_cache_dir()
+    if not paths:  # "--hub-cache STORE": the value given was the store
+        return [], args.hub_cache, default_cache_dir()
+    if len(paths) != 1:
+        raise PackUsageError("pack --hub-cache [DIR] STORE takes one DIR and one STORE")
+    return [], paths[0], Path(args.hub_cache)
+
+
+class PackUsageError(XetfsError):
+    """Wrong arguments to ``pack``."""
+
+
+_DEFAULT_CACHE = "\0default"
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
     """The ``pack`` sub-command: prints one summary line."""
+    from xetfs.hubpack import pack_hub_cache, pack_revision
+
     show = sys.stderr.isatty() and not args.no_progress
-    result = pack(args.sources, args.store, progress=show)
+    sources, store, cache_dir = pack_targets(args)
+    if cache_dir is not None:
+        if args.revision or args.commit or args.repo_type:
+            raise PackUsageError("--revision, --commit and --repo-type go with pack SRC... STORE --repo")
+        hub = pack_hub_cache(cache_dir, store, repos=args.repo or (), progress=show)
+        print(hub.line(Path(store)))
+        return 0
+    if args.repo:
+        if len(args.repo) > 1:
+            raise PackUsageError("pack SRC... STORE records one revision of one repo: give --repo once")
+        commit, hub = pack_revision(
+            sources, store, repo_id=args.repo[0], repo_type=args.repo_type or "model",
+            revision=args.revision or "main", commit=args.commit, progress=show,
+        )  # fmt: skip
+        print(f"{args.repo[0]} {args.revision or 'main'} = {commit}; {hub.line(Path(store))}")
+        return 0
+    if args.revision or args.commit or args.repo_type:
+        raise PackUsageError("--revision, --commit and --repo-type need --repo")
+    result = pack(sources, store, progress=show)
     print(
         f"packed {result.files} files ({result.bytes} bytes) into {result.store}; "
         f"{result.manifest} names {result.manifest_files} files"
@@ -352,12 +420,22 @@ def add_pack_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], No
     """Register ``pack`` on the sub-parsers ``sub`` of the ``xetfs`` parser."""
     p = sub.add_parser(
         "pack",
-        help="write files into a local store with hf_xet, and name them",
+        help="write files (or a huggingface_hub cache) into a local store with hf_xet, and name them",
         description="Write files and directories into a local Xet store (with hf_xet) and record their "
-        f"names in STORE/{MANIFEST_NAME}, which mount uses.",
+        f"names in STORE/{MANIFEST_NAME}, which mount uses.  With --repo, record them as one revision "
+        "of a Hub repo instead; with --hub-cache, import a huggingface_hub cache (both into STORE/xetfs-hub.json).",
+        usage="%(prog)s SRC... STORE [--repo ORG/NAME ...] | --hub-cache [DIR] STORE [--repo ORG/NAME ...]",
     )
-    p.add_argument("sources", nargs="+", metavar="SRC", help="files and directories to pack")
-    p.add_argument("store", metavar="STORE", help="store directory (created if missing)")
+    p.add_argument("paths", nargs="*", metavar="SRC... STORE", help="files and directories to pack, then the store")
+    p.add_argument("--hub-cache", nargs="?", const=_DEFAULT_CACHE, metavar="DIR",
+                   help="import a huggingface_hub cache (default: HF_HUB_CACHE, HF_HOME/hub, "
+                        "~/.cache/huggingface/hub)")  # fmt: skip
+    p.add_argument("--repo", action="append", metavar="ORG/NAME",
+                   help="with --hub-cache: import only this repo (repeatable); with SRC: the repo they are a "
+                        "revision of")  # fmt: skip
+    p.add_argument("--repo-type", choices=["model", "dataset", "space"], help="with SRC --repo (default model)")
+    p.add_argument("--revision", metavar="BRANCH", help="with SRC --repo: the ref to point at it (default main)")
+    p.add_argument("--commit", metavar="SHA", help="with SRC --repo: its commit id (default: derived from content)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_pack)
     add_common(p)

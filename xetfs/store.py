@@ -96,6 +96,25 @@ def find_root(path: Path) -> Path:
     )
 
 
+def find_beside(store_dir: Path, name: str) -> Path | None:
+    """The file ``name`` that ``pack`` keeps beside the store given as ``store_dir``, or None.
+
+    Looks in ``store_dir`` itself and, when ``store_dir`` is the inner
+    ``DIR/xet`` or ``DIR/xet/xorbs`` of an hf_xet layout, in ``DIR`` (where
+    ``pack`` writes it).
+    """
+    candidates = [store_dir]
+    if store_dir.name == "xet":
+        candidates.append(store_dir.parent)
+    elif store_dir.name == "xorbs" and store_dir.parent.name == "xet":
+        candidates.append(store_dir.parent.parent)
+    for directory in candidates:
+        path = directory / name
+        if path.is_file():
+            return path
+    return None
+
+
 class Store:
     """Read-only access to the shards and xorbs of one store directory.
 

@@ -3,7 +3,9 @@
 Layout::
 
     /                       the manifest's named tree, or (without a manifest)
-                            every file of the store named by its xet hex hash
+                            every file of the store named by its xet hex hash,
+                            or the Hub cache layout of a catalogue (hubtree.py,
+                            with symlinks and small data files)
     /.xetfs/                hidden: found by name, never listed in the root
     /.xetfs/by-hash/<xet hex>        every file of the store
     /.xetfs/by-sha256/<sha256 hex>   every file whose shard records a SHA-256
@@ -60,19 +62,22 @@ _XETFS_BYTES = XETFS_NAME.encode()
 
 class Kind(enum.Enum):
     DIR = "dir"
-    FILE = "file"
+    FILE = "file"  # a file of the store (``entry``)
     STATS = "stats"
+    SYMLINK = "symlink"  # ``data`` is the target
+    DATA = "data"  # a small file whose bytes are ``data`` (a Hub ref, a ``.no_exist`` marker)
 
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """What an inode is.  ``entry`` is set for ``Kind.FILE`` nodes only."""
+    """What an inode is.  ``entry`` is set for ``Kind.FILE`` nodes only, ``data`` for symlinks and data files."""
 
     inode: int
     kind: Kind
     entry: FileEntry | None
     nlink: int
     mtime_ns: int | None = None  # a file's own modification time, when its names give one
+    data: bytes = b""  # a symlink's target, a data file's bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,13 +98,22 @@ class Tree:
     """The immutable name tree of one mount.  Build it with ``build_tree``."""
 
     def __init__(
-        self, entries: list[FileEntry], nlinks: array[int], dirs: dict[int, _Dir], mtimes: array[int] | None = None
+        self,
+        entries: list[FileEntry],
+        nlinks: array[int],
+        dirs: dict[int, _Dir],
+        mtimes: array[int] | None = None,
+        extras: list[Node] | None = None,
     ) -> None:
-        """``entries[i]`` has inode ``FIRST_FILE_INODE + i``, ``nlinks[i]`` names and mtime ``mtimes[i]`` (ns)."""
+        """``entries[i]`` has inode ``FIRST_FILE_INODE + i``, ``nlinks[i]`` names and mtime ``mtimes[i]`` (ns).
+
+        ``extras`` are symlinks and data files, with the inodes right after the files'.
+        """
         self._entries = entries
         self._nlinks = nlinks
         self._dirs = dirs
         self._mtimes = mtimes if mtimes is not None else array("q", [_NO_MTIME]) * len(entries)
+        self._extras = extras or []
 
     def get(self, inode: int) -> Node | None:
         """The node of ``inode``, or None when there is no such inode."""
@@ -112,6 +126,9 @@ class Tree:
             return Node(inode, Kind.FILE, self._entries[i], self._nlinks[i], None if mtime == _NO_MTIME else mtime)
         if inode == STATS_INODE:
             return _STATS_NODE
+        k = i - len(self._entries)
+        if 0 <= k < len(self._extras):
+            return self._extras[k]
         return None
 
     def lookup(self, parent: int, name: bytes) -> Node | None:
@@ -198,14 +215,15 @@ class Tree:
 
     @property
     def inode_count(self) -> int:
-        """Number of inodes: directories, files and the stats file."""
-        return len(self._dirs) + len(self._entries) + 1
+        """Number of inodes: directories, files, symlinks, data files and the stats file."""
+        return len(self._dirs) + len(self._entries) + len(self._extras) + 1
 
 
 # -- building ------------------------------------------------------------------
 
 # A directory under construction: name -> subdirectory or inode of a leaf.
 _Pending = dict[bytes, "_Pending | int"]
+Pending = _Pending  # for layouts built elsewhere (hubtree.py)
 
 
 def build_tree(index: Index, manifest: Manifest | None) -> tuple[Tree, list[str]]:
@@ -215,35 +233,64 @@ def build_tree(index: Index, manifest: Manifest | None) -> tuple[Tree, list[str]
     ``.xetfs`` and name conflicts are skipped with a warning; a manifest size
     or SHA-256 that disagrees with the store is reported (the store wins).
     """
-    entries = sorted(index, key=attrgetter("file_hash"))
-    nlinks = array("I", [0]) * len(entries)
-    mtimes = array("q", [_NO_MTIME]) * len(entries)
-    by_hash, by_sha256 = _hash_names(entries)
-    log = WarningLog()
+    builder = TreeBuilder(index)
     if manifest is None:
-        named: _Pending = dict(by_hash)
-        for i in range(len(entries)):
-            nlinks[i] += 1
+        named: _Pending = {}
+        for name, inode in builder.by_hash.items():
+            named[name] = builder.link(inode)
     else:
-        named = _named(manifest, entries, nlinks, mtimes, log)
-    for i, n in enumerate(nlinks):
-        if n == 0:  # only in .xetfs, which is not counted: still one link
-            nlinks[i] = 1
-    dirs: dict[int, _Dir] = {
-        XETFS_INODE: _freeze_leaves(
-            ROOT_INODE,
-            {
-                BY_HASH_NAME.encode(): BY_HASH_INODE,
-                BY_SHA256_NAME.encode(): BY_SHA256_INODE,
-                STATS_NAME.encode(): STATS_INODE,
-            },
-            subdirs=2,
-        ),
-        BY_HASH_INODE: _freeze_leaves(XETFS_INODE, by_hash),
-        BY_SHA256_INODE: _freeze_leaves(XETFS_INODE, by_sha256),
-    }
-    _freeze_tree(named, dirs, first_inode=FIRST_FILE_INODE + len(entries))
-    return Tree(entries, nlinks, dirs, mtimes), log.lines()
+        named = _named(manifest, builder.entries, builder.nlinks, builder.mtimes, builder.log)
+    return builder.finish(named)
+
+
+class TreeBuilder:
+    """The parts every layout shares: file inodes, the hidden ``.xetfs/``, link counts, mtimes, warnings.
+
+    A layout builds a pending tree of names whose leaves are inodes from
+    ``link`` (a store file) or ``add`` (a symlink or data file), then calls
+    ``finish`` once.
+    """
+
+    def __init__(self, index: Index) -> None:
+        self.entries = sorted(index, key=attrgetter("file_hash"))
+        self.nlinks = array("I", [0]) * len(self.entries)
+        self.mtimes = array("q", [_NO_MTIME]) * len(self.entries)
+        self.by_hash, self.by_sha256 = _hash_names(self.entries)
+        self.log = WarningLog()
+        self.first_file_inode = FIRST_FILE_INODE
+        self._extras: list[Node] = []
+
+    def link(self, inode: int) -> int:
+        """Count one more name of file ``inode`` (from ``by_hash``); returns ``inode``."""
+        self.nlinks[inode - FIRST_FILE_INODE] += 1
+        return inode
+
+    def add(self, kind: Kind, data: bytes) -> int:
+        """A new symlink (``data`` its target) or data file; returns its inode."""
+        inode = FIRST_FILE_INODE + len(self.entries) + len(self._extras)
+        self._extras.append(Node(inode, kind, None, 1, data=data))
+        return inode
+
+    def finish(self, named: _Pending) -> tuple[Tree, list[str]]:
+        """The tree with ``named`` at the root (``.xetfs/`` is found there by name), and the warnings."""
+        for i, n in enumerate(self.nlinks):
+            if n == 0:  # only in .xetfs, which is not counted: still one link
+                self.nlinks[i] = 1
+        dirs: dict[int, _Dir] = {
+            XETFS_INODE: _freeze_leaves(
+                ROOT_INODE,
+                {
+                    BY_HASH_NAME.encode(): BY_HASH_INODE,
+                    BY_SHA256_NAME.encode(): BY_SHA256_INODE,
+                    STATS_NAME.encode(): STATS_INODE,
+                },
+                subdirs=2,
+            ),
+            BY_HASH_INODE: _freeze_leaves(XETFS_INODE, self.by_hash),
+            BY_SHA256_INODE: _freeze_leaves(XETFS_INODE, self.by_sha256),
+        }
+        _freeze_tree(named, dirs, first_inode=FIRST_FILE_INODE + len(self.entries) + len(self._extras))
+        return Tree(self.entries, self.nlinks, dirs, self.mtimes, self._extras), self.log.lines()
 
 
 def _hash_names(entries: list[FileEntry]) -> tuple[dict[bytes, int], dict[bytes, int]]:

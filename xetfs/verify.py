@@ -12,7 +12,11 @@ versus found:
 * every term's xorb exists, its chunk range and size fit, its verification
   hash recomputes;
 * every file's hash recomputes from its chunks and its content matches the
-  recorded SHA-256.
+  recorded SHA-256;
+* with a Hub catalogue (``audit_catalogue``): every blob and tree listing it
+  names is a file of the store of the size it claims, and a blob named by a
+  sha256 is a file whose recorded SHA-256 is that name (git sha1 names are
+  checked when a pack reads the file).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from xetfs import hashes
+from xetfs.catalogue import Catalogue, Content
 from xetfs.errors import XetfsError
 from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
 from xetfs.format.xorb import XorbLayout, decode_run
@@ -237,3 +242,25 @@ async def _check_file(a: _Audit, index: Index, reader: Reader, record: FileRecor
 def _touches_damage(a: _Audit, xorb_hash: bytes, start: int, end: int) -> bool:
     bad = a.bad_chunks.get(xorb_hash, ())
     return xorb_hash in a.bad_xorbs or any(start <= i < end for i in bad)
+
+
+def audit_catalogue(catalogue: Catalogue, index: Index) -> list[str]:
+    """Problems of a Hub catalogue against the store's files (see the module docstring)."""
+    problems = [f"catalogue: {w}" for w in catalogue.warnings]
+
+    def check(what: str, content: Content, sha256: str | None) -> None:
+        entry = index.get(hashes.from_hex(content.xet_hash))
+        if entry is None:
+            problems.append(f"catalogue: {what}: file {content.xet_hash} is not in the store")
+        elif entry.size != content.size:
+            problems.append(f"catalogue: {what}: {content.size} bytes in the catalogue, {entry.size} in the store")
+        elif sha256 is not None and entry.sha256 is not None and entry.sha256 != sha256:
+            problems.append(f"catalogue: {what}: the store's file {entry.hex} has sha256 {entry.sha256}")
+
+    for repo in catalogue.repos:
+        for name, content in sorted(repo.blobs.items()):
+            check(f"{repo.type} {repo.id}: blob {name}", content, name if len(name) == 64 else None)
+        for commit, rev in sorted(repo.revisions.items()):
+            if rev.tree is not None:
+                check(f"{repo.type} {repo.id}: trees/{commit}.json", rev.tree, None)
+    return problems

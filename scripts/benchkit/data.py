@@ -1,4 +1,4 @@
-"""Data sets for scripts/bench.py: hf_xet-written stores of three kinds, and synthetic stores.
+"""Data sets of the benchmark: hf_xet-written stores, and synthetic stores.
 
 * ``dataset(data_dir, kind, size)``: a ``local://`` store written by hf_xet
   (one ``upload_files`` call per file, so the result is deterministic) with a
@@ -7,6 +7,12 @@
   (pseudo-words with a Zipf distribution, LZ4) and ``float32`` (a float32
   random walk, byte-grouped BG4 + LZ4).  The chunk schemes hf_xet actually used
   are counted by walking the xorbs' chunk headers.
+* ``workload(data_dir, kind, size)``: a store of one file shaped like what
+  users read: ``model``, a safetensors file of hundreds of float16 and
+  float32 tensors of mixed sizes (a transformer's layers), and ``table``, a
+  parquet file of several row groups and mixed column types.
+* ``distinct_chunks(store, file_hash)``: how many distinct chunks a file
+  is made of (the denominator of decode amplification).
 * ``synthetic_files`` / ``synthetic_terms``: stores written by the test-only
   writer (``tests/helpers/writer.py``) for mount-time measurements.
 
@@ -17,6 +23,7 @@ reused; a ``meta.json`` written last marks a finished build.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import struct
@@ -26,11 +33,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from benchkit.paths import REPO
+from benchkit.util import log
 
-REPO = Path(__file__).resolve().parent.parent
+if TYPE_CHECKING:
+    import numpy as np
+
 KINDS = ("random", "text", "float32")
 EXPECTED_SCHEME = {"random": 0, "text": 1, "float32": 2}
 SCHEME_NAMES = {0: "raw", 1: "LZ4", 2: "BG4-LZ4"}
@@ -39,14 +49,12 @@ DATA_VERSION = 1  # bump when the generators change
 BATCH = 16 * 1024 * 1024
 
 
-def log(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
 # -- content generators (deterministic per seed) ------------------------------------
 
 
 def _random_batches(size: int, seed: int) -> Iterator[bytes]:
+    import numpy as np
+
     rng = np.random.default_rng(seed)
     left = size
     while left > 0:
@@ -57,6 +65,8 @@ def _random_batches(size: int, seed: int) -> Iterator[bytes]:
 
 def _vocabulary() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """20,000 pseudo-words (letters by English frequency) with separators; Zipf weights."""
+    import numpy as np
+
     rng = np.random.default_rng(12345)
     count = 20000
     letters = np.frombuffer(b"etaoinshrdlcumwfgypbvkjxqz", dtype=np.uint8)
@@ -78,6 +88,8 @@ def _vocabulary() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _text_batches(size: int, seed: int) -> Iterator[bytes]:
+    import numpy as np
+
     vbytes, vstart, vlen, weights = _vocabulary()
     rng = np.random.default_rng(seed)
     left = size
@@ -92,6 +104,8 @@ def _text_batches(size: int, seed: int) -> Iterator[bytes]:
 
 
 def _float32_batches(size: int, seed: int) -> Iterator[bytes]:
+    import numpy as np
+
     if size % 4:
         raise ValueError("float32 data needs a size that is a multiple of 4")
     rng = np.random.default_rng(seed)
@@ -117,6 +131,118 @@ def write_content(path: Path, kind: str, size: int, seed: int) -> None:
         for batch in GENERATORS[kind](size, seed):
             f.write(batch)
     tmp.rename(path)
+
+
+# -- files shaped like what users read ------------------------------------------------
+
+
+def model_shapes(size: int, layers: int = 24) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Tensor name -> (dtype, shape) of a transformer of at most ``size`` bytes, in layer order.
+
+    Per layer: attention and MLP weights in float16 (12 d^2 values), biases
+    and norms in float32 (d values each); an embedding of 8 d rows (float16)
+    and a head of d / 2 rows (float32).  ``d`` is the largest multiple of 64
+    that keeps the total within ``size`` (64 at least).
+    """
+    d = max(64, int((size / (layers * 24 + 16 + 2)) ** 0.5) // 64 * 64)
+    while True:
+        shapes = _model(d, layers)
+        total = sum((2 if dt == "float16" else 4) * math.prod(shape) for dt, shape in shapes.values())
+        if total <= size or d == 64:
+            return shapes
+        d -= 64
+
+
+def _model(d: int, layers: int) -> dict[str, tuple[str, tuple[int, ...]]]:
+    shapes: dict[str, tuple[str, tuple[int, ...]]] = {"model.embed_tokens.weight": ("float16", (8 * d, d))}
+    for i in range(layers):
+        pre = f"model.layers.{i}"
+        for w in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            shapes[f"{pre}.self_attn.{w}.weight"] = ("float16", (d, d))
+            shapes[f"{pre}.self_attn.{w}.bias"] = ("float32", (d,))
+        shapes[f"{pre}.mlp.gate_proj.weight"] = ("float16", (4 * d, d))
+        shapes[f"{pre}.mlp.up_proj.weight"] = ("float16", (2 * d, d))
+        shapes[f"{pre}.mlp.down_proj.weight"] = ("float16", (d, 2 * d))
+        shapes[f"{pre}.input_layernorm.weight"] = ("float32", (d,))
+        shapes[f"{pre}.post_attention_layernorm.weight"] = ("float32", (d,))
+    shapes["model.norm.weight"] = ("float32", (d,))
+    shapes["lm_head.weight"] = ("float32", (d // 2, d))
+    return shapes
+
+
+def write_model(path: Path, size: int) -> None:
+    """A safetensors file of the tensors ``model_shapes`` names, filled with small normal values."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    rng = np.random.default_rng(77)
+    tensors = {
+        name: (rng.standard_normal(shape, dtype=np.float32) * 0.02).astype(dtype)
+        for name, (dtype, shape) in model_shapes(size).items()
+    }
+    save_file(tensors, str(path), metadata={"format": "np"})
+
+
+TABLE_ROWS_PER_GROUP = 1 << 20
+
+
+def write_table(path: Path, size: int) -> None:
+    """A parquet file of about ``size`` bytes: row groups of 1 Mi rows (fewer for small sizes), mixed columns."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(78)
+    vbytes, vstart, vlen, weights = _vocabulary()
+    categories = pa.array([f"category-{i:02d}" for i in range(40)])
+    rows = max(4096, min(TABLE_ROWS_PER_GROUP, size // 8 // 40))  # about 40 bytes a row: at least 8 row groups
+    schema = _table_schema(pa)
+    first = 0
+    with pa.OSFile(str(path), "wb") as sink, pq.ParquetWriter(sink, schema, compression="snappy") as writer:
+        while sink.tell() < size:
+            idx = rng.choice(len(vlen), rows, p=weights)
+            lens = vlen[idx]
+            offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+            pos = np.repeat(vstart[idx] - offsets[:-1], lens) + np.arange(int(offsets[-1]))
+            words = pa.StringArray.from_buffers(
+                rows, pa.py_buffer(offsets.tobytes()), pa.py_buffer(vbytes[pos].tobytes())
+            )
+            columns = [
+                pa.array(np.arange(first, first + rows, dtype=np.int64)),
+                pa.array(rng.integers(1_600_000_000_000_000, 1_700_000_000_000_000, rows), pa.timestamp("us")),
+                pa.DictionaryArray.from_arrays(pa.array(rng.integers(0, 40, rows, dtype=np.int32)), categories),
+                pa.array(rng.standard_normal(rows)),
+                pa.array(rng.random(rows, dtype=np.float32)),
+                pa.array(rng.random(rows) < 0.3),
+                words,
+            ]
+            writer.write_batch(pa.record_batch(columns, schema=schema), row_group_size=rows)
+            first += rows
+
+
+def _table_schema(pa: Any) -> Any:
+    return pa.schema(
+        [
+            ("id", pa.int64()),
+            ("ts", pa.timestamp("us")),
+            ("category", pa.dictionary(pa.int32(), pa.string())),
+            ("value", pa.float64()),
+            ("score", pa.float32()),
+            ("flag", pa.bool_()),
+            ("word", pa.string()),
+        ]
+    )
+
+
+WORKLOADS: dict[str, tuple[str, Callable[[Path, int], None]]] = {
+    "model": ("model.safetensors", write_model),
+    "table": ("table.parquet", write_table),
+}
+
+
+def workload(data_dir: Path, kind: str, size: int) -> Dataset:
+    """The store of one ``model`` or ``table`` file of about ``size`` bytes, built on first use."""
+    return dataset(data_dir, kind, size)
 
 
 # -- hf_xet stores -------------------------------------------------------------------
@@ -201,6 +327,7 @@ class Dataset:
     schemes: dict[int, int]  # uncompressed bytes per scheme
     stored_bytes: int
     original_bytes: int
+    chunks: int  # distinct chunks of the main file
 
     @property
     def xorbs(self) -> list[Path]:
@@ -216,7 +343,26 @@ class Dataset:
     @property
     def scheme_ok(self) -> bool:
         total = sum(self.schemes.values()) or 1
-        return self.schemes.get(EXPECTED_SCHEME[self.kind], 0) / total >= 0.9
+        expected = EXPECTED_SCHEME.get(self.kind)
+        return expected is None or self.schemes.get(expected, 0) / total >= 0.9
+
+
+def distinct_chunks(store: Path, file_hash: str) -> int:
+    """The number of distinct chunks (xorb, index) that make up a file, from the store's shards."""
+    from xetfs import index
+    from xetfs.format.shard import parse_shard
+    from xetfs.hashes import from_hex
+    from xetfs.store import Store
+
+    s = Store.open(store)
+    idx = index.build(parse_shard(s.read_shard(sf), where=sf.name) for sf in s.shard_files())
+    entry = idx.get(from_hex(file_hash))
+    if entry is None:
+        raise RuntimeError(f"file {file_hash} is not in {store}")
+    seen: set[tuple[bytes, int]] = set()
+    for xorb, start, stop, _ in idx.terms_of(entry):
+        seen.update((xorb, i) for i in range(start, stop))
+    return len(seen)
 
 
 def dataset(data_dir: Path, kind: str, size: int) -> Dataset:
@@ -226,6 +372,9 @@ def dataset(data_dir: Path, kind: str, size: int) -> Dataset:
     if not meta_path.exists():
         _build_dataset(root, kind, size)
     meta = json.loads(meta_path.read_text())
+    if "chunks" not in meta:  # built before chunks were counted
+        meta["chunks"] = distinct_chunks(root / "store", meta["files"][0]["hash"])
+        meta_path.write_text(json.dumps(meta, indent=1))
     files = [StoredFile(f["name"], root / "orig" / f["name"], f["hash"], f["size"]) for f in meta["files"]]
     return Dataset(
         kind=kind,
@@ -236,6 +385,7 @@ def dataset(data_dir: Path, kind: str, size: int) -> Dataset:
         schemes={int(k): v for k, v in meta["schemes"].items()},
         stored_bytes=meta["stored_bytes"],
         original_bytes=meta["original_bytes"],
+        chunks=meta["chunks"],
     )
 
 
@@ -245,12 +395,19 @@ def _build_dataset(root: Path, kind: str, size: int) -> None:
     orig = root / "orig"
     orig.mkdir(parents=True)
     t0 = time.monotonic()
-    part = (size // PARALLEL_FILES) & ~0xFFF
-    specs = [("main.bin", size, 1)] + [(f"par{i}.bin", part, 100 + i) for i in range(PARALLEL_FILES)]
-    log(f"building the {kind} data set ({size / 2**20:.0f} MiB + {PARALLEL_FILES} x {part / 2**20:.0f} MiB) in {root}")
-    for name, n, seed in specs:
-        write_content(orig / name, kind, n, seed + 1000 * KINDS.index(kind))
-    paths = [orig / name for name, _, _ in specs]
+    if kind in WORKLOADS:
+        name, write = WORKLOADS[kind]
+        log(f"building the {kind} data set (about {size / 2**20:.0f} MiB) in {root}")
+        write(orig / name, size)
+        paths = [orig / name]
+    else:
+        part = (size // PARALLEL_FILES) & ~0xFFF
+        specs = [("main.bin", size, 1)] + [(f"par{i}.bin", part, 100 + i) for i in range(PARALLEL_FILES)]
+        sizes = f"{size / 2**20:.0f} MiB + {PARALLEL_FILES} x {part / 2**20:.0f} MiB"
+        log(f"building the {kind} data set ({sizes}) in {root}")
+        for name, n, seed in specs:
+            write_content(orig / name, kind, n, seed + 1000 * KINDS.index(kind))
+        paths = [orig / name for name, _, _ in specs]
     infos = upload(root / "store", paths, root / "hf_xet-cache")
     schemes = scheme_bytes(root / "store")
     stored = sum(p.stat().st_size for p in xorb_files(root / "store"))
@@ -261,6 +418,7 @@ def _build_dataset(root: Path, kind: str, size: int) -> None:
         "schemes": {str(k): v for k, v in schemes.items()},
         "stored_bytes": stored,
         "original_bytes": original,
+        "chunks": distinct_chunks(root / "store", infos[0][0]),
         "build_seconds": round(time.monotonic() - t0, 1),
     }
     for p, (_, n) in zip(paths, infos, strict=True):
@@ -301,6 +459,8 @@ def synthetic_files(data_dir: Path, files: int, shards: int) -> tuple[Path, dict
     """``files`` small files (one chunk each, 1-8 KiB) listed in ``shards`` shards."""
 
     def build(store: Path) -> dict[str, Any]:
+        import numpy as np
+
         w = _writer()
         b = w.StoreBuilder(store)
         rng = np.random.default_rng(7)
@@ -319,6 +479,8 @@ def synthetic_terms(data_dir: Path, terms: int, files: int = 100, shards: int = 
     """``terms`` terms in all: ``files`` files of 64-byte chunks, one term per chunk."""
 
     def build(store: Path) -> dict[str, Any]:
+        import numpy as np
+
         w = _writer()
         b = w.StoreBuilder(store)
         rng = np.random.default_rng(8)

@@ -1,0 +1,160 @@
+"""Section load: a safetensors model loaded the way loaders do it.
+
+The file (``data.write_model``: hundreds of float16 and float32 tensors of
+mixed sizes, about --size bytes) is opened with
+``safetensors.safe_open(path, framework="numpy")`` and ``get_tensor`` is
+called for every key in the order ``keys()`` gives, which is sorted by name,
+not by offset in the file.  Four ways, each timed from ``safe_open`` to the
+last tensor:
+
+* xetfs: a fresh mount (empty chunk cache, xorbs page-cached);
+* hf_xet: ``download_files`` from the same store to /dev/shm, then the load
+  of the downloaded file (the time of both: the peer's time to a loaded model);
+* the ceiling FS serving the original file from memory;
+* the plain file (page-cached).
+
+Decode amplification is the chunks xetfs decoded (``.xetfs/stats``) over the
+distinct chunks of the file.  CPU per GiB of the file: xetfs' daemon, its
+decode workers and the loading process; hf_xet's download process plus the
+loader; the ceiling daemon.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from benchkit.data import Dataset
+from benchkit.rounds import Runner, Task
+from benchkit.rows import Row, per_gib, ratio
+from benchkit.sections import Section
+from benchkit.sections.common import decoded_chunks, run_json, vs_floor
+from benchkit.sections.parts import parts_task
+from benchkit.sections.sequential import peer_download, peer_output
+from benchkit.util import cat_to_null, files_equal
+
+COLUMN = "model"
+
+LOAD_XETFS = Row("load_xetfs", "xetfs, fresh mount: safe_open + every get_tensor", "s", xetfs=True)
+LOAD_PEER = Row("load_peer", "hf_xet download_files, then load from /dev/shm", "s")
+LOAD_CEILING = Row("load_ceiling", "ceiling FS", "s")
+LOAD_PLAIN = Row("load_plain", "plain file (page cache)", "s")
+R_LOAD_PLAIN = Row("r_load_plain", "xetfs time / plain time", "x", derive=ratio(LOAD_XETFS, LOAD_PLAIN), xetfs=True)
+R_LOAD_PEER = Row("r_load_peer", "xetfs time / hf_xet time", "x", derive=ratio(LOAD_XETFS, LOAD_PEER), xetfs=True)
+LOAD_AMP = Row("load_amp", "xetfs decode amplification (chunks decoded / distinct)", "x", xetfs=True)
+CPU_LOAD_DAEMON = Row("cpu_load_daemon", "CPU xetfs daemon", "s/GiB", xetfs=True)
+CPU_LOAD_WORKERS = Row("cpu_load_workers", "CPU xetfs decode workers", "s/GiB", xetfs=True)
+CPU_LOAD_READER = Row("cpu_load_reader", "CPU loader on xetfs", "s/GiB", xetfs=True)
+CPU_LOAD_PEER = Row("cpu_load_peer", "CPU hf_xet download + loader", "s/GiB")
+CPU_LOAD_CEILING = Row("cpu_load_ceiling", "CPU ceiling daemon", "s/GiB")
+CPU_LOAD_PLAIN = Row("cpu_load_plain", "CPU loader on the plain file", "s/GiB")
+R_CPU_LOAD = Row("r_cpu_load", "CPU xetfs (daemon + workers) / (ceiling + parts)", "x",
+                 derive=vs_floor(CPU_LOAD_DAEMON, CPU_LOAD_WORKERS, CPU_LOAD_CEILING), xetfs=True)  # fmt: skip
+
+ROWS = (LOAD_XETFS, LOAD_PEER, LOAD_CEILING, LOAD_PLAIN, R_LOAD_PLAIN, R_LOAD_PEER, LOAD_AMP, CPU_LOAD_DAEMON,
+        CPU_LOAD_WORKERS, CPU_LOAD_READER, CPU_LOAD_PEER, CPU_LOAD_CEILING, CPU_LOAD_PLAIN, R_CPU_LOAD)  # fmt: skip
+
+SECTIONS = (
+    Section(
+        "load",
+        lambda r: f"Loading a safetensors model ({_describe(r)}), time to loaded, s",
+        lambda r: ROWS,
+        lambda r: (COLUMN,),
+    ),
+)
+
+LOADER = r"""
+import json, resource, sys, time
+from safetensors import safe_open
+path = sys.argv[1]
+r0 = resource.getrusage(resource.RUSAGE_SELF)
+t0 = time.perf_counter()
+n = tensors = 0
+with safe_open(path, framework="numpy") as f:
+    for key in f.keys():
+        n += f.get_tensor(key).nbytes
+        tensors += 1
+secs = time.perf_counter() - t0
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+json.dump({"seconds": secs, "cpu": cpu, "bytes": n, "tensors": tensors}, sys.stdout)
+"""
+
+
+def _describe(r: Any) -> str:
+    ds = r.data.get(COLUMN)
+    if ds is None:
+        return ""
+    info = r.extra.get("model_tensors")
+    return f"{ds.main.size / 2**20:.0f} MiB" + (f", {info} tensors" if info else "")
+
+
+def columns(args: Any, selected: set[str]) -> list[str]:
+    return [COLUMN] if "load" in selected else []
+
+
+def tasks(r: Runner, selected: set[str]) -> list[Task]:
+    if "load" not in selected:
+        return []
+    ds = r.data[COLUMN]
+    out = [Task("load-xetfs", COLUMN, v.name, _bind(t_xetfs, r, ds, v.name)) for v in r.variants]
+    out += [
+        Task("load-peer", COLUMN, "", _bind(t_peer, r, ds, "")),
+        Task("load-ceiling", COLUMN, "", _bind(t_ceiling, r, ds, "")),
+        Task("load-plain", COLUMN, "", _bind(t_plain, r, ds, "")),
+        parts_task(r, COLUMN),
+    ]
+    return out
+
+
+def _bind(fn: Any, r: Runner, ds: Dataset, variant: str) -> Any:
+    return lambda rnd: fn(r, ds, rnd, variant)
+
+
+def load(r: Runner, path: Path, ds: Dataset) -> dict[str, Any]:
+    res = run_json(["-c", LOADER, str(path)], f"loading {path}", r.timeout_for(ds.main.size))
+    r.extra["model_tensors"] = res["tensors"]
+    return res
+
+
+def t_xetfs(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
+    cat_to_null(ds.xorbs)
+    with r.primed(now=False) as go, r.mounts.xetfs(ds.store, variant=r.variant(variant)) as x:
+        go()
+        path = x.mountpoint / ds.main.hash
+        c0 = decoded_chunks(x)
+        with r.cpu(x) as cpu:
+            res = load(r, path, ds)
+        chunks = decoded_chunks(x) - c0
+        r.check_once(f"load-xetfs{variant and '@' + variant}", lambda: files_equal(path, ds.main.path))
+    r.r.add(LOAD_XETFS, COLUMN, rnd, res["seconds"], variant)
+    r.r.add(LOAD_AMP, COLUMN, rnd, chunks / ds.chunks, variant)
+    r.r.add(CPU_LOAD_DAEMON, COLUMN, rnd, per_gib(ds.main.size, cpu.daemon), variant)
+    r.r.add(CPU_LOAD_WORKERS, COLUMN, rnd, per_gib(ds.main.size, cpu.workers), variant)
+    r.r.add(CPU_LOAD_READER, COLUMN, rnd, per_gib(ds.main.size, res["cpu"]), variant)
+
+
+def t_peer(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
+    with peer_output(r, ds) as (work, out), r.primed():
+        got = peer_download(r, ds, work, out)
+        res = load(r, out, ds)
+    r.r.add(LOAD_PEER, COLUMN, rnd, got["seconds"] + res["seconds"])
+    r.r.add(CPU_LOAD_PEER, COLUMN, rnd, per_gib(ds.main.size, got["cpu"] + res["cpu"]))
+
+
+def t_ceiling(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
+    cat_to_null([ds.main.path])
+    with r.primed(now=False) as go, r.mounts.ceiling([ds.main.path]) as c:
+        go()
+        with r.cpu(c) as cpu:
+            res = load(r, c.mountpoint / ds.main.path.name, ds)
+    r.r.add(LOAD_CEILING, COLUMN, rnd, res["seconds"])
+    r.r.add(CPU_LOAD_CEILING, COLUMN, rnd, per_gib(ds.main.size, cpu.daemon))
+
+
+def t_plain(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
+    cat_to_null([ds.main.path])
+    with r.primed():
+        res = load(r, ds.main.path, ds)
+    r.r.add(LOAD_PLAIN, COLUMN, rnd, res["seconds"])
+    r.r.add(CPU_LOAD_PLAIN, COLUMN, rnd, per_gib(ds.main.size, res["cpu"]))

@@ -1,0 +1,140 @@
+"""Reading a huggingface_hub cache: layout, blob names, and every kind of bad input (no hf_xet, no FUSE)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import hub_cache
+import pytest
+
+from xetfs.catalogue import Content
+from xetfs.hubcache import (
+    default_cache_dir,
+    digest_file,
+    is_lfs_path,
+    parse_repo_folder,
+    scan_cache,
+)
+from xetfs.hubpack import Job, _check, _rounds, derive_commit
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> hub_cache.CacheSpec:
+    return hub_cache.make_hub_cache(tmp_path_factory.mktemp("hub") / "cache", floats=4096)
+
+
+def test_folder_names() -> None:
+    assert parse_repo_folder("models--org--name") == ("model", "org/name")
+    assert parse_repo_folder("datasets--name") == ("dataset", "name")
+    assert parse_repo_folder("spaces--o--app") == ("space", "o/app")
+    for bad in (".locks", "version.txt", "models--", "kernels--a--b", "models--a--b--c", "model--a"):
+        assert parse_repo_folder(bad) is None, bad
+
+
+def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "a"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    assert default_cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("HF_HUB_CACHE")
+    assert default_cache_dir() == tmp_path / "home" / "hub"
+    monkeypatch.delenv("HF_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_dir() == tmp_path / "xdg" / "huggingface" / "hub"
+
+
+def test_blob_naming_rule(tmp_path: Path) -> None:
+    assert is_lfs_path("model.safetensors", 10) and is_lfs_path("data/x.parquet", 10)
+    assert is_lfs_path("big.json", 10 * 1024 * 1024) and not is_lfs_path("config.json", 1000)
+    f = tmp_path / "hello"
+    f.write_bytes(b"hello\n")
+    d = digest_file(f)
+    assert d.git_sha1 == "ce013625030ba8dba906f756967f9e9ca394464a"  # git hash-object of "hello\n"
+    assert d.sha256 == "5891b5b522d5df086d0ff0b110fbd9d21bb4fc7163af34d08286a2e846f6be03"
+    assert derive_commit({"a": "1" * 40, "b/c": "2" * 64}) == derive_commit({"b/c": "2" * 64, "a": "1" * 40})
+    assert derive_commit({"a": "1" * 40}) != derive_commit({"a2": "1" * 40})
+
+
+def test_scan_reads_every_repo_revision_ref_and_marker(cache: hub_cache.CacheSpec) -> None:
+    warnings: list[str] = []
+    repos = scan_cache(cache.root, warn=warnings.append)
+    assert warnings == []
+    assert [(r.type, r.id) for r in repos] == [("dataset", hub_cache.DATASET), ("model", hub_cache.MODEL)]
+    data, model = repos
+    c1, c2, c3 = cache.model_commits
+    assert model.refs == {"main": c3, "v1.0": c1, "refs/pr/1": c2}
+    assert set(model.revisions) == {c1, c2, c3}
+    rev = model.revisions[c3]
+    assert sorted(f.path for f in rev.files) == sorted(p for (r, c, p) in cache.files if r == model.id and c == c3)
+    for f in rev.files:
+        assert f.blob is not None and f.local == model.folder / "blobs" / f.blob
+        assert f.local.read_bytes() == cache.files[(model.id, c3, f.path)]
+    assert rev.no_exist == ["adapter_config.json", "generation_config.json", "nested/absent.txt"]
+    assert data.revisions[cache.dataset_commit].tree is not None
+    assert scan_cache(cache.root, ["acme/tiny-data"], warn=warnings.append)[0].id == "acme/tiny-data"
+    scan_cache(cache.root, ["acme/absent"], warn=warnings.append)
+    assert warnings == [f"{cache.root}: no repo 'acme/absent' in the cache"]
+
+
+def test_bad_input_is_named_and_skipped(cache: hub_cache.CacheSpec, tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "cache"
+    shutil.copytree(cache.root, root, symlinks=True)
+    folder = root / "models--acme--tiny-bert"
+    _c1, _c2, c3 = cache.model_commits
+    snap = folder / "snapshots" / c3
+    (folder / "blobs" / ("f" * 64 + ".incomplete")).write_bytes(b"partial")
+    (snap / "broken.bin").symlink_to("../../blobs/" + "e" * 64)
+    (snap / "outside.txt").symlink_to("/etc/hostname")
+    (folder / "refs" / "gone").write_text("9" * 40)
+    (folder / "refs" / "garbage").write_text("not a commit")
+    real = snap / "notes" / "training.txt"
+    data = real.read_bytes()
+    real.unlink()
+    real.write_bytes(data)  # a cache copied with symlinks followed: a regular file in the snapshot
+    warnings: list[str] = []
+    repos = scan_cache(root, warn=warnings.append)
+    text = "\n".join(warnings)
+    assert "partial download (.incomplete)" in text and "f" * 64 + ".incomplete" in text
+    assert f"{snap / 'broken.bin'}: broken symlink, blob {'e' * 64} is missing" in text
+    assert f"{snap / 'outside.txt'}: the symlink points outside the repo's blobs" in text
+    assert f"skipping ref {folder / 'refs' / 'gone'}: its commit {'9' * 40} has no snapshot" in text
+    assert f"skipping ref {folder / 'refs' / 'garbage'}: does not hold a 40-hex commit" in text
+    assert len(warnings) == 5
+    model = repos[1]
+    assert set(model.refs) == {"main", "v1.0", "refs/pr/1"}
+    files = {f.path: f for f in model.revisions[c3].files}
+    assert "broken.bin" not in files and "outside.txt" not in files
+    assert files["notes/training.txt"].blob is None and files["notes/training.txt"].local == real
+    assert len(files) == 6
+
+
+def test_checks_after_upload(tmp_path: Path) -> None:
+    f = tmp_path / "f.json"
+    f.write_bytes(b"hello\n")
+    d = digest_file(f)
+    st = os.stat(f)
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ino)
+    content = Content("a" * 64, 6)
+    warnings: list[str] = []
+    ok = _check(Job(f, d.git_sha1), stamp, d, d.sha256, content, warnings.append)
+    assert ok is not None and ok.blob == d.git_sha1 and warnings == []
+    by_rule = _check(Job(f, None, lfs=True), stamp, None, d.sha256, content, warnings.append)
+    assert by_rule is not None and by_rule.blob == d.sha256
+    assert _check(Job(f, "0" * 40), stamp, d, d.sha256, content, warnings.append) is None
+    assert _check(Job(f, "0" * 64), stamp, None, d.sha256, content, warnings.append) is None
+    assert warnings[-2:] == [f"skipping {f}: its content does not match its name (sha {d.git_sha1})",
+                             f"skipping {f}: its content does not match its name (sha {d.sha256})"]  # fmt: skip
+    # Our read and hf_xet's saw different bytes, or the file's stat changed in between.
+    assert _check(Job(f, d.git_sha1), stamp, d, "1" * 64, content, warnings.append) is None
+    f.write_bytes(b"hello, changed\n")
+    assert _check(Job(f, d.git_sha1), stamp, d, d.sha256, content, warnings.append) is None
+    assert warnings[-2:] == [f"skipping {f}: changed while being read"] * 2
+
+
+def test_versions_of_one_file_go_into_separate_rounds() -> None:
+    big = 2 * 1024 * 1024
+    files = [("model.safetensors", big), ("config.json", 10), ("model.safetensors", big),
+             ("other.bin", big), ("model.safetensors", big), ("", big)]  # fmt: skip
+    assert _rounds(files) == [0, 0, 1, 0, 2, 0]
