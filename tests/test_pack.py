@@ -24,6 +24,7 @@ from xetfs.indexer import load_index
 from xetfs.manifest import Entry, Manifest, ManifestFile
 from xetfs.pack import (
     MANIFEST_NAME,
+    REDB_INDEX,
     PackUsageError,
     add_pack_parser,
     cmd_pack,
@@ -385,3 +386,19 @@ def test_upload_progress_bar(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "102400\n"
     assert "pack: 100%" in proc.stderr and "100k/100k" in proc.stderr
+
+
+def test_a_damaged_hf_xet_index_is_replaced(tmp_path: Path, cli: CliRunner) -> None:
+    """A pack killed while hf_xet writes its redb index leaves it unreadable: the next pack removes it and goes on."""
+    make_tree(tmp_path / "one", {"a": os.urandom(300_000)}, ())
+    make_tree(tmp_path / "two", {"b": os.urandom(200_000)}, ())
+    store = tmp_path / "store"
+    assert run_pack(tmp_path, tmp_path / "one" / "a", store).returncode == 0
+    index = store / "xet" / "xorbs" / REDB_INDEX
+    assert index.is_file()
+    index.write_bytes(b"\x00garbage" * 512)
+    proc = run_pack(tmp_path, tmp_path / "two" / "b", store)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{index}: hf_xet cannot open its index" in proc.stderr
+    assert set(read_manifest(store)) == {"a", "b"}
+    assert cli("verify", store).returncode == 0

@@ -47,6 +47,7 @@ from xetfs.remote import RemoteStore, publish
 from xetfs.store import StoreLike, find_beside
 
 MANIFEST_NAME = "xetfs-manifest.json"
+REDB_INDEX = "global_dedup_lookup.redb"  # hf_xet's own lookup table in xet/xorbs/, not read by xetfs
 
 Warn = Callable[[str], None]
 
@@ -229,17 +230,43 @@ def upload(paths: Sequence[Path], store: Path, *, progress: bool = False,
             picked = [i for i, k in enumerate(order) if k == r]
             batch = [str(paths[i]) for i in picked]
             try:
-                with warnings.catch_warnings():
-                    # upload_files is deprecated in favour of XetSession, and still writes the same store.
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    infos = hf_xet.upload_files(batch, endpoint, None, None, updater, None)
+                infos = _upload_round(hf_xet, batch, endpoint, updater)
             except Exception as exc:  # hf_xet raises plain RuntimeError/OSError subclasses
-                raise XetfsError(f"hf_xet could not write {store}: {exc}") from exc
+                if not _drop_damaged_index(store, exc):
+                    raise XetfsError(f"hf_xet could not write {store}: {exc}") from exc
+                try:
+                    infos = _upload_round(hf_xet, batch, endpoint, updater)
+                except Exception as again:
+                    raise XetfsError(f"hf_xet could not write {store}: {again}") from again
             if len(infos) != len(batch):
                 raise XetfsError(f"hf_xet reported {len(infos)} results for {len(batch)} files")
             for i, info in zip(picked, infos, strict=True):
                 results[i] = _uploaded(info, paths[i])
     return [results[i] for i in range(len(paths))]
+
+
+def _upload_round(hf_xet: Any, batch: list[str], endpoint: str, updater: Any) -> list[Any]:
+    with warnings.catch_warnings():
+        # upload_files is deprecated in favour of XetSession, and still writes the same store.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return list(hf_xet.upload_files(batch, endpoint, None, None, updater, None))
+
+
+def _drop_damaged_index(store: Path, exc: Exception) -> bool:
+    """Remove hf_xet's redb index when ``exc`` says it cannot be opened; True if it was removed.
+
+    A pack killed while hf_xet writes the index can leave it unreadable, and
+    every later upload then fails.  The index is hf_xet's own lookup table,
+    not part of the store xetfs reads (xorbs and shards): hf_xet writes a new
+    one and still deduplicates against the shards, so removing it loses
+    nothing.  The warning names the file.
+    """
+    index = store / "xet" / "xorbs" / REDB_INDEX
+    if "redb" not in str(exc) or not index.is_file():
+        return False
+    _print_warning(f"{index}: hf_xet cannot open its index ({exc}); removed it, hf_xet writes a new one")
+    index.unlink()
+    return True
 
 
 def _progress_updater(bar: Any, files: int) -> Callable[[Any, Any], None]:
