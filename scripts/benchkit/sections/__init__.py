@@ -36,4 +36,3 @@ def _groups() -> tuple[ModuleType, ...]:
 
 GROUPS = _groups()
 SECTIONS: dict[str, Section] = {s.name: s for g in GROUPS for s in g.SECTIONS}
-DEFAULT = tuple(SECTIONS)

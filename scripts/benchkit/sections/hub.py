@@ -127,7 +127,7 @@ def parse_pack(stdout: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def pack(r: Runner, cache: Path, store: Path) -> tuple[int, int, float, float]:
+def pack(cache: Path, store: Path) -> tuple[int, int, float, float]:
     """``xetfs pack --hub-cache`` into ``store``: cache bytes, store bytes added, wall and CPU seconds."""
     env = dict(os.environ, HF_XET_CACHE=str(store.parent / "hf_xet"), HF_HUB_DISABLE_TELEMETRY="1")
     cpu0, t0 = children_cpu(), time.perf_counter()
@@ -146,7 +146,7 @@ def prepared(r: Runner) -> tuple[hub_cache.CacheSpec, Path]:
     if "hub" not in r.extra:
         work = r.work_dir("hub")
         r.extra["hub"] = hub_cache.make_hub_cache(work / "cache", floats=tensor_mib(r.args) * 2**20 // 4)
-        pack(r, r.extra["hub"].root, work / "store")
+        pack(r.extra["hub"].root, work / "store")
         r.extra["hub_store"] = work / "store"
     return r.extra["hub"], r.extra["hub_store"]
 
@@ -169,7 +169,7 @@ def t_import(r: Runner, rnd: int) -> None:
     store = r.work_dir("hub-import") / "store"
     try:
         with r.primed():
-            cache_bytes, store_bytes, wall, cpu = pack(r, spec.root, store)
+            cache_bytes, store_bytes, wall, cpu = pack(spec.root, store)
     finally:
         shutil.rmtree(store.parent, ignore_errors=True)
     r.r.add(IMPORT, COLUMN, rnd, cache_bytes / wall / 1e6)
@@ -190,9 +190,8 @@ def t_mount(r: Runner, rnd: int, variant: str) -> None:
     with r.primed(now=False) as go, r.mounts.xetfs(store, variant=r.variant(variant)) as x:
         go()
         for speed, cpu_row in ((COLD, CPU_COLD), (WARM, CPU_WARM)):
-            d0 = x.cpu()
-            res = load(r, x.mountpoint)
-            d1 = x.cpu()
-            cpu = res["cpu"] + (d1[0] - d0[0]) + max(0.0, d1[1] - d0[1])
+            with r.cpu(x) as use:
+                res = load(r, x.mountpoint)
+            cpu = res["cpu"] + use.daemon + use.workers  # the loader's own figure: no start-up or imports
             r.r.add(speed, COLUMN, rnd, res["seconds"], variant)
             r.r.add(cpu_row, COLUMN, rnd, per_gib(spec.tensor_bytes, cpu), variant)
