@@ -375,6 +375,8 @@ def test_secrets_go_to_the_daemon_by_environment_not_argv(tmp_path: Path) -> Non
     assert not any(TOKEN in a for a in argv), argv
     assert TOKEN in headers_env(args)["XETFS_HTTP_HEADERS"]
     assert redact(f"GET http://u:{TOKEN}@h/x Bearer {TOKEN}", [TOKEN]) == "GET http://***@h/x Bearer ***"
+    signed = "error sending request for url (https://h/b/x.mdb?X-Amz-Signature=abc123&sig=def): reset"
+    assert redact(signed, []) == "error sending request for url (https://h/b/x.mdb?***): reset"
 
 
 # -- S3 (moto's server) ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ served from the cache only when it cannot answer.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -125,7 +126,8 @@ class DiskCache:
             if not warned:
                 log.warning("disk cache %s: cannot write entries (%s); serving without caching", self.directory,
                             exc.strerror)  # fmt: skip
-            self.evict(shrink=True)  # a full disk: make room for the next ones
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                self.evict(shrink=True)  # a full disk: make room for the next ones (not for EACCES or EROFS)
             return
         size = len(header) + len(data)
         with self._lock:

@@ -129,10 +129,15 @@ class RemoteOptions:
 
 
 def redact(text: str, secrets: list[str]) -> str:
-    """``text`` with every secret, and any ``user:password@`` in a URL, replaced by ``***``."""
+    """``text`` with every secret, any ``user:password@`` and any query string of a URL replaced by ``***``.
+
+    A URL's query may carry a signature or token (presigned and SAS URLs), and
+    client errors quote the URL they requested.
+    """
     for secret in sorted(secrets, key=len, reverse=True):
         if secret:
             text = text.replace(secret, "***")
+    text = re.sub(r"(://[^\s?#]*)\?[^\s)\"'>]*", r"\1?***", text)
     return re.sub(r"(://)[^/@\s]*@", r"\1***@", text)
 
 
