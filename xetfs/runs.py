@@ -147,7 +147,8 @@ class RunStore:
                             self._c.joined += n
                 new = [self._register(xorb_hash, a, b) for lo, hi in gaps for a, b in cut(lo, hi)]
                 if not prefetch:
-                    self._c.misses += sum(_overlap(ld, first, stop) for ld in new)
+                    if not counted:  # a later pass loads chunks already counted as hits (their load was lost)
+                        self._c.misses += sum(_overlap(ld, first, stop) for ld in new)
                 else:
                     self._p.chunks += sum(ld.stop - ld.first for ld in new)
                 counted = True
