@@ -6,9 +6,12 @@
 Builds the same filesystem object ``xetfs mount`` serves (index, cache,
 decode workers) and reads one file from start to end in ``--block`` reads
 through ``XetFS.open``/``XetFS.read``, so sequential detection, prefetch and
-drop-behind run as under a mount.  Prints the throughput and the CPU time of
+drop-behind run as under a mount.  With ``--random``, every block of the file
+once in a random order (as fio's ``randread`` does), twice: a cold pass, then
+a cached one.  Prints the throughput, the time per read and the CPU time of
 this process (the daemon's share) and of the decode workers; with
-``--cprofile N`` also the N functions with the most own time in the daemon.
+``--cprofile N`` also the N functions with the most own time in the daemon
+(of the last pass).
 
 What it leaves out is the kernel's side: the copy of every reply into the
 page cache and the reader's own copy.  Use it to see where the daemon's
@@ -21,6 +24,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import random
 import sys
 import time
 from pathlib import Path
@@ -76,22 +80,40 @@ async def read_all(args: argparse.Namespace) -> None:
             except pyfuse3.FUSEError:
                 raise SystemExit(f"no file with hash {args.file_hash} in {args.store}") from None
             handle = await fs.open(attrs.st_ino, os.O_RDONLY, None)
-            wall, cpu, workers = time.perf_counter(), time.process_time(), children_cpu()
-            if profile:
-                profile.enable()
-            offset = 0
-            while data := await fs.read(handle.fh, offset, args.block):
-                offset += len(data)
-            if profile:
-                profile.disable()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            workers = children_cpu() - workers
+            if args.random:
+                offsets = list(range(0, attrs.st_size, args.block))
+                random.Random(args.seed).shuffle(offsets)
+                passes = [("cold", offsets), ("cached", offsets)]
+            else:
+                passes = [("sequential", None)]
+            for name, order in passes:
+                if profile:
+                    profile.clear()
+                wall, cpu, workers = time.perf_counter(), time.process_time(), children_cpu()
+                if profile:
+                    profile.enable()
+                total = reads = 0
+                if order is None:
+                    while data := await fs.read(handle.fh, total, args.block):
+                        total += len(data)
+                        reads += 1
+                else:
+                    for offset in order:
+                        total += len(await fs.read(handle.fh, offset, args.block))
+                    reads = len(order)
+                if profile:
+                    profile.disable()
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                workers = children_cpu() - workers
+                gib = total / 2**30
+                print(
+                    f"{name}: {reads} reads of {args.block} bytes, {total / wall / 1e9:.2f} GB/s ({wall:.3f} s, "
+                    f"{wall / reads * 1e6:.1f} us a read); CPU per GiB: daemon {cpu / gib:.3f} s, "
+                    f"decode workers {workers / gib:.3f} s"
+                )
             nursery.cancel_scope.cancel()
     finally:
         fs.reader.close()
-    gib = offset / 2**30
-    print(f"read {offset} bytes in {args.block}-byte reads: {offset / wall / 1e9:.2f} GB/s ({wall:.3f} s)")
-    print(f"CPU per GiB: daemon {cpu / gib:.3f} s, decode workers {workers / gib:.3f} s")
     if profile:
         pstats.Stats(profile).sort_stats("tottime").print_stats(args.cprofile)
 
@@ -102,6 +124,8 @@ def main() -> int:
     p.add_argument("file_hash", help="the file's xet hash (as under .xetfs/by-hash)")
     p.add_argument("--workers", type=int, help="decode worker processes (default: as xetfs mount; 0: none)")
     p.add_argument("--block", type=parse_block, default=1024**2, help="bytes per read (default 1M, as the kernel asks)")
+    p.add_argument("--random", action="store_true", help="every block once in a random order, cold then cached")
+    p.add_argument("--seed", type=int, default=1, help="seed of the random order")
     p.add_argument("--cprofile", type=int, default=0, metavar="N", help="print the N costliest functions")
     args = p.parse_args()
     if not is_hex(args.file_hash):

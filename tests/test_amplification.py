@@ -14,6 +14,7 @@ plus 100 MiB.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import threading
@@ -57,7 +58,12 @@ def settled(m: Mount) -> dict[str, Any]:
         last[0] = now
         return same and now["cache"]["misses"] + now["prefetch"]["chunks"] == now["decode"]["chunks"]
 
-    wait_until(quiet, SETTLE_DEADLINE, "the counters to settle", m.proc, m.log_path)
+    try:
+        wait_until(quiet, SETTLE_DEADLINE, "the counters to settle", m.proc, m.log_path)
+    except Exception as exc:
+        raise AssertionError(
+            f"{exc}\nlast counters: {json.dumps({k: last[0][k] for k in ('cache', 'decode', 'prefetch')})}"
+        ) from None
     return last[0]
 
 

@@ -54,18 +54,51 @@ def test_reads_that_arrive_out_of_order_stay_in_the_stream() -> None:
     p.on_read(MiB, MiB, SIZE)
     for off in (3 * MiB, 2 * MiB, 5 * MiB, 4 * MiB):
         assert p.on_read(off, MiB, SIZE).sequential, off
-    assert p.front == 6 * MiB
+    assert len(p.streams) == 1 and p.streams[0].front == 6 * MiB
 
 
-def test_a_seek_starts_over_and_the_window_regrows_from_a_quarter() -> None:
+def test_a_seek_starts_a_new_stream_that_prefetches_once_it_is_sequential() -> None:
     p = policy()
     for k in range(10):
         p.on_read(k * MiB, MiB, SIZE)
-    assert p.window == 16 * MiB
     d = p.on_read(500 * MiB, MiB, SIZE)
     assert not d.sequential and d.prefetch is None
-    assert p.window == 4 * MiB
-    assert p.on_read(501 * MiB, MiB, SIZE).prefetch == (502 * MiB, 8 * MiB)
+    assert p.on_read(501 * MiB, MiB, SIZE).prefetch == (502 * MiB, 2 * MiB)
+
+
+def test_interleaved_streams_each_keep_their_window() -> None:
+    # A loader taking tensors in name order through mmap: two regions of the file (one per dtype), in turn.
+    p = policy()
+    fronts = [0, 600 * MiB]
+    asked: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
+    for _ in range(12):
+        for i in (0, 1):
+            d = p.on_read(fronts[i], MiB, SIZE)
+            fronts[i] += MiB
+            if d.prefetch:
+                asked[i].append(d.prefetch)
+    for i, base in ((0, 0), (1, 600 * MiB)):
+        assert asked[i] and asked[i][0][0] == base + 2 * MiB
+        for (a_off, a_len), (b_off, _) in itertools.pairwise(asked[i]):
+            assert a_off + a_len == b_off  # each stream's windows follow on: nothing asked twice
+        assert asked[i][-1][0] + asked[i][-1][1] >= fronts[i] + 8 * MiB  # well ahead of the reader
+    assert [s.window for s in p.streams] == [16 * MiB, 16 * MiB]  # each grew as for one reader
+
+
+def test_the_least_recently_used_stream_gives_way() -> None:
+    p = ReadPolicy(max_streams=2)
+    p.on_read(0, MiB, SIZE)
+    p.on_read(100 * MiB, MiB, SIZE)
+    p.on_read(200 * MiB, MiB, SIZE)  # a third stream: the one at 0 is forgotten
+    assert p.on_read(101 * MiB, MiB, SIZE).sequential
+    assert not p.on_read(MiB, MiB, SIZE).sequential
+    assert len(p.streams) == 2
+
+
+def test_adjacent_small_reads_do_not_prefetch() -> None:
+    p = policy()
+    for k in range(16):  # 64 KiB read in 4 KiB pieces: a stream, but shorter than min_stream
+        assert p.on_read(k * 4096, 4096, SIZE).prefetch is None
 
 
 def test_busy_reads_are_recorded_and_the_gap_is_asked_for_later() -> None:

@@ -21,9 +21,22 @@ def test_reads_the_whole_file(basic_store: OracleStore, workers: str) -> None:
         capture_output=True, text=True, timeout=oracle.XETFS_TIMEOUT, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert f"read {f.size} bytes in 1048576-byte reads" in proc.stdout
+    reads = -(-f.size // 2**20)
+    assert f"sequential: {reads} reads of 1048576 bytes" in proc.stdout
     assert re.search(r"CPU per GiB: daemon [0-9.]+ s, decode workers [0-9.]+ s", proc.stdout)
     assert "tottime" in proc.stdout  # the profile was printed
+
+
+def test_random_reads_make_a_cold_and_a_cached_pass(basic_store: OracleStore) -> None:
+    f = basic_store["random.bin"]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(basic_store.path), f.hash, "--workers", "0", "--random", "--block", "4K"],
+        capture_output=True, text=True, timeout=oracle.XETFS_TIMEOUT, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    reads = -(-f.size // 4096)
+    for name in ("cold", "cached"):
+        assert re.search(rf"^{name}: {reads} reads of 4096 bytes, .* us a read\)", proc.stdout, re.M), proc.stdout
 
 
 def test_rejects_a_bad_hash(basic_store: OracleStore) -> None:

@@ -257,3 +257,35 @@ def test_recycle_slot_takes_only_private_runs_read_through() -> None:
         assert store.free_a_slot() and freed == [0, 2]  # the read-through one before the LRU
 
     run(body)
+
+
+def test_a_run_stays_pinned_until_every_waiter_of_its_load_has_it() -> None:
+    # One reader loads chunks 0-4 and reads them through at once; another waited for the same load.
+    # The run's slot must not be recycled before the second reader has taken the run.
+    freed: list[int] = []
+    store, load = RunStore(10_000, freed.append), FakeLoader(gated=True, slots=True)
+    got: list[bytes] = []
+    recycled: list[bool] = []
+
+    async def body() -> None:
+        async def first_reader() -> None:
+            runs = await store.get(X, 0, 4, cut_by(4), load)
+            runs[0].private = True
+            store.read_through(runs[0])
+            store.release(runs)
+            recycled.append(store.recycle_slot())  # the waiter has not run yet
+
+        async def waiter() -> None:
+            got.append(await read(store, 0, 4, load))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first_reader)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            load.gate.set()
+
+    run(body)
+    assert recycled == [False] and got == [expected(0, 4)]
+    assert load.calls == [(0, 4)]  # loaded once
+    assert store.recycle_slot() and freed == [0]  # once both are done, it may go

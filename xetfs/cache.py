@@ -68,6 +68,10 @@ class LoadingCache(Generic[K, V]):
     def __contains__(self, key: K) -> bool:
         return key in self._lru
 
+    def peek(self, key: K) -> V | None:
+        """The cached value of ``key`` (a hit, now the most recently used), or None; nothing is loaded or counted."""
+        return self._lru.get(key)
+
     def keys(self) -> list[K]:
         """The cached keys (in no particular order)."""
         return list(self._lru.keys())

@@ -54,10 +54,23 @@ class FsOptions:
 
 
 @dataclass
+class _Reading:
+    """How a file is being read, over all its open handles.
+
+    The kernel's page cache is per file: several readers of one file send the
+    daemon one sequence of requests, and a page one of them read is not asked
+    for again by the others.  So the read policy is per file, not per handle.
+    """
+
+    policy: ReadPolicy
+    opens: int = 0  # handles open on the file
+    prefetching: int = 0  # prefetch tasks running for the file
+
+
+@dataclass
 class _Handle:
     node: Node
-    policy: ReadPolicy = field(default_factory=ReadPolicy)
-    prefetching: int = 0  # prefetch tasks running for this handle
+    reading: _Reading | None = None  # for a file of the store
     snapshot: bytes = b""  # the stats document, for a stats handle
 
 
@@ -100,6 +113,7 @@ class XetFS(pyfuse3.Operations):
         self._started = time.time()
         self.options = options or FsOptions()
         self._handles: dict[int, _Handle] = {}
+        self._reading: dict[int, _Reading] = {}  # inode -> how it is read, while a handle is open on it
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store never changes
         self._next_fh = 1
@@ -257,7 +271,7 @@ class XetFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        handle = _Handle(node, ReadPolicy(maximum=self.options.prefetch_max))
+        handle = _Handle(node)
         if node.kind is Kind.STATS:
             # One document per open: the size and the bytes a reader sees never change under it.
             handle.snapshot = self._stats_latest = self.stats_document()
@@ -268,6 +282,11 @@ class XetFS(pyfuse3.Operations):
             handle.snapshot = node.data
             self._handles[fh] = handle
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=True)
+        reading = self._reading.get(inode)
+        if reading is None:
+            reading = self._reading[inode] = _Reading(ReadPolicy(maximum=self.options.prefetch_max))
+        reading.opens += 1
+        handle.reading = reading
         direct = self.options.direct_io
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
@@ -282,15 +301,15 @@ class XetFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EBADF)
         if handle.node.kind in (Kind.STATS, Kind.DATA):  # bytes fixed at open
             return handle.snapshot[off : off + size]
-        entry = handle.node.entry
-        if entry is None:
+        entry, reading = handle.node.entry, handle.reading
+        if entry is None or reading is None:
             raise pyfuse3.FUSEError(errno.EIO)
         self._reads.requests += 1
-        busy = handle.prefetching >= PREFETCH_TASKS or self._nursery is None or not self._prefetch
-        decision = handle.policy.on_read(off, size, entry.size, busy=busy)
+        busy = reading.prefetching >= PREFETCH_TASKS or self._nursery is None or not self._prefetch
+        decision = reading.policy.on_read(off, size, entry.size, busy=busy)
         if decision.prefetch is not None and self._nursery is not None:
-            handle.prefetching += 1
-            self._nursery.start_soon(self._prefetch_task, handle, entry, *decision.prefetch)
+            reading.prefetching += 1
+            self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)
         # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
         read_through = decision.sequential and not self.options.direct_io
         try:
@@ -313,18 +332,24 @@ class XetFS(pyfuse3.Operations):
             name = self._names[node.inode] = self.tree.name_of(node.inode) or ""
         return f"{name} (file {entry.hex})" if name and name != entry.hex else f"file {entry.hex}"
 
-    async def _prefetch_task(self, handle: _Handle, entry: FileEntry, offset: int, length: int) -> None:
+    async def _prefetch_task(self, node: Node, entry: FileEntry, reading: _Reading, offset: int, length: int) -> None:
         try:
             await self.reader.prefetch(entry, offset, length)
         except Exception:
-            log.exception("prefetch of %s failed", self._describe(handle.node))
+            log.exception("prefetch of %s failed", self._describe(node))
         finally:
-            handle.prefetching -= 1
+            reading.prefetching -= 1
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
-        if handle is not None and handle.node.kind is Kind.STATS:
+        if handle is None:
+            return
+        if handle.node.kind is Kind.STATS:
             self._stats_open -= 1
+        if handle.reading is not None:
+            handle.reading.opens -= 1
+            if handle.reading.opens == 0:
+                del self._reading[handle.node.inode]
 
     async def flush(self, fh: int) -> None:
         pass

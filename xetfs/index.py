@@ -14,6 +14,7 @@ from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from xetfs import hashes
 from xetfs.errors import IntegrityError, MissingObjectError
@@ -47,8 +48,7 @@ class FileEntry:
         return self.ends[i - 1] if i else 0
 
 
-@dataclass(frozen=True, slots=True)
-class TermSlice:
+class TermSlice(NamedTuple):  # a tuple: one is made for every read
     """Bytes ``[offset, offset + length)`` of term ``term`` (chunks ``[start, stop)`` of ``xorb_hash``)."""
 
     term: int
@@ -60,8 +60,7 @@ class TermSlice:
     length: int
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkSpan:
+class ChunkSpan(NamedTuple):  # a tuple: one is made for every read
     """Decoded bytes ``[skip, skip + length)`` of the concatenation of chunks ``[start, stop)``."""
 
     xorb_hash: bytes

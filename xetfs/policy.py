@@ -3,24 +3,33 @@
 ``ReadPolicy.on_read`` is told every read of one handle and answers with a
 ``Decision``: whether the read continues a sequential stream (its runs may
 then be evicted first once read, since the kernel's page cache serves those
-bytes), and which range, if any, to prefetch.  A handle that keeps reading
-where it left off gets a prefetch window ahead of it that doubles on every
-sequential read up to ``maximum``.  The kernel sends a sequential reader's
-requests several at a time, and they may arrive out of order, so once a
-stream is going a read within ``slack`` of its front still belongs to it.  A
-read elsewhere starts over and prefetches nothing, so random access never
-triggers background decoding; the window it had shrinks rather than
-vanishes, since loaders that take tensors in name order jump about a file
-and then read on sequentially.
+bytes), and which range, if any, to prefetch.
+
+One handle may carry several sequential streams at once: a loader that takes
+tensors in name order through ``mmap`` reads two or three regions of the file
+in turn (safetensors groups tensors by dtype), a parquet reader several column
+chunks.  So, like ZFS's prefetcher, the policy keeps up to ``streams`` streams
+per handle, most recently used first.  A read that starts where a stream's
+reads ended continues it; the kernel sends a sequential reader's requests
+several at a time and they may arrive out of order, so once a stream is
+prefetching a read within ``slack`` of its front still belongs to it.  Any
+other read starts a new stream (the least recently used one gives way).
+
+A stream prefetches once it has covered ``min_stream`` bytes, so that two
+small random reads that happen to be adjacent decode nothing ahead.  Its
+window then doubles on every read up to ``maximum``, and is topped up once
+half of it has been consumed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_INITIAL = 2 * 1024 * 1024
 DEFAULT_MAXIMUM = 16 * 1024 * 1024
 DEFAULT_SLACK = 4 * 1024 * 1024
+DEFAULT_MIN_STREAM = 256 * 1024
+DEFAULT_STREAMS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,29 +38,56 @@ class Decision:
     prefetch: tuple[int, int] | None = None  # (offset, length) to decode ahead
 
 
+@dataclass(slots=True)
+class Stream:
+    start: int  # where its first read began
+    front: int  # where its furthest read ended
+    window: int = 0  # prefetch window, 0 until it has covered min_stream bytes
+    ahead_end: int = 0  # everything before this has been asked for
+
+
 @dataclass
 class ReadPolicy:
     initial: int = DEFAULT_INITIAL
     maximum: int = DEFAULT_MAXIMUM
     slack: int = DEFAULT_SLACK
-    front: int = -1  # where the stream's furthest read ended (-1: no read yet)
-    window: int = 0  # prefetch window, 0 while the reads are not sequential
-    ahead_end: int = 0  # everything before this has been asked for
+    min_stream: int = DEFAULT_MIN_STREAM
+    max_streams: int = DEFAULT_STREAMS
+    streams: list[Stream] = field(default_factory=list)  # most recently used first
 
     def on_read(self, offset: int, length: int, file_size: int, *, busy: bool = False) -> Decision:
         """Record a read; ``busy`` says a prefetch of this handle is still running (ask for nothing now)."""
         end = offset + length
-        in_stream = self.window > 0 and self.front - self.slack <= offset <= self.front + self.slack
-        if length == 0 or not (offset == self.front or in_stream):
-            self.window //= 4  # a jump: the next sequential read regrows the window from here
-            self.front = self.ahead_end = end
+        stream = self._continued(offset) if length else None
+        if stream is None:
+            if length:
+                self._start(offset, end)
             return Decision(False)
-        self.front = max(self.front, end)
-        self.window = min(self.maximum, max(self.initial, self.window * 2))
-        start = max(self.ahead_end, self.front)
-        stop = min(file_size, self.front + self.window)
+        if stream is not self.streams[0]:
+            self.streams.remove(stream)
+            self.streams.insert(0, stream)
+        stream.front = max(stream.front, end)
+        if stream.front - stream.start < self.min_stream:
+            return Decision(False)
+        stream.window = min(self.maximum, max(self.initial, stream.window * 2))
+        start = max(stream.ahead_end, stream.front)
+        stop = min(file_size, stream.front + stream.window)
         # Top the window up only once half of it has been consumed.
-        if stop <= start or busy or (stop - start < self.window // 2 and stop < file_size):
+        if stop <= start or busy or (stop - start < stream.window // 2 and stop < file_size):
             return Decision(True)
-        self.ahead_end = stop
+        stream.ahead_end = stop
         return Decision(True, (start, stop - start))
+
+    def _continued(self, offset: int) -> Stream | None:
+        """The stream a read at ``offset`` continues, if any."""
+        for stream in self.streams:
+            if offset == stream.front:
+                return stream
+        for stream in self.streams:
+            if stream.window and stream.front - self.slack <= offset <= stream.front + self.slack:
+                return stream
+        return None
+
+    def _start(self, offset: int, end: int) -> None:
+        del self.streams[self.max_streams - 1 :]
+        self.streams.insert(0, Stream(offset, end, ahead_end=end))

@@ -47,6 +47,7 @@ from xetfs.stats import (
 from xetfs.store import StoreLike
 
 T = TypeVar("T")
+Span = tuple[XorbLayout, ChunkSpan]
 Io = Callable[..., Awaitable[Any]]
 
 DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
@@ -164,25 +165,25 @@ class Reader:
         """
         held: list[list[Run]] = []
         try:
-            spans = await self._spans(entry, offset, size)
+            # Bytes the store holds are served at once: no await, nothing pinned or loaded.
+            spans = self._spans_now(entry, offset, size)
+            found = self._held(spans) if spans is not None else None
+            if spans is not None and found is not None:
+                for (_, span), runs in zip(spans, found, strict=True):
+                    self.runs.served(runs, span.start, span.stop)
+                return self._join(spans, found, read_through)
+            if spans is None:
+                spans = await self._spans(entry, offset, size)
             for layout, span in spans:
                 held.append(await self._get(layout, span.xorb_hash, span.start, span.stop, prefetch=False))
             # From here to the return, no await: a run released below may be evicted and its slot reused.
-            parts = []
-            for (layout, span), runs in zip(spans, held, strict=True):
-                lo = layout.unpacked_start(span.start) + span.skip
-                hi = lo + span.length
-                for run in runs:
-                    parts.append(run.view(lo, hi))
-                    if read_through and run.hi <= hi:
-                        self.runs.read_through(run)
+            return self._join(spans, held, read_through)
         except XetfsError as exc:
             self._count_error(exc)
             raise
         finally:
             for runs in held:
                 self.runs.release(runs)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
         """Load the chunks under ``[offset, offset + size)`` that no run holds; errors are ignored.
@@ -206,12 +207,47 @@ class Reader:
         """The decode pool, if it can take jobs now."""
         return self._pool if self._pool is not None and self._pool.usable else None
 
-    async def _spans(self, entry: FileEntry, offset: int, size: int) -> list[tuple[XorbLayout, ChunkSpan]]:
+    async def _spans(self, entry: FileEntry, offset: int, size: int) -> list[Span]:
+        """The chunks of each xorb under file bytes ``[offset, offset + size)``, with the xorbs' layouts."""
         spans = []
         for piece in self.index.locate(entry, offset, size):
             layout = await self.layout(piece.xorb_hash)
             spans.append((layout, chunk_span(piece, layout)))
         return spans
+
+    def _spans_now(self, entry: FileEntry, offset: int, size: int) -> list[Span] | None:
+        """``_spans`` without waiting: None if a layout is not cached."""
+        spans = []
+        for piece in self.index.locate(entry, offset, size):
+            sized = self._layouts.peek(piece.xorb_hash)
+            if sized is None:
+                return None
+            spans.append((sized.layout, chunk_span(piece, sized.layout)))
+        return spans
+
+    def _held(self, spans: list[Span]) -> list[list[Run]] | None:
+        """The held runs for every span, or None if some chunk is not held."""
+        found = []
+        for _, span in spans:
+            runs = self.runs.held(span.xorb_hash, span.start, span.stop)
+            if runs is None:
+                return None
+            found.append(runs)
+        return found
+
+    def _join(self, spans: list[Span], runs: list[list[Run]], read_through: bool) -> bytes | memoryview:
+        """The bytes of ``spans`` from their ``runs``: a view when one run has them all."""
+        parts = []
+        for (layout, span), span_runs in zip(spans, runs, strict=True):
+            lo = layout.unpacked_start(span.start) + span.skip
+            hi = lo + span.length
+            for run in span_runs:
+                parts.append(run.view(lo, hi))
+                if read_through and run.hi <= hi:
+                    self.runs.read_through(run)
+        if not parts:
+            return b""
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _get(self, layout: XorbLayout, xorb_hash: bytes, first: int, stop: int, *, prefetch: bool) -> list[Run]:
         def cut(lo: int, hi: int) -> list[tuple[int, int]]:

@@ -82,6 +82,7 @@ class Load:
     done: trio.Event = field(default_factory=trio.Event)
     runs: list[Run] = field(default_factory=list)
     errors: dict[int, XetfsError] = field(default_factory=dict)  # chunk index -> what stopped it
+    waiters: int = 0  # ``get`` calls that will take its runs (the one loading it included)
 
 
 @dataclass
@@ -154,23 +155,30 @@ class RunStore:
                 counted = True
                 if not waits and not new:
                     break
-                if len(new) + len(waits) == 1:  # the common case, without a nursery's cost
-                    await (self._load(xorb_hash, new[0], load, prefetch) if new else waits[0].done.wait())
-                else:
-                    async with trio.open_nursery() as nursery:
-                        for ld in new:
-                            nursery.start_soon(self._load, xorb_hash, ld, load, prefetch)
-                        for ld in waits:
-                            nursery.start_soon(ld.done.wait)
-                for ld in [*new, *waits]:
-                    if ld.state is LoadState.CANCELLED:
-                        continue  # look again: this time we may load it ourselves
-                    failed = [i for i in sorted(ld.errors) if first <= i < stop]
-                    if failed and not prefetch:
-                        raise ld.errors[failed[0]]
-                    for run in ld.runs:
-                        if run.state is State.HELD and run.first not in have and run.first < stop and run.stop > first:
-                            have[run.first] = self._use(run, first, stop, prefetch, counted)
+                flights = [*new, *waits]
+                for ld in flights:
+                    ld.waiters += 1
+                try:
+                    if len(flights) == 1:  # the common case, without a nursery's cost
+                        await (self._load(xorb_hash, new[0], load, prefetch) if new else waits[0].done.wait())
+                    else:
+                        async with trio.open_nursery() as nursery:
+                            for ld in new:
+                                nursery.start_soon(self._load, xorb_hash, ld, load, prefetch)
+                            for ld in waits:
+                                nursery.start_soon(ld.done.wait)
+                    for ld in flights:
+                        if ld.state is LoadState.CANCELLED:
+                            continue  # look again: this time we may load it ourselves
+                        failed = [i for i in sorted(ld.errors) if first <= i < stop]
+                        if failed and not prefetch:
+                            raise ld.errors[failed[0]]
+                        for run in ld.runs:
+                            if run.first not in have and run.first < stop and run.stop > first:
+                                have[run.first] = self._use(run, first, stop, prefetch, counted)
+                finally:
+                    for ld in flights:
+                        self._leave(ld)
                 if prefetch or self._covered(have, first, stop):
                     break
         except BaseException:
@@ -180,6 +188,35 @@ class RunStore:
         if prefetch:
             return []
         return [have[k] for k in sorted(have)]
+
+    def held(self, xorb_hash: bytes, first: int, stop: int) -> list[Run] | None:
+        """The held runs covering chunks ``[first, stop)``, in order, or None if any chunk is not held.
+
+        Nothing is counted or pinned: a read that serves them before its next
+        await calls ``served``.  The way reads of cached bytes avoid ``get``'s cost.
+        """
+        entries = self._xorbs.get(xorb_hash)
+        if not entries:
+            return None
+        at = bisect.bisect_right(entries, first, key=_FIRST) - 1
+        out: list[Run] = []
+        pos = first
+        while pos < stop:
+            if at < 0 or at >= len(entries):
+                return None
+            entry = entries[at]
+            if not isinstance(entry, Run) or entry.first > pos or entry.stop <= pos:
+                return None
+            out.append(entry)
+            pos = entry.stop
+            at += 1
+        return out
+
+    def served(self, runs: Sequence[Run], first: int, stop: int) -> None:
+        """A read served chunks ``[first, stop)`` from ``runs`` (from ``held``): count the hits."""
+        for run in runs:
+            self._c.hits += _overlap(run, first, stop)
+            self._touch(run)
 
     def holds(self, xorb_hash: bytes, chunk: int) -> bool:
         """Whether a held run has chunk ``chunk`` of the xorb."""
@@ -233,12 +270,16 @@ class RunStore:
         run.pins += 1
         if not counted:
             self._c.hits += _overlap(run, first, stop)
+        self._touch(run)
+        return run
+
+    def _touch(self, run: Run) -> None:
+        """A read is using ``run``: a prefetch hit if prefetch loaded it, and the most recently used."""
         if run.prefetched:
             run.prefetched = False
             self._p.hits += run.stop - run.first
         if run in self._lru:
             self._lru.move_to_end(run)
-        return run
 
     def _cover(self, xorb_hash: bytes, first: int, stop: int) -> tuple[list[Entry], list[tuple[int, int]]]:
         """The entries overlapping chunks ``[first, stop)`` and the gaps between them, in order."""
@@ -285,12 +326,17 @@ class RunStore:
             entries[at : at + 1] = ld.runs
             for run in ld.runs:
                 run.prefetched = prefetch
+                run.pins += 1  # for its waiters, until the last of them has taken what it needs (``_leave``)
                 self._hold(run)
             if not entries:
                 del self._xorbs[xorb_hash]
             ld.done.set()
-        # Pins are taken by the waiters once they run; until then, keep what was just loaded.
-        self._evict_to(self.capacity, spare=ld.runs)
+
+    def _leave(self, ld: Load) -> None:
+        """A ``get`` is done with a load it waited for: the last one unpins its runs."""
+        ld.waiters -= 1
+        if ld.waiters == 0 and ld.state is LoadState.DONE:
+            self.release(ld.runs)
 
     def _hold(self, run: Run) -> None:
         self._lru[run] = None
@@ -300,10 +346,10 @@ class RunStore:
         c.runs += 1
         c.chunks += run.stop - run.first
 
-    def _evict_to(self, limit: int, spare: Sequence[Run] = ()) -> None:
+    def _evict_to(self, limit: int) -> None:
         """Evict unpinned runs (read-through ones first, then least recently used) until ``limit`` bytes are held."""
         while self._c.bytes > limit:
-            victim = next((r for q in (self._read, self._lru) for r in q if not r.pins and r not in spare), None)
+            victim = next((r for q in (self._read, self._lru) for r in q if not r.pins), None)
             if victim is None:
                 return  # the rest is in use
             self._evict(victim)
