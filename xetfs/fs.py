@@ -3,7 +3,8 @@
 Requests are translated to calls on the tree (names, attributes) and the
 reader (bytes).  Handlers never let an exception other than ``FUSEError``
 escape — pyfuse3 would take the mount down — so every handler runs under
-``_guard``, the one place that maps errors to errno: unknown names are
+``_guard`` (``read``, the hot path, calls what it calls itself), and
+``_fuse_error`` is the one place that maps errors to errno: unknown names are
 ``ENOENT``, corrupt or missing data ``EIO`` (logged once, counted in stats),
 every write ``EROFS``.
 """
@@ -74,24 +75,29 @@ class _Handle:
     snapshot: bytes = b""  # the stats document, for a stats handle
 
 
+def _fuse_error(op: str, exc: Exception) -> pyfuse3.FUSEError:
+    """The FUSEError an exception from operation ``op`` becomes (the errno mapping lives here), logged."""
+    if isinstance(exc, pyfuse3.FUSEError):
+        return exc
+    if isinstance(exc, XetfsError):
+        log.error("%s: %s", op, exc)
+        return pyfuse3.FUSEError(errno.EIO)
+    if isinstance(exc, OSError):
+        log.error("%s: %s", op, exc)
+        return pyfuse3.FUSEError(exc.errno or errno.EIO)
+    log.exception("unexpected error in %s", op)
+    return pyfuse3.FUSEError(errno.EIO)
+
+
 def _guard(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Turn every exception into a FUSEError (the errno mapping lives here)."""
+    """Turn every exception into a FUSEError (``_fuse_error``)."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
-            raise
-        except XetfsError as exc:
-            log.error("%s: %s", fn.__name__, exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        except OSError as exc:
-            log.error("%s: %s", fn.__name__, exc)
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-        except Exception:
-            log.exception("unexpected error in %s", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception as exc:
+            raise _fuse_error(fn.__name__, exc) from None
 
     return wrapper
 
@@ -294,31 +300,37 @@ class XetFS(pyfuse3.Operations):
     # pyfuse3 replies with any buffer (PyObject_GetBuffer): a memoryview saves a copy.  A view
     # of the workers' shared memory is valid until the next await; pyfuse3 copies it into the
     # reply as soon as this returns, so nothing after the reader's read may await.
-    @_guard
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
-        handle = self._handles.get(fh)
-        if handle is None:
-            raise pyfuse3.FUSEError(errno.EBADF)
-        if handle.node.kind in (Kind.STATS, Kind.DATA):  # bytes fixed at open
-            return handle.snapshot[off : off + size]
-        entry, reading = handle.node.entry, handle.reading
-        if entry is None or reading is None:
-            raise pyfuse3.FUSEError(errno.EIO)
-        self._reads.requests += 1
-        busy = reading.prefetching >= PREFETCH_TASKS or self._nursery is None or not self._prefetch
-        decision = reading.policy.on_read(off, size, entry.size, busy=busy)
-        if decision.prefetch is not None and self._nursery is not None:
-            reading.prefetching += 1
-            self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)
-        # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
-        read_through = decision.sequential and not self.options.direct_io
+        # Not @_guard: the hot path spares itself the wrapper's coroutine, and maps errors the same way.
         try:
-            data = await self.reader.read(entry, off, size, read_through=read_through)
-        except XetfsError as exc:
-            log.error("read of %s at offset %d (%d bytes) failed: %s", self._describe(handle.node), off, size, exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-        self._reads.bytes += len(data)
-        return data
+            handle = self._handles.get(fh)
+            if handle is None:
+                raise pyfuse3.FUSEError(errno.EBADF)
+            entry, reading = handle.node.entry, handle.reading
+            if reading is None:  # bytes fixed at open (stats, a Hub ref)
+                return handle.snapshot[off : off + size]
+            if entry is None:
+                raise pyfuse3.FUSEError(errno.EIO)
+            self._reads.requests += 1
+            busy = reading.prefetching >= PREFETCH_TASKS or self._nursery is None or not self._prefetch
+            decision = reading.policy.on_read(off, size, entry.size, busy=busy)
+            if decision.prefetch is not None and self._nursery is not None:
+                reading.prefetching += 1
+                self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)
+            # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
+            read_through = decision.sequential and not self.options.direct_io
+            data: bytes | memoryview | None = self.reader.read_now(entry, off, size, read_through=read_through)
+            if data is None:
+                try:
+                    data = await self.reader.read(entry, off, size, read_through=read_through)
+                except XetfsError as exc:
+                    log.error("read of %s at offset %d (%d bytes) failed: %s", self._describe(handle.node), off,
+                              size, exc)  # fmt: skip
+                    raise pyfuse3.FUSEError(errno.EIO) from None
+            self._reads.bytes += len(data)
+            return data
+        except Exception as exc:
+            raise _fuse_error("read", exc) from None
 
     def _describe(self, node: Node) -> str:
         """``path (file <hex>)`` for messages, or ``file <hex>`` when the file has no other name."""

@@ -38,6 +38,10 @@ class Decision:
     prefetch: tuple[int, int] | None = None  # (offset, length) to decode ahead
 
 
+RANDOM = Decision(False)  # shared: one is needed for every random read
+SEQUENTIAL = Decision(True)
+
+
 @dataclass(slots=True)
 class Stream:
     start: int  # where its first read began
@@ -62,32 +66,36 @@ class ReadPolicy:
         if stream is None:
             if length:
                 self._start(offset, end)
-            return Decision(False)
+            return RANDOM
         if stream is not self.streams[0]:
             self.streams.remove(stream)
             self.streams.insert(0, stream)
         stream.front = max(stream.front, end)
         if stream.front - stream.start < self.min_stream:
-            return Decision(False)
+            return RANDOM
         stream.window = min(self.maximum, max(self.initial, stream.window * 2))
         start = max(stream.ahead_end, stream.front)
         stop = min(file_size, stream.front + stream.window)
         # Top the window up only once half of it has been consumed.
         if stop <= start or busy or (stop - start < stream.window // 2 and stop < file_size):
-            return Decision(True)
+            return SEQUENTIAL
         stream.ahead_end = stop
         return Decision(True, (start, stop - start))
 
     def _continued(self, offset: int) -> Stream | None:
-        """The stream a read at ``offset`` continues, if any."""
+        """The stream a read at ``offset`` continues, if any (one it starts exactly at the front of first)."""
+        near = None
         for stream in self.streams:
             if offset == stream.front:
                 return stream
-        for stream in self.streams:
-            if stream.window and stream.front - self.slack <= offset <= stream.front + self.slack:
-                return stream
-        return None
+            if near is None and stream.window and abs(offset - stream.front) <= self.slack:
+                near = stream
+        return near
 
     def _start(self, offset: int, end: int) -> None:
-        del self.streams[self.max_streams - 1 :]
-        self.streams.insert(0, Stream(offset, end, ahead_end=end))
+        if len(self.streams) < self.max_streams:
+            self.streams.insert(0, Stream(offset, end, ahead_end=end))
+            return
+        stream = self.streams.pop()  # the least recently used gives way (its object is reused)
+        stream.start, stream.front, stream.window, stream.ahead_end = offset, end, 0, end
+        self.streams.insert(0, stream)

@@ -21,18 +21,20 @@ run them inline (fastest) or in a worker thread with a time bound.
 from __future__ import annotations
 
 import contextlib
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import trio
 
 from xetfs import hashes
 from xetfs.cache import LoadingCache
 from xetfs.errors import IntegrityError, MissingObjectError, StoreError, StoreTimeoutError, XetfsError
+from xetfs.extents import Extent, Extents
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import XorbLayout, chunk_specs, decode_chunks
-from xetfs.index import ChunkSpan, FileEntry, Index, chunk_span
+from xetfs.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
 from xetfs.pool import DecodePool, WorkerLost
 from xetfs.runs import Loaded, Run, RunStore
 from xetfs.stats import (
@@ -47,7 +49,6 @@ from xetfs.stats import (
 from xetfs.store import StoreLike
 
 T = TypeVar("T")
-Span = tuple[XorbLayout, ChunkSpan]
 Io = Callable[..., Awaitable[Any]]
 
 DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
@@ -78,6 +79,16 @@ def _describe_call(args: tuple[Any, ...]) -> str:
     ints = [a for a in args if isinstance(a, int)]
     where = f"xorb {hashes.to_hex(xorb)}" if xorb else "store"
     return f"{where} chunks [{ints[-2]}, {ints[-1]})" if len(ints) >= 2 else where
+
+
+class Span(NamedTuple):
+    """The chunks of one xorb under part of a read, and where that part's term lies in the xorb."""
+
+    layout: XorbLayout
+    chunks: ChunkSpan
+    delta: int  # decoded xorb offset minus file offset, within the term
+    term_lo: int  # the term is decoded xorb bytes [term_lo, term_hi)
+    term_hi: int
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,7 @@ class Reader:
         self._fetches = trio.CapacityLimiter(fetch_width) if fetch_width else None
         self._remote = remote or RemoteCounters()
         self.runs = RunStore(cache_size, pool.free_slot if pool else None)
+        self._extents = Extents()
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE)
         self._decode = DecodeCounters()
         self._store = StoreCounters()
@@ -163,27 +175,47 @@ class Reader:
         Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError`` or
         ``StoreTimeoutError``; each is counted in the ``errors`` statistics.
         """
+        data = self.read_now(entry, offset, size, read_through=read_through)
+        if data is not None:
+            return data
         held: list[list[Run]] = []
         try:
             # Bytes the store holds are served at once: no await, nothing pinned or loaded.
             spans = self._spans_now(entry, offset, size)
             found = self._held(spans) if spans is not None else None
             if spans is not None and found is not None:
-                for (_, span), runs in zip(spans, found, strict=True):
-                    self.runs.served(runs, span.start, span.stop)
-                return self._join(spans, found, read_through)
+                for span, runs in zip(spans, found, strict=True):
+                    self.runs.served(runs, span.chunks.start, span.chunks.stop)
+                return self._join(entry, spans, found, read_through)
             if spans is None:
                 spans = await self._spans(entry, offset, size)
-            for layout, span in spans:
-                held.append(await self._get(layout, span.xorb_hash, span.start, span.stop, prefetch=False))
+            for span in spans:
+                c = span.chunks
+                held.append(await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=False))
             # From here to the return, no await: a run released below may be evicted and its slot reused.
-            return self._join(spans, held, read_through)
+            return self._join(entry, spans, held, read_through)
         except XetfsError as exc:
             self._count_error(exc)
             raise
         finally:
             for runs in held:
                 self.runs.release(runs)
+
+    def read_now(self, entry: FileEntry, offset: int, size: int, *, read_through: bool = False) -> memoryview | None:
+        """``read`` for bytes that one run holds and an earlier read found (``extents``): at once, or None.
+
+        The common case of reads of cached bytes, with no lookups at all.
+        """
+        end = min(offset + size, entry.size)
+        extent = self._extents.find(entry.file_hash, offset, end) if offset < end else None
+        if extent is None:
+            return None
+        lo, hi = offset + extent.delta, end + extent.delta
+        run, ends = extent.run, extent.layout.unpacked_ends
+        self.runs.hit(run, bisect_right(ends, hi - 1) + 1 - bisect_right(ends, lo))
+        if read_through and run.hi <= hi:
+            self.runs.read_through(run)
+        return memoryview(run.data)[lo - run.lo : hi - run.lo]  # the extent lies within the run
 
     async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
         """Load the chunks under ``[offset, offset + size)`` that no run holds; errors are ignored.
@@ -193,8 +225,9 @@ class Reader:
         """
         self._prefetch_requests += 1
         with contextlib.suppress(XetfsError):
-            for layout, span in await self._spans(entry, offset, size):
-                await self._get(layout, span.xorb_hash, span.start, span.stop, prefetch=True)
+            for span in await self._spans(entry, offset, size):
+                c = span.chunks
+                await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=True)
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """The verified layout of a xorb (cached)."""
@@ -210,41 +243,51 @@ class Reader:
     async def _spans(self, entry: FileEntry, offset: int, size: int) -> list[Span]:
         """The chunks of each xorb under file bytes ``[offset, offset + size)``, with the xorbs' layouts."""
         spans = []
+        pos = offset
         for piece in self.index.locate(entry, offset, size):
-            layout = await self.layout(piece.xorb_hash)
-            spans.append((layout, chunk_span(piece, layout)))
+            spans.append(_span(piece, await self.layout(piece.xorb_hash), pos))
+            pos += piece.length
         return spans
 
     def _spans_now(self, entry: FileEntry, offset: int, size: int) -> list[Span] | None:
         """``_spans`` without waiting: None if a layout is not cached."""
         spans = []
+        pos = offset
         for piece in self.index.locate(entry, offset, size):
             sized = self._layouts.peek(piece.xorb_hash)
             if sized is None:
                 return None
-            spans.append((sized.layout, chunk_span(piece, sized.layout)))
+            spans.append(_span(piece, sized.layout, pos))
+            pos += piece.length
         return spans
 
     def _held(self, spans: list[Span]) -> list[list[Run]] | None:
         """The held runs for every span, or None if some chunk is not held."""
         found = []
-        for _, span in spans:
-            runs = self.runs.held(span.xorb_hash, span.start, span.stop)
+        for span in spans:
+            runs = self.runs.held(span.chunks.xorb_hash, span.chunks.start, span.chunks.stop)
             if runs is None:
                 return None
             found.append(runs)
         return found
 
-    def _join(self, spans: list[Span], runs: list[list[Run]], read_through: bool) -> bytes | memoryview:
-        """The bytes of ``spans`` from their ``runs``: a view when one run has them all."""
+    def _join(
+        self, entry: FileEntry, spans: list[Span], runs: list[list[Run]], read_through: bool
+    ) -> bytes | memoryview:
+        """The bytes of ``spans`` from their ``runs`` (a view when one run has them all); remember the extents."""
         parts = []
-        for (layout, span), span_runs in zip(spans, runs, strict=True):
-            lo = layout.unpacked_start(span.start) + span.skip
-            hi = lo + span.length
+        for span, span_runs in zip(spans, runs, strict=True):
+            c = span.chunks
+            lo = span.layout.unpacked_start(c.start) + c.skip
+            hi = lo + c.length
             for run in span_runs:
                 parts.append(run.view(lo, hi))
                 if read_through and run.hi <= hi:
-                    self.runs.read_through(run)
+                    self.runs.read_through(run)  # a sequential reader is done with it: no extent
+                else:
+                    a, b = max(run.lo, span.term_lo), min(run.hi, span.term_hi)
+                    self._extents.add(entry.file_hash, Extent(a - span.delta, b - span.delta, span.delta, run,
+                                                              span.layout))  # fmt: skip
         if not parts:
             return b""
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -374,6 +417,12 @@ class Reader:
                 return layout
         loaded: XorbLayout = await self._io(self.store.load_layout, xorb_hash)
         return loaded
+
+
+def _span(piece: TermSlice, layout: XorbLayout, pos: int) -> Span:
+    """The span of a term slice that starts at file offset ``pos``."""
+    term_lo = layout.unpacked_start(piece.start)
+    return Span(layout, chunk_span(piece, layout), term_lo + piece.offset - pos, term_lo, term_lo + piece.term_size)
 
 
 def _runs(xorb_hash: bytes, layout: XorbLayout, first: int, chunks: Sequence[Buffer | XetfsError]) -> Loaded:

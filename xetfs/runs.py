@@ -215,8 +215,16 @@ class RunStore:
     def served(self, runs: Sequence[Run], first: int, stop: int) -> None:
         """A read served chunks ``[first, stop)`` from ``runs`` (from ``held``): count the hits."""
         for run in runs:
-            self._c.hits += _overlap(run, first, stop)
-            self._touch(run)
+            self.hit(run, _overlap(run, first, stop))
+
+    def hit(self, run: Run, chunks: int) -> None:
+        """A read served ``chunks`` chunks from ``run``, held, before its next await."""
+        self._c.hits += chunks
+        if run.prefetched:
+            run.prefetched = False
+            self._p.hits += run.stop - run.first
+        if run in self._lru:
+            self._lru.move_to_end(run)
 
     def holds(self, xorb_hash: bytes, chunk: int) -> bool:
         """Whether a held run has chunk ``chunk`` of the xorb."""
@@ -268,18 +276,8 @@ class RunStore:
         if prefetch:
             return run
         run.pins += 1
-        if not counted:
-            self._c.hits += _overlap(run, first, stop)
-        self._touch(run)
+        self.hit(run, 0 if counted else _overlap(run, first, stop))
         return run
-
-    def _touch(self, run: Run) -> None:
-        """A read is using ``run``: a prefetch hit if prefetch loaded it, and the most recently used."""
-        if run.prefetched:
-            run.prefetched = False
-            self._p.hits += run.stop - run.first
-        if run in self._lru:
-            self._lru.move_to_end(run)
 
     def _cover(self, xorb_hash: bytes, first: int, stop: int) -> tuple[list[Entry], list[tuple[int, int]]]:
         """The entries overlapping chunks ``[first, stop)`` and the gaps between them, in order."""

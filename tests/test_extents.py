@@ -1,0 +1,61 @@
+"""The per-file memo of which run holds which file bytes (xetfs/extents.py)."""
+
+from __future__ import annotations
+
+from xetfs.extents import Extent, Extents
+from xetfs.format.xorb import XorbLayout
+from xetfs.runs import Run, State
+
+F = b"f" * 32
+G = b"g" * 32
+LAYOUT = XorbLayout(b"x" * 32, (108, 216, 324), (100, 200, 300), None)
+
+
+def extent(start: int, stop: int, delta: int = 0, state: State = State.HELD) -> Extent:
+    run = Run(b"x" * 32, 0, 3, 0, bytes(300))
+    run.state = state
+    return Extent(start, stop, delta, run, LAYOUT)
+
+
+def test_finds_only_an_extent_that_holds_the_whole_range() -> None:
+    ex = Extents()
+    e = extent(100, 200)
+    ex.add(F, e)
+    assert ex.find(F, 100, 200) is e
+    assert ex.find(F, 150, 160) is e
+    assert ex.find(F, 150, 201) is None  # runs past it
+    assert ex.find(F, 99, 120) is None  # starts before it
+    assert ex.find(F, 200, 210) is None
+    assert ex.find(G, 150, 160) is None  # another file
+
+
+def test_an_extent_whose_run_was_evicted_is_dropped_when_met() -> None:
+    ex = Extents()
+    ex.add(F, extent(0, 100, state=State.GONE))
+    assert len(ex) == 1
+    assert ex.find(F, 10, 20) is None
+    assert len(ex) == 0
+
+
+def test_a_new_extent_replaces_those_it_overlaps() -> None:
+    ex = Extents()
+    for a in (0, 100, 200, 300):
+        ex.add(F, extent(a, a + 100))
+    new = extent(150, 250, delta=7)  # a newer run of bytes two older extents had
+    ex.add(F, new)
+    assert len(ex) == 3
+    assert ex.find(F, 160, 240) is new
+    assert ex.find(F, 10, 20) is not None and ex.find(F, 310, 320) is not None
+    assert ex.find(F, 110, 120) is None  # the overlapped ones are gone
+    ex.add(F, extent(5, 5))  # empty: ignored
+    assert len(ex) == 3
+
+
+def test_past_the_limit_it_starts_afresh() -> None:
+    ex = Extents(limit=4)
+    for a in range(4):
+        ex.add(F, extent(a * 10, a * 10 + 10))
+    assert len(ex) == 4
+    ex.add(G, extent(0, 10))
+    assert len(ex) == 1
+    assert ex.find(F, 0, 5) is None and ex.find(G, 0, 5) is not None

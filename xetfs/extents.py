@@ -1,0 +1,88 @@
+"""Which held run has which bytes of a file: a memo that lets a read of cached bytes skip the lookups.
+
+A read through the store (``reader.Reader``) maps file bytes to terms, terms
+to xorb chunks, and chunks to runs.  For bytes that a run already held, all
+that work gives the same answer again and again, and for small random reads
+it is most of the daemon's cost.  So the reader remembers, per file, the file
+ranges each run it served covers (``Extent``: within one term, so file and
+decoded xorb offsets differ by a constant), and a later read that lies inside
+one extent whose run is still held is answered from it directly.
+
+Extents are only a shortcut: an extent whose run has been evicted is dropped
+when met, and a read the extents do not answer takes the full path.  At most
+``limit`` extents are kept; past that the memo starts afresh.
+
+Pure bookkeeping: no I/O, no trio.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from xetfs.format.xorb import XorbLayout
+from xetfs.runs import Run, State
+
+DEFAULT_LIMIT = 65536
+
+
+@dataclass(slots=True)
+class Extent:
+    """File bytes ``[start, stop)`` are decoded bytes ``[start + delta, stop + delta)`` of ``run``'s xorb."""
+
+    start: int
+    stop: int
+    delta: int
+    run: Run
+    layout: XorbLayout  # of the run's xorb: which chunks a read touches
+
+
+class _File:
+    __slots__ = ("extents", "starts")
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.extents: list[Extent] = []
+
+
+class Extents:
+    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+        self.limit = limit
+        self._files: dict[bytes, _File] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def find(self, file_hash: bytes, start: int, stop: int) -> Extent | None:
+        """The extent holding all of file bytes ``[start, stop)`` with its run still held, if any."""
+        f = self._files.get(file_hash)
+        if f is None:
+            return None
+        i = bisect.bisect_right(f.starts, start) - 1
+        if i < 0:
+            return None
+        extent = f.extents[i]
+        if extent.run.state is not State.HELD:
+            del f.starts[i], f.extents[i]
+            self._count -= 1
+            return None
+        return extent if stop <= extent.stop else None
+
+    def add(self, file_hash: bytes, extent: Extent) -> None:
+        """Remember ``extent``; extents of the file it overlaps (older runs of those bytes) go."""
+        if extent.start >= extent.stop:
+            return
+        if self._count >= self.limit:
+            self._files.clear()
+            self._count = 0
+        f = self._files.get(file_hash)
+        if f is None:
+            f = self._files[file_hash] = _File()
+        lo = bisect.bisect_right(f.starts, extent.start) - 1
+        if lo < 0 or f.extents[lo].stop <= extent.start:
+            lo += 1
+        hi = bisect.bisect_left(f.starts, extent.stop, lo)
+        self._count += 1 - (hi - lo)
+        f.starts[lo:hi] = [extent.start]
+        f.extents[lo:hi] = [extent]
