@@ -434,7 +434,7 @@ def test_sequential_read_is_served_by_prefetch(big_store: OracleStore) -> None:
 
 def test_streaming_through_the_page_cache_decodes_once_in_runs(big_store: OracleStore) -> None:
     """Without --direct-io the kernel keeps what a sequential reader got (keep_cache).  Its chunks
-    are decoded once, mostly by prefetch into 1 MiB runs in the workers' shared memory; the file
+    are decoded once, mostly by prefetch into slot-sized runs in the workers' shared memory; the file
     is the only user of its xorbs, so runs read through give their slots to the next runs, and a
     few dozen MiB of shared memory serve the whole file."""
     f = big_store["big.bin"]
@@ -448,9 +448,10 @@ def test_streaming_through_the_page_cache_decodes_once_in_runs(big_store: Oracle
         d = delta(before, after)
         assert d["decode"]["chunks"] == n_chunks  # nothing decoded twice
         assert d["prefetch"]["hits"] >= 0.9 * n_chunks, d["prefetch"]
-        assert d["decode"]["runs"] <= 1.2 * f.size / MiB + 8, d["decode"]  # ~1 MiB runs
-        assert d["cache"]["evictions"] == d["cache"]["evicted_read"] > 0.5 * f.size / MiB, d["cache"]
         w = after["workers"]
+        runs = f.size / w["slot_bytes"]
+        assert d["decode"]["runs"] <= 1.2 * runs + 8, d["decode"]  # runs of about a slot
+        assert d["cache"]["evictions"] == d["cache"]["evicted_read"] > 0.5 * runs, d["cache"]
         assert (w["slots"] - w["free_slots"]) * w["slot_bytes"] <= 64 * MiB, w  # slots in use or touched
         with step(m) as again:
             assert stream_sha256(m / f.hash, MiB) == f.sha256  # the re-read comes from the page cache

@@ -11,8 +11,9 @@ process round trip are read, decoded and verified by a worker process into
 shared memory instead (``pool.DecodePool``); small ones in the daemon.
 
 The range a read or a prefetch window asks for is what is decoded: gaps are
-cut into runs of at most one slot (about 1 MiB), so a sequential reader's
-prefetch gets 1 MiB runs and a small random read only the chunks it touches.
+cut into runs of at most one slot (2 MiB; 1 MiB when decoding in the daemon), so a
+sequential reader's prefetch gets runs of that size and a small random read
+only the chunks it touches.
 
 Runs on one trio thread.  Blocking store reads go through ``io``, which may
 run them inline (fastest) or in a worker thread with a time bound.
