@@ -158,6 +158,14 @@ def test_a_row_asked_for_without_a_figure_is_an_error() -> None:
     ]
 
 
+def test_a_ratio_of_two_zero_figures_is_not_an_error() -> None:
+    r = Results()
+    for rnd in range(3):
+        r.add(A, "text", rnd, 0.0)  # e.g. no CPU in decode workers when every read decodes in the daemon
+        r.add(A, "text", rnd, 0.0, BASE.name)
+    assert missing(r, [Table("demo", "Demo", ("text",), (A,))], [*VARIANTS, BASE]) == []
+
+
 def test_json_rows() -> None:
     table = Table("demo", "Demo", ("text",), (A_OVER_B,))
     (row,) = to_json([table], _results(), VARIANTS)

@@ -68,6 +68,8 @@ def missing(results: Results, tables: Sequence[Table], variants: Sequence[Varian
     for t in tables:
         for ln in lines(results, t, variants):
             for c in t.columns:
+                if ln.versus and results.values(ln.row, c) and results.values(ln.row, c, ln.variant):
+                    continue  # both figures are there: a ratio is undefined only when they are zero
                 if not ln.values[c]:
                     where = f" [{c}]" if c else ""
                     who = "" if ln.variant == CURRENT else f" ({'vs ' if ln.versus else ''}{ln.variant})"

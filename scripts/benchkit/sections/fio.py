@@ -30,7 +30,7 @@ from typing import Any
 
 from benchkit.data import Dataset, StoredFile, distinct_chunks
 from benchkit.rounds import Runner, Task
-from benchkit.rows import Row, per_gib, ratio
+from benchkit.rows import Row, Target, per_gib, ratio
 from benchkit.sections import Section
 from benchkit.sections.common import decoded_chunks, vs_floor
 from benchkit.sections.parts import parts_task
@@ -72,6 +72,15 @@ for _job, (_label, _) in JOBS.items():
         xetfs=True,
     )
     _main = "iops" if _job != "seq" else "gbps"
+    for _w, _goal in (("cold", 0.5), ("cached", 0.8)):
+        ROWS[_job, _w, "vs_ceiling"] = Row(
+            f"r_fio_{_job}_{_w}_ceiling",
+            f"{_label}, {WHERE[_w]} / ceiling FS ({_main})",
+            "x",
+            Target(">=", _goal, f">= {_goal}") if _job != "seq" else None,
+            derive=ratio(ROWS[_job, _w, _main], ROWS[_job, "ceiling", _main]),
+            xetfs=True,
+        )
     ROWS[_job, "cold", "vs_plain"] = Row(f"r_fio_{_job}_cold", f"{_label}, xetfs cold / plain ({_main})", "x",
                                          derive=ratio(ROWS[_job, "cold", _main], ROWS[_job, "plain", _main]),
                                          xetfs=True)  # fmt: skip
