@@ -124,3 +124,15 @@ def test_never_past_the_end_of_the_file() -> None:
         if got:
             ends.append(got[0] + got[1])
     assert ends and max(ends) == size
+
+
+def test_a_read_inside_what_a_stream_prefetched_stays_in_it() -> None:
+    # A page fault ahead of a loader's position asks for the pages around it before the reads in between.
+    p = policy()
+    for k in range(6):
+        p.on_read(k * MiB, MiB, SIZE)
+    (stream,) = p.streams
+    assert stream.ahead_end >= 14 * MiB and stream.window == 16 * MiB
+    assert p.on_read(13 * MiB, MiB, SIZE).sequential  # 7 MiB ahead of the front: beyond the slack
+    assert p.on_read(6 * MiB, MiB, SIZE).sequential  # the reads in between still belong to it
+    assert len(p.streams) == 1 and p.streams[0].window == 16 * MiB

@@ -127,6 +127,7 @@ class XetFS(pyfuse3.Operations):
         self._stats_latest: bytes | None = None  # the document taken at the latest open of .xetfs/stats
         self._nursery: trio.Nursery | None = None
         self._prefetch = self.options.prefetch and reader.runs.capacity >= MIN_CACHE_FOR_PREFETCH
+        self._keep_cache = not self.options.direct_io  # the kernel's page cache keeps what was read
         if self.options.prefetch and not self._prefetch:
             log.info("prefetch off: the cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
 
@@ -313,13 +314,13 @@ class XetFS(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.EIO)
             self._reads.requests += 1
             busy = reading.prefetching >= PREFETCH_TASKS or self._nursery is None or not self._prefetch
-            decision = reading.policy.on_read(off, size, entry.size, busy=busy)
+            decision = reading.policy.on_read(off, size, entry.size, busy)
             if decision.prefetch is not None and self._nursery is not None:
                 reading.prefetching += 1
                 self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)
             # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
-            read_through = decision.sequential and not self.options.direct_io
-            data: bytes | memoryview | None = self.reader.read_now(entry, off, size, read_through=read_through)
+            read_through = decision.sequential and self._keep_cache
+            data: bytes | memoryview | None = self.reader.read_now(entry, off, size, read_through)
             if data is None:
                 try:
                     data = await self.reader.read(entry, off, size, read_through=read_through)

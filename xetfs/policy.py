@@ -10,10 +10,12 @@ tensors in name order through ``mmap`` reads two or three regions of the file
 in turn (safetensors groups tensors by dtype), a parquet reader several column
 chunks.  So, like ZFS's prefetcher, the policy keeps up to ``streams`` streams
 per handle, most recently used first.  A read that starts where a stream's
-reads ended continues it; the kernel sends a sequential reader's requests
-several at a time and they may arrive out of order, so once a stream is
-prefetching a read within ``slack`` of its front still belongs to it.  Any
-other read starts a new stream (the least recently used one gives way).
+reads ended continues it.  The kernel sends a sequential reader's requests
+several at a time and they may arrive out of order, and a page fault in a
+mapped file asks for the pages around it before the reads in front of it
+have come, so once a stream is prefetching, a read within ``slack`` of its
+front, or inside what it has prefetched, still belongs to it.  Any other
+read starts a new stream (the least recently used one gives way).
 
 A stream prefetches once it has covered ``min_stream`` bytes, so that two
 small random reads that happen to be adjacent decode nothing ahead.  Its
@@ -49,6 +51,10 @@ class Stream:
     window: int = 0  # prefetch window, 0 until it has covered min_stream bytes
     ahead_end: int = 0  # everything before this has been asked for
 
+    def reach(self, slack: int) -> int:
+        """How far ahead a read still belongs to the stream: within ``slack`` of its front, or in what it prefetched."""
+        return max(self.front + slack, self.ahead_end)
+
 
 @dataclass
 class ReadPolicy:
@@ -59,7 +65,7 @@ class ReadPolicy:
     max_streams: int = DEFAULT_STREAMS
     streams: list[Stream] = field(default_factory=list)  # most recently used first
 
-    def on_read(self, offset: int, length: int, file_size: int, *, busy: bool = False) -> Decision:
+    def on_read(self, offset: int, length: int, file_size: int, busy: bool = False) -> Decision:
         """Record a read; ``busy`` says a prefetch of this handle is still running (ask for nothing now)."""
         end = offset + length
         stream = self._continued(offset) if length else None
@@ -70,7 +76,8 @@ class ReadPolicy:
         if stream is not self.streams[0]:
             self.streams.remove(stream)
             self.streams.insert(0, stream)
-        stream.front = max(stream.front, end)
+        if offset <= stream.front + self.slack:  # (a read far inside the prefetched bytes leaves the front)
+            stream.front = max(stream.front, end)
         if stream.front - stream.start < self.min_stream:
             return RANDOM
         stream.window = min(self.maximum, max(self.initial, stream.window * 2))
@@ -88,7 +95,7 @@ class ReadPolicy:
         for stream in self.streams:
             if offset == stream.front:
                 return stream
-            if near is None and stream.window and abs(offset - stream.front) <= self.slack:
+            if near is None and stream.window and stream.front - self.slack <= offset <= stream.reach(self.slack):
                 near = stream
         return near
 

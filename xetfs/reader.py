@@ -176,7 +176,7 @@ class Reader:
         Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError`` or
         ``StoreTimeoutError``; each is counted in the ``errors`` statistics.
         """
-        data = self.read_now(entry, offset, size, read_through=read_through)
+        data = self.read_now(entry, offset, size, read_through)
         if data is not None:
             return data
         held: list[list[Run]] = []
@@ -202,21 +202,23 @@ class Reader:
             for runs in held:
                 self.runs.release(runs)
 
-    def read_now(self, entry: FileEntry, offset: int, size: int, *, read_through: bool = False) -> memoryview | None:
+    def read_now(self, entry: FileEntry, offset: int, size: int, read_through: bool = False) -> memoryview | None:
         """``read`` for bytes that one run holds and an earlier read found (``extents``): at once, or None.
 
         The common case of reads of cached bytes, with no lookups at all.
         """
-        end = min(offset + size, entry.size)
-        extent = self._extents.find(entry.file_hash, offset, end) if offset < end else None
-        if extent is None:
+        end = offset + size
+        if end > entry.size:
+            end = entry.size
+        extent = self._extents.find(entry.file_hash, offset, end)
+        if extent is None or offset >= end:
             return None
         lo, hi = offset + extent.delta, end + extent.delta
         run, ends = extent.run, extent.layout.unpacked_ends
         self.runs.hit(run, bisect_right(ends, hi - 1) + 1 - bisect_right(ends, lo))
         if read_through and run.hi <= hi:
             self.runs.read_through(run)
-        return memoryview(run.data)[lo - run.lo : hi - run.lo]  # the extent lies within the run
+        return run.data[lo - run.lo : hi - run.lo]  # the extent lies within the run
 
     async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
         """Load the chunks under ``[offset, offset + size)`` that no run holds; errors are ignored.
@@ -434,7 +436,7 @@ def _runs(xorb_hash: bytes, layout: XorbLayout, first: int, chunks: Sequence[Buf
     for i, chunk in enumerate([*chunks, None], first):
         if isinstance(chunk, XetfsError) or chunk is None:
             if pieces:
-                runs.append(Run(xorb_hash, start, i, layout.unpacked_start(start), b"".join(pieces)))
+                runs.append(Run(xorb_hash, start, i, layout.unpacked_start(start), memoryview(b"".join(pieces))))
             if chunk is not None:
                 errors[i] = chunk
             start, pieces = i + 1, []

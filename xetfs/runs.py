@@ -50,7 +50,7 @@ class Run:
     first: int
     stop: int
     lo: int
-    data: memoryview | bytes
+    data: memoryview  # reads slice it
     slot: int | None = None  # the shared-memory slot ``data`` lies in, if any
     state: State = State.HELD
     pins: int = 0  # reads using it now
@@ -63,7 +63,7 @@ class Run:
 
     def view(self, lo: int, hi: int) -> memoryview:
         """Decoded xorb bytes ``[lo, hi)`` (clipped to the run); valid until the next await."""
-        return memoryview(self.data)[max(lo, self.lo) - self.lo : min(hi, self.hi) - self.lo]
+        return self.data[max(lo, self.lo) - self.lo : min(hi, self.hi) - self.lo]
 
 
 class LoadState(enum.Enum):
@@ -370,7 +370,7 @@ class RunStore:
         if not entries:
             del self._xorbs[run.xorb_hash]
         run.state = State.GONE
-        run.data = b""
+        run.data = memoryview(b"")
         if run.slot is not None:
             slot, run.slot = run.slot, None
             if self._free_slot is not None:
