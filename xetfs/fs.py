@@ -102,7 +102,54 @@ def _guard(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any
     return wrapper
 
 
-class XetFS(pyfuse3.Operations):
+class _ReadOnly(pyfuse3.Operations):
+    """Every way of writing is refused (``EROFS``); nothing is ever dirty."""
+
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int,
+                     ctx: Any) -> None:  # fmt: skip
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def link(self, inode: int, new_parent: int, new_name: bytes, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        pass  # nothing is ever dirty
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        pass
+
+
+class XetFS(_ReadOnly):
     """A read-only view of one store: ``tree`` gives the names, ``reader`` the bytes."""
 
     supports_dot_lookup = True
@@ -379,48 +426,3 @@ class XetFS(pyfuse3.Operations):
                   "workers": r.workers, "errors": r.errors, "index": self.index_counters,
                   "remote": r.remote}  # fmt: skip
         return (json.dumps(document(groups, self._started), indent=2) + "\n").encode()
-
-    # -- every way of writing is refused --------------------------------------
-
-    async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int,
-                     ctx: Any) -> None:  # fmt: skip
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def link(self, inode: int, new_parent: int, new_name: bytes, ctx: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def write(self, fh: int, off: int, buf: bytes) -> int:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    async def fsync(self, fh: int, datasync: bool) -> None:
-        pass  # nothing is ever dirty
-
-    async def fsyncdir(self, fh: int, datasync: bool) -> None:
-        pass
