@@ -202,7 +202,8 @@ def build_fs(config: MountConfig) -> XetFS:
         direct_io=config.direct_io,
         mtime_ns=int(store.mtime * 1e9),
         prefetch=config.prefetch,
-        prefetch_max=REMOTE_PREFETCH if remote else DEFAULT_PREFETCH,
+        # A window is at most a quarter of the cache, so that what it decodes stays until it is read.
+        prefetch_max=min(REMOTE_PREFETCH if remote else DEFAULT_PREFETCH, max(config.cache_size // 4, 1 << 20)),
     )
     return XetFS(tree, reader, options, counters)
 
