@@ -434,3 +434,31 @@ def test_runs_read_through_are_evicted_first(tmp_path: Path) -> None:
         reads = s.store.reads
         assert read(idx, reader, fh, 0, 2000) == content[:2000]
         assert reader.statistics().store.reads == reads  # chunks 0-1 were kept
+
+
+def test_small_reads_of_held_bytes_are_served_from_extents_and_stay_right_after_eviction(tmp_path: Path) -> None:
+    # Two files sharing a xorb's chunks: extents are per file, runs are shared.
+    rng = random.Random(21)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 12_000)
+    fh = b.add_file(content, chunk_size=1000, scheme=[0, 1, 2])
+    b.finish()
+    with opened(tmp_path, cache_size=5000) as (idx, reader):
+        entry = idx.get(fh)
+        assert entry is not None
+        assert read(idx, reader, fh, 0, 4000) == content[:4000]  # loads chunks 0-3 as one run
+        reads, hits = reader.statistics().store.reads, reader.statistics().cache.hits
+        for offset, size in [(0, 10), (999, 2), (1500, 1000), (3990, 10), (2000, 2000)]:
+            assert bytes(reader.read_now(entry, offset, size) or b"?") == content[offset : offset + size]
+        s = reader.statistics()
+        assert s.store.reads == reads  # nothing loaded
+        assert s.cache.hits == hits + 1 + 2 + 2 + 1 + 2  # each chunk a read touched, once
+        assert reader.read_now(entry, 3990, 20) is None  # runs past the run: the full path
+        check_ranges(idx, reader, fh, content, seed=21)  # evicts and reloads through a 5000-byte cache
+        assert reader.statistics().cache.evictions > 0
+        served = 0
+        for offset in range(0, 12_000, 700):  # whatever extents remain answer only for runs still held
+            got = reader.read_now(entry, offset, 50)
+            assert got is None or bytes(got) == content[offset : offset + 50]
+            served += got is not None
+        assert 0 < served < 18  # some runs were evicted, some are held
