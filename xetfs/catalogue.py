@@ -37,7 +37,7 @@ from typing import Any
 from xetfs import hashes
 from xetfs.errors import CatalogueError
 from xetfs.manifest import WarningLog, parse_json, path_problem
-from xetfs.store import find_beside
+from xetfs.store import find_beside, replace_file
 
 CATALOGUE_NAME = "xetfs-hub.json"
 LOCK_NAME = ".xetfs-hub.lock"
@@ -308,20 +308,7 @@ def load_catalogue(path: Path) -> Catalogue:
 
 def write_catalogue(path: Path, catalogue: Catalogue) -> None:
     """Replace ``path`` with ``catalogue`` atomically: a reader (or a crash) sees the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(dump_catalogue(catalogue))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_file(path, dump_catalogue(catalogue))
 
 
 @contextlib.contextmanager

@@ -27,8 +27,6 @@ import trio
 
 from xetfs.catalogue import CATALOGUE_NAME, find_catalogue, load_catalogue
 from xetfs.diskcache import DEFAULT_SIZE as DEFAULT_DISK_CACHE
-from xetfs.diskcache import DiskCache
-from xetfs.diskcache import default_dir as default_cache_dir
 from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
 from xetfs.hubtree import build_hub_tree
@@ -36,14 +34,14 @@ from xetfs.index import Index
 from xetfs.indexer import load_index
 from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import Manifest
-from xetfs.objects import RemoteOptions, is_url
+from xetfs.objects import is_url
 from xetfs.pack import load_manifest, store_manifest
 from xetfs.policy import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
 from xetfs.pool import DecodePool, default_workers, slots_for
 from xetfs.reader import RUN_BYTES, Reader, inline_io, threaded_io
-from xetfs.remote import RemoteStore
+from xetfs.remote import RemoteStore, open_store
 from xetfs.stats import RemoteCounters
-from xetfs.store import Store, StoreLike
+from xetfs.store import StoreLike
 from xetfs.tree import Tree, build_tree
 
 log = logging.getLogger(__name__)
@@ -160,23 +158,12 @@ def _load_manifest(config: MountConfig, store: StoreLike) -> Manifest | None:
     return store_manifest(config.store, store)
 
 
-def open_mount_store(config: MountConfig, counters: RemoteCounters) -> StoreLike:
-    """The store to mount; a remote one reads through the disk cache (unless it is off)."""
-    location = os.fspath(config.store)
-    if not is_url(location):
-        return Store.open(location)
-    options = RemoteOptions.for_timeout(config.io_timeout, list(config.headers))
-    cache = None
-    if config.disk_cache_size:
-        cache = DiskCache(config.cache_dir or default_cache_dir(), config.disk_cache_size, counters)
-        log.info("disk cache: %s, %d bytes at most", cache.directory, config.disk_cache_size)
-    return RemoteStore.open(location, options, cache=cache, counters=counters)
-
-
 def build_fs(config: MountConfig) -> XetFS:
     """Open the store, index it and assemble the filesystem (no FUSE yet)."""
     remote_counters = RemoteCounters()
-    store = open_mount_store(config, remote_counters)
+    store = open_store(os.fspath(config.store), io_timeout=config.io_timeout, headers=config.headers,
+                       cache_dir=config.cache_dir, disk_cache_size=config.disk_cache_size,
+                       counters=remote_counters)  # fmt: skip
     remote = isinstance(store, RemoteStore)
     loaded = load_index(store, strict=config.strict)
     tree = _build_tree(config, store, loaded.index)

@@ -29,7 +29,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -85,6 +85,11 @@ class ObjectSource(Protocol):
         ...
 
 
+def header_lines(headers: Sequence[str]) -> list[str]:
+    """``--header`` lines and those of ``XETFS_HTTP_HEADERS``, blank ones left out."""
+    return [line for line in (*headers, *os.environ.get(HEADERS_ENV, "").splitlines()) if line.strip()]
+
+
 @dataclass(frozen=True)
 class RemoteOptions:
     """How to reach a remote store.  ``headers`` may hold secrets: they are only ever sent."""
@@ -98,9 +103,8 @@ class RemoteOptions:
     def from_env(cls, token: str | None = None, headers: list[str] | None = None, **kw: Any) -> RemoteOptions:
         """Headers from ``--header`` lines and ``XETFS_HTTP_HEADERS``, a bearer token from ``token`` or
         ``XETFS_HTTP_TOKEN``."""
-        lines = [*(headers or ()), *os.environ.get(HEADERS_ENV, "").splitlines()]
         pairs = []
-        for line in lines:
+        for line in header_lines(headers or ()):
             name, sep, value = line.partition(":")
             if not line.strip():
                 continue

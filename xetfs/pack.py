@@ -44,7 +44,7 @@ from xetfs.manifest import (
     path_problem,
 )
 from xetfs.remote import RemoteStore, publish
-from xetfs.store import StoreLike, find_beside
+from xetfs.store import StoreLike, find_beside, replace_file
 
 MANIFEST_NAME = "xetfs-manifest.json"
 REDB_INDEX = "global_dedup_lookup.redb"  # hf_xet's own lookup table in xet/xorbs/, not read by xetfs
@@ -324,12 +324,7 @@ def merge(new: Sequence[Entry], old: Manifest | None, *, source: str) -> tuple[M
 
 def write_manifest(path: Path, manifest: Manifest) -> None:
     """Write ``manifest`` to ``path`` atomically (a temporary file, then rename)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(dump_manifest(manifest.files, manifest.directories))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    replace_file(path, dump_manifest(manifest.files, manifest.directories))
 
 
 # -- the command -----------------------------------------------------------------------

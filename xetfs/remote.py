@@ -19,20 +19,23 @@ there as usual.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from xetfs import hashes
-from xetfs.diskcache import CachedSource, DiskCache
+from xetfs.diskcache import CachedSource, DiskCache, default_dir
 from xetfs.errors import MissingObjectError, ShardFormatError, StoreError, XorbFormatError
 from xetfs.format.shard import MAGIC as SHARD_MAGIC
 from xetfs.format.xorb import XorbLayout
 from xetfs.objects import ObjectSource, ObstoreSource, RemoteOptions, is_url
 from xetfs.stats import RemoteCounters
-from xetfs.store import MAX_SHARD_BYTES, ShardFile, Store, StoreLike, find_root, layout_from
+from xetfs.store import MAX_SHARD_BYTES, ShardFile, Store, StoreLike, find_root, layout_from, replace_file
+
+log = logging.getLogger(__name__)
 
 LISTING_NAME = "xetfs-listing.json"
 LISTING_FORMAT = "xetfs-listing"
@@ -103,12 +106,9 @@ def publish(top: str | os.PathLike[str]) -> tuple[Path, Listing]:
     top_dir = Path(top)
     listing = local_listing(top_dir)
     path = top_dir / LISTING_NAME
-    tmp = path.with_name(f".{LISTING_NAME}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(listing.dump())
-        os.replace(tmp, path)
+        replace_file(path, listing.dump())
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise StoreError(f"{path}: cannot write the listing: {exc.strerror}") from None
     return path, listing
 
@@ -245,12 +245,25 @@ class RemoteStore:
 
 def open_store(
     location: str,
-    options: RemoteOptions | None = None,
     *,
-    cache: DiskCache | None = None,
+    io_timeout: float = 30.0,
+    headers: Sequence[str] = (),
+    cache_dir: Path | None = None,
+    disk_cache_size: int = 0,
     counters: RemoteCounters | None = None,
 ) -> StoreLike:
-    """The store at ``location``: a URL (``RemoteStore``) or a directory (``Store``)."""
-    if is_url(location):
-        return RemoteStore.open(location, options, cache=cache, counters=counters)
-    return Store.open(location)
+    """The store at ``location``: a directory (``Store``), or a URL (``RemoteStore``).
+
+    A remote store's reads give up after ``io_timeout`` seconds, send
+    ``headers`` (``NAME: VALUE``, besides those of the environment), and go
+    through the disk cache at ``cache_dir`` (default ``diskcache.default_dir()``)
+    unless ``disk_cache_size`` is 0.
+    """
+    if not is_url(location):
+        return Store.open(location)
+    options = RemoteOptions.for_timeout(io_timeout, list(headers))
+    cache = None
+    if disk_cache_size:
+        cache = DiskCache((cache_dir or default_dir()).absolute(), disk_cache_size, counters)
+        log.info("disk cache: %s, %d bytes at most", cache.directory, disk_cache_size)
+    return RemoteStore.open(location, options, cache=cache, counters=counters)

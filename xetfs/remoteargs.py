@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from xetfs.diskcache import DEFAULT_SIZE, DiskCache, default_dir
-from xetfs.objects import HEADERS_ENV, TOKEN_ENV, RemoteOptions, is_url
+from xetfs.diskcache import DEFAULT_SIZE
+from xetfs.objects import HEADERS_ENV, TOKEN_ENV, header_lines
 from xetfs.stats import RemoteCounters
 from xetfs.store import StoreLike
 
@@ -27,23 +26,15 @@ def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> N
                        help="a remote read that takes longer fails (default 30)")  # fmt: skip
 
 
-def disk_cache(args: argparse.Namespace, counters: RemoteCounters | None = None) -> DiskCache | None:
-    if not args.disk_cache_size:
-        return None
-    return DiskCache((args.cache_dir or default_dir()).absolute(), args.disk_cache_size, counters)
-
-
 def open_location(args: argparse.Namespace, counters: RemoteCounters | None = None) -> StoreLike:
     """The store named by ``args.store``: a directory, or a URL opened with the remote options."""
     from xetfs.remote import open_store
 
-    if not is_url(args.store):
-        return open_store(args.store)
-    options = RemoteOptions.for_timeout(float(args.io_timeout), args.headers)
-    return open_store(args.store, options, cache=disk_cache(args, counters), counters=counters)
+    return open_store(args.store, io_timeout=float(args.io_timeout), headers=args.headers, cache_dir=args.cache_dir,
+                      disk_cache_size=args.disk_cache_size, counters=counters)  # fmt: skip
 
 
 def headers_env(args: argparse.Namespace) -> dict[str, str]:
     """Environment for a child process that must send ``--header`` values (never in its argv)."""
-    lines = [*args.headers, *os.environ.get(HEADERS_ENV, "").splitlines()]
-    return {HEADERS_ENV: "\n".join(line for line in lines if line.strip())} if lines else {}
+    lines = header_lines(args.headers)
+    return {HEADERS_ENV: "\n".join(lines)} if lines else {}

@@ -115,6 +115,27 @@ def find_beside(store_dir: Path, name: str) -> Path | None:
     return None
 
 
+def replace_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably: a reader, or a crash, sees the old file or the new one.
+
+    For the files ``pack`` keeps beside a store (names, listing, Hub catalogue).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class Store:
     """Read-only access to the shards and xorbs of one store directory.
 
