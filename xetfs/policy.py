@@ -1,26 +1,28 @@
-"""How one open file is read, and what to decode ahead of it (pure; no FUSE, no I/O).
+"""How one file is being read, and what to decode ahead of it (pure; no FUSE, no I/O).
 
-``ReadPolicy.on_read`` is told every read of one handle and answers with a
-``Decision``: whether the read continues a sequential stream (its runs may
-then be evicted first once read, since the kernel's page cache serves those
-bytes), and which range, if any, to prefetch.
+``ReadPolicy.on_read`` is told every read of the file that reaches the daemon
+(over all its open handles: the kernel's page cache is per file) and answers
+with a ``Decision``: whether the read continues a sequential stream (its runs
+may then be evicted first once read, since the kernel's page cache serves
+those bytes), and which range, if any, to prefetch.
 
-One handle may carry several sequential streams at once: a loader that takes
-tensors in name order through ``mmap`` reads two or three regions of the file
-in turn (safetensors groups tensors by dtype), a parquet reader several column
-chunks.  So, like ZFS's prefetcher, the policy keeps up to ``streams`` streams
-per handle, most recently used first.  A read that starts where a stream's
-reads ended continues it.  The kernel sends a sequential reader's requests
-several at a time and they may arrive out of order, and a page fault in a
-mapped file asks for the pages around it before the reads in front of it
-have come, so once a stream is prefetching, a read within ``slack`` of its
-front, or inside what it has prefetched, still belongs to it.  Any other
-read starts a new stream (the least recently used one gives way).
+One file may be read as several sequential streams at once: a loader that
+takes tensors in name order through ``mmap`` reads two or three regions of the
+file in turn (safetensors groups tensors by dtype), a parquet reader several
+column chunks, several processes at different places. So, like ZFS's
+prefetcher, the policy keeps up to ``max_streams`` streams, most recently used
+first. A read that starts where a stream's reads ended continues it. The
+kernel sends a sequential reader's requests several at a time and they may
+arrive out of order, and a page fault in a mapped file asks for the pages
+around it before the reads in front of it have come, so once a stream is
+prefetching, a read within ``slack`` of its front, or inside what it has
+prefetched, still belongs to it. Any other read starts a new stream (the least
+recently used one gives way).
 
 A stream prefetches once it has covered ``min_stream`` bytes, so that two
-small random reads that happen to be adjacent decode nothing ahead.  Its
-window then doubles on every read up to ``maximum``, and is topped up once
-half of it has been consumed.
+small random reads that happen to be adjacent decode nothing ahead. Its window
+then doubles on every read up to ``maximum``, and is topped up once half of it
+has been consumed.
 """
 
 from __future__ import annotations
