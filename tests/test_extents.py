@@ -29,12 +29,23 @@ def test_finds_only_an_extent_that_holds_the_whole_range() -> None:
     assert ex.find(G, 150, 160) is None  # another file
 
 
-def test_an_extent_whose_run_was_evicted_is_dropped_when_met() -> None:
+def test_an_evicted_runs_extents_are_forgotten_and_never_served() -> None:
     ex = Extents()
-    ex.add(F, extent(0, 100, state=State.GONE))
+    e1, e2 = extent(0, 100), extent(100, 200)
+    shared = extent(500, 600)
+    shared.run = e1.run  # one run's bytes under two ranges of a file (two terms), and in another file
+    ex.add(F, e1)
+    ex.add(F, e2)
+    ex.add(F, shared)
+    ex.add(G, Extent(0, 100, 0, e1.run, e1.layout))
+    assert len(ex) == 4
+    e1.run.state = State.GONE
+    assert ex.find(F, 10, 20) is None  # evicted: never served, even before it is forgotten
+    ex.forget(e1.run)
+    assert len(ex) == 1 and ex.find(F, 150, 160) is e2
+    assert ex.find(G, 10, 20) is None and ex.find(F, 510, 520) is None
+    ex.forget(e1.run)  # twice: nothing left to drop
     assert len(ex) == 1
-    assert ex.find(F, 10, 20) is None
-    assert len(ex) == 0
 
 
 def test_a_new_extent_replaces_those_it_overlaps() -> None:
@@ -49,6 +60,8 @@ def test_a_new_extent_replaces_those_it_overlaps() -> None:
     assert ex.find(F, 110, 120) is None  # the overlapped ones are gone
     ex.add(F, extent(5, 5))  # empty: ignored
     assert len(ex) == 3
+    ex.forget(new.run)
+    assert len(ex) == 2  # the replaced ones are not counted twice
 
 
 def test_past_the_limit_it_starts_afresh() -> None:

@@ -136,3 +136,31 @@ def test_a_read_inside_what_a_stream_prefetched_stays_in_it() -> None:
     assert p.on_read(13 * MiB, MiB, SIZE).sequential  # 7 MiB ahead of the front: beyond the slack
     assert p.on_read(6 * MiB, MiB, SIZE).sequential  # the reads in between still belong to it
     assert len(p.streams) == 1 and p.streams[0].window == 16 * MiB
+
+
+def test_another_readers_random_reads_do_not_end_a_sequential_stream() -> None:
+    # One process reads the file sequentially while another reads it at random: one policy for both.
+    p = policy()
+    rng = random.Random(3)
+    prefetched = sequential = 0
+    for k in range(200):
+        d = p.on_read(k * 128 * 1024, 128 * 1024, SIZE)
+        prefetched += d.prefetch is not None
+        sequential += d.sequential
+        for _ in range(20):
+            assert p.on_read(rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 4096, SIZE).prefetch is None
+    assert sequential >= 195 and prefetched >= 5
+    assert len(p.streams) <= 8
+
+
+def test_a_reader_that_skips_ahead_inside_its_window_keeps_prefetching() -> None:
+    p = policy()
+    for k in range(8):
+        p.on_read(k * MiB, MiB, SIZE)
+    (stream,) = p.streams
+    ahead = stream.ahead_end
+    assert ahead >= 20 * MiB
+    d = p.on_read(15 * MiB, MiB, SIZE)  # 7 MiB ahead (the page cache had the rest): still this stream
+    assert d.sequential and p.streams[0] is stream and stream.front == 16 * MiB
+    got = [p.on_read(k * MiB, MiB, SIZE).prefetch for k in range(16, 24)]
+    assert any(g is not None for g in got)  # the window is topped up from the new front

@@ -8,9 +8,11 @@ ranges each run it served covers (``Extent``: within one term, so file and
 decoded xorb offsets differ by a constant), and a later read that lies inside
 one extent whose run is still held is answered from it directly.
 
-Extents are only a shortcut: an extent whose run has been evicted is dropped
-when met, and a read the extents do not answer takes the full path.  At most
-``limit`` extents are kept; past that the memo starts afresh.
+Extents are only a shortcut: a run's extents are dropped when the run is
+evicted (``forget``), so they are bounded by what the store of runs holds and
+never outlive the layouts they refer to; a read the extents do not answer
+takes the full path.  At most ``limit`` extents are kept; past that the memo
+starts afresh.
 
 Pure bookkeeping: no I/O, no trio.
 """
@@ -49,6 +51,7 @@ class Extents:
     def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
         self._files: dict[bytes, _File] = {}
+        self._by_run: dict[Run, list[tuple[bytes, Extent]]] = {}
         self._count = 0
 
     def __len__(self) -> int:
@@ -63,11 +66,9 @@ class Extents:
         if i < 0:
             return None
         extent = f.extents[i]
-        if extent.run.state is not State.HELD:
-            del f.starts[i], f.extents[i]
-            self._count -= 1
+        if stop > extent.stop or extent.run.state is not State.HELD:  # (an evicted run's are forgotten)
             return None
-        return extent if stop <= extent.stop else None
+        return extent
 
     def add(self, file_hash: bytes, extent: Extent) -> None:
         """Remember ``extent``; extents of the file it overlaps (older runs of those bytes) go."""
@@ -75,6 +76,7 @@ class Extents:
             return
         if self._count >= self.limit:
             self._files.clear()
+            self._by_run.clear()
             self._count = 0
         f = self._files.get(file_hash)
         if f is None:
@@ -83,6 +85,28 @@ class Extents:
         if lo < 0 or f.extents[lo].stop <= extent.start:
             lo += 1
         hi = bisect.bisect_left(f.starts, extent.stop, lo)
+        for old in f.extents[lo:hi]:
+            self._unlink(file_hash, old)
         self._count += 1 - (hi - lo)
         f.starts[lo:hi] = [extent.start]
         f.extents[lo:hi] = [extent]
+        self._by_run.setdefault(extent.run, []).append((file_hash, extent))
+
+    def forget(self, run: Run) -> None:
+        """Drop the extents of ``run`` (it was evicted)."""
+        for file_hash, extent in self._by_run.pop(run, ()):
+            f = self._files[file_hash]
+            i = bisect.bisect_left(f.starts, extent.start)
+            if i < len(f.extents) and f.extents[i] is extent:
+                del f.starts[i], f.extents[i]
+                self._count -= 1
+                if not f.starts:
+                    del self._files[file_hash]
+
+    def _unlink(self, file_hash: bytes, extent: Extent) -> None:
+        """Take an extent that is being replaced out of its run's list."""
+        mine = self._by_run.get(extent.run)
+        if mine is not None:
+            mine[:] = [(h, e) for h, e in mine if e is not extent]
+            if not mine:
+                del self._by_run[extent.run]

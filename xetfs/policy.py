@@ -15,9 +15,11 @@ first. A read that starts where a stream's reads ended continues it. The
 kernel sends a sequential reader's requests several at a time and they may
 arrive out of order, and a page fault in a mapped file asks for the pages
 around it before the reads in front of it have come, so once a stream is
-prefetching, a read within ``slack`` of its front, or inside what it has
-prefetched, still belongs to it. Any other read starts a new stream (the least
-recently used one gives way).
+prefetching, any read from its start to ``slack`` past its front, or to the
+end of what it has prefetched, belongs to it. Any other read starts a new
+stream; the stream that has covered the fewest bytes gives way, so that
+another process's random reads of the file do not end a sequential reader's
+stream.
 
 A stream prefetches once it has covered ``min_stream`` bytes, so that two
 small random reads that happen to be adjacent decode nothing ahead. Its window
@@ -54,7 +56,10 @@ class Stream:
     ahead_end: int = 0  # everything before this has been asked for
 
     def reach(self, slack: int) -> int:
-        """How far ahead a read still belongs to the stream: within ``slack`` of its front, or in what it prefetched."""
+        """How far ahead a read still belongs to the stream: within ``slack`` of its front, or in what it prefetched.
+
+        (Once it prefetches, any read from its start up to here belongs to it.)
+        """
         return max(self.front + slack, self.ahead_end)
 
 
@@ -78,8 +83,7 @@ class ReadPolicy:
         if stream is not self.streams[0]:
             self.streams.remove(stream)
             self.streams.insert(0, stream)
-        if offset <= stream.front + self.slack:  # (a read far inside the prefetched bytes leaves the front)
-            stream.front = max(stream.front, end)
+        stream.front = max(stream.front, end)
         if stream.front - stream.start < self.min_stream:
             return RANDOM
         stream.window = min(self.maximum, max(self.initial, stream.window * 2))
@@ -97,7 +101,7 @@ class ReadPolicy:
         for stream in self.streams:
             if offset == stream.front:
                 return stream
-            if near is None and stream.window and stream.front - self.slack <= offset <= stream.reach(self.slack):
+            if near is None and stream.window and stream.start <= offset <= stream.reach(self.slack):
                 near = stream
         return near
 
@@ -105,6 +109,9 @@ class ReadPolicy:
         if len(self.streams) < self.max_streams:
             self.streams.insert(0, Stream(offset, end, ahead_end=end))
             return
-        stream = self.streams.pop()  # the least recently used gives way (its object is reused)
+        # The stream that has covered the fewest bytes gives way (the least recently used of those; its
+        # object is reused), so that another reader's random reads do not end a sequential reader's stream.
+        at = min(range(len(self.streams) - 1, -1, -1), key=lambda i: self.streams[i].front - self.streams[i].start)
+        stream = self.streams.pop(at)
         stream.start, stream.front, stream.window, stream.ahead_end = offset, end, 0, end
         self.streams.insert(0, stream)

@@ -131,8 +131,8 @@ class Reader:
         self._run_bytes = pool.slot_size if pool else run_bytes
         self._fetches = trio.CapacityLimiter(fetch_width) if fetch_width else None
         self._remote = remote or RemoteCounters()
-        self.runs = RunStore(cache_size, pool.free_slot if pool else None)
         self._extents = Extents()
+        self.runs = RunStore(cache_size, pool.free_slot if pool else None, self._extents.forget)
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE)
         self._decode = DecodeCounters()
         self._store = StoreCounters()

@@ -100,9 +100,16 @@ _FIRST = attrgetter("first")  # entries of a xorb are kept sorted by it
 
 
 class RunStore:
-    def __init__(self, capacity: int, free_slot: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        free_slot: Callable[[int], None] | None = None,
+        on_evict: Callable[[Run], None] | None = None,
+    ) -> None:
+        """``free_slot`` takes back the slot of an evicted run; ``on_evict`` is told of every evicted run."""
         self.capacity = max(0, capacity)
         self._free_slot = free_slot
+        self._on_evict = on_evict
         self._xorbs: dict[bytes, list[Entry]] = {}  # per xorb, by first chunk, never overlapping
         self._lru: OrderedDict[Run, None] = OrderedDict()  # held runs, least recently used first
         self._read: OrderedDict[Run, None] = OrderedDict()  # held runs read through: evicted before the rest
@@ -371,6 +378,8 @@ class RunStore:
             del self._xorbs[run.xorb_hash]
         run.state = State.GONE
         run.data = memoryview(b"")
+        if self._on_evict is not None:
+            self._on_evict(run)
         if run.slot is not None:
             slot, run.slot = run.slot, None
             if self._free_slot is not None:

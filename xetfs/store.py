@@ -19,6 +19,7 @@ index, ``shard-cache/``) is ignored.  Files are opened read-only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -127,11 +128,12 @@ def replace_file(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        with contextlib.suppress(OSError):  # some filesystems refuse to sync a directory: the file is in place
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
     finally:
         tmp.unlink(missing_ok=True)
 
