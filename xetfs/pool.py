@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 # fifth; at 4 MiB the decode workers slowed again.
 SLOT_SIZE = 2 * 1024 * 1024
 SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones queued behind it
-KEEP_FREE_SLOTS = 2  # free slots (4 MiB) beyond the jobs in flight that keep their pages; the rest are returned
+KEEP_FREE_SLOTS = 4  # free slots (8 MiB) beyond the jobs in flight that keep their pages; the rest are returned
 MIN_JOB_BYTES = 256 * 1024  # smaller runs are decoded in the daemon
 MAX_WORKERS = 8
 
