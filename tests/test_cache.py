@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from xetfs.cache import LoadingCache
-from xetfs.stats import CacheCounters
+from xetfs.stats import LayoutCounters
 
 
 def value_of(key: int) -> bytes:
@@ -55,14 +55,14 @@ class FakeLoader:
 
 
 def _cache(capacity: int) -> LoadingCache[int, bytes]:
-    return LoadingCache(capacity, CacheCounters())
+    return LoadingCache(capacity, LayoutCounters())
 
 
 def _check_invariants(cache: LoadingCache[int, bytes], lookups: int) -> None:
     c = cache.counters
     assert c.hits + c.misses == lookups
     assert c.bytes == cache.size <= cache.capacity
-    assert c.runs == len(cache.keys())
+    assert c.entries == len(cache.keys())
     assert cache.size == sum(len(value_of(k)) for k in cache.keys())  # noqa: SIM118 (a list, not a dict)
 
 
@@ -330,3 +330,16 @@ def test_cancelling_the_loader_task_lets_waiters_retry() -> None:
         assert 9 in cache
 
     trio.run(main)
+
+
+def test_peek_counts_a_hit_and_leaves_a_miss_to_the_lookup_that_follows() -> None:
+    cache = _cache(1000)
+
+    async def body() -> None:
+        assert cache.peek(8) is None
+        await cache.get_many([8], FakeLoader())
+        assert cache.peek(8) == value_of(8)
+
+    trio.run(body)
+    c = cache.counters
+    assert (c.hits, c.misses, c.entries, c.bytes) == (1, 1, 1, len(value_of(8)))

@@ -236,10 +236,12 @@ def test_adjacent_chunks_are_one_store_read(tmp_path: Path) -> None:
         assert s.store.bytes == built.phys_ends[-1]  # the chunk section, in one pread
         assert (s.cache.misses, s.cache.hits) == (10, 0)
         assert s.decode.chunks == 10 and s.decode.bytes == 10_000
+        assert (s.layouts.misses, s.layouts.entries) == (1, 1)
         assert read(idx, reader, fh) == content  # all from the cache
         s = reader.statistics()
         assert s.store.reads == 1
         assert (s.cache.misses, s.cache.hits) == (10, 10)
+        assert (s.layouts.misses, s.layouts.hits) == (1, 0)  # served from the run's extent: no lookup at all
 
 
 def test_partly_cached_range_needs_one_read_per_gap(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 import trio
 from cachetools import LRUCache
 
-from xetfs.stats import CacheCounters
+from xetfs.stats import LayoutCounters
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V", bound=Sized)
@@ -55,9 +55,9 @@ class _Lru(LRUCache[K, V]):
 
 
 class LoadingCache(Generic[K, V]):
-    def __init__(self, capacity: int, counters: CacheCounters | None = None) -> None:
+    def __init__(self, capacity: int, counters: LayoutCounters | None = None) -> None:
         self.capacity = max(0, capacity)
-        self.counters = counters or CacheCounters()
+        self.counters = counters or LayoutCounters()
         self.counters.capacity_bytes = self.capacity
         self._lru: _Lru[K, V] = _Lru(max(1, self.capacity), self._evicted)
         self._flights: dict[K, _Flight[K, V]] = {}
@@ -69,8 +69,12 @@ class LoadingCache(Generic[K, V]):
         return key in self._lru
 
     def peek(self, key: K) -> V | None:
-        """The cached value of ``key`` (a hit, now the most recently used), or None; nothing is loaded or counted."""
-        return self._lru.get(key)
+        """The cached value of ``key`` (a hit, now the most recently used), or None: nothing is loaded, and a
+        miss is not counted (the caller looks it up with ``get_many`` then)."""
+        value = self._lru.get(key)
+        if value is not None:
+            self.counters.hits += 1
+        return value
 
     def keys(self) -> list[K]:
         """The cached keys (in no particular order)."""
@@ -86,7 +90,7 @@ class LoadingCache(Generic[K, V]):
 
     def _sync(self) -> None:
         self.counters.bytes = int(self._lru.currsize)
-        self.counters.runs = len(self._lru)
+        self.counters.entries = len(self._lru)
 
     async def get_many(self, keys: Sequence[K], load: Loader[K, V]) -> list[V]:
         """Values for ``keys`` in order; misses are loaded with one call of ``load``.

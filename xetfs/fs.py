@@ -422,7 +422,7 @@ class XetFS(_ReadOnly):
     def stats_document(self) -> bytes:
         """The live counters as JSON (``.xetfs/stats``)."""
         r = self.reader.statistics()
-        groups = {"reads": self._reads, "cache": r.cache, "decode": r.decode, "store": r.store, "prefetch": r.prefetch,
-                  "workers": r.workers, "errors": r.errors, "index": self.index_counters,
+        groups = {"reads": self._reads, "cache": r.cache, "layouts": r.layouts, "decode": r.decode, "store": r.store,
+                  "prefetch": r.prefetch, "workers": r.workers, "errors": r.errors, "index": self.index_counters,
                   "remote": r.remote}  # fmt: skip
         return (json.dumps(document(groups, self._started), indent=2) + "\n").encode()

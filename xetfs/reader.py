@@ -42,6 +42,7 @@ from xetfs.stats import (
     CacheCounters,
     DecodeCounters,
     ErrorCounters,
+    LayoutCounters,
     PrefetchCounters,
     RemoteCounters,
     StoreCounters,
@@ -97,6 +98,7 @@ class ReaderStatistics:
     """Snapshots of the counters of the read path, by group (as in ``.xetfs/stats``)."""
 
     cache: CacheCounters
+    layouts: LayoutCounters
     decode: DecodeCounters
     store: StoreCounters
     prefetch: PrefetchCounters
@@ -144,7 +146,8 @@ class Reader:
         workers = self._pool.statistics() if self._pool is not None else WorkerCounters()
         cache = self.runs.statistics()
         decode, store, errors = replace(self._decode), replace(self._store), replace(self._errors)
-        return ReaderStatistics(cache, decode, store, prefetch, errors, workers, replace(self._remote))
+        layouts = replace(self._layouts.counters)
+        return ReaderStatistics(cache, layouts, decode, store, prefetch, errors, workers, replace(self._remote))
 
     # -- public API ---------------------------------------------------------
 

@@ -32,6 +32,19 @@ class CacheCounters:
 
 
 @dataclass
+class LayoutCounters:
+    """The cache of verified xorb layouts (``cache.LoadingCache``); each lookup is one hit or one miss."""
+
+    capacity_bytes: int = 0
+    bytes: int = 0  # held now (estimated)
+    entries: int = 0  # layouts held now
+    hits: int = 0
+    misses: int = 0
+    joined: int = 0  # of the hits, layouts another request was loading
+    evictions: int = 0
+
+
+@dataclass
 class PrefetchCounters:
     requests: int = 0  # prefetch windows asked for
     chunks: int = 0  # chunks decoded for them
