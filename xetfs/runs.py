@@ -202,22 +202,9 @@ class RunStore:
         Nothing is counted or pinned: a read that serves them before its next
         await calls ``served``.  The way reads of cached bytes avoid ``get``'s cost.
         """
-        entries = self._xorbs.get(xorb_hash)
-        if not entries:
-            return None
-        at = bisect.bisect_right(entries, first, key=_FIRST) - 1
-        out: list[Run] = []
-        pos = first
-        while pos < stop:
-            if at < 0 or at >= len(entries):
-                return None
-            entry = entries[at]
-            if not isinstance(entry, Run) or entry.first > pos or entry.stop <= pos:
-                return None
-            out.append(entry)
-            pos = entry.stop
-            at += 1
-        return out
+        entries, gaps = self._cover(xorb_hash, first, stop)
+        runs = [e for e in entries if isinstance(e, Run)]
+        return runs if not gaps and len(runs) == len(entries) else None
 
     def served(self, runs: Sequence[Run], first: int, stop: int) -> None:
         """A read served chunks ``[first, stop)`` from ``runs`` (from ``held``): count the hits."""
@@ -235,8 +222,7 @@ class RunStore:
 
     def holds(self, xorb_hash: bytes, chunk: int) -> bool:
         """Whether a held run has chunk ``chunk`` of the xorb."""
-        entries, _ = self._cover(xorb_hash, chunk, chunk + 1)
-        return any(isinstance(e, Run) for e in entries)
+        return self.held(xorb_hash, chunk, chunk + 1) is not None
 
     def release(self, runs: Iterable[Run]) -> None:
         """A read is done with ``runs`` (from ``get``); evict past capacity."""
