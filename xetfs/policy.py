@@ -73,7 +73,7 @@ class ReadPolicy:
     streams: list[Stream] = field(default_factory=list)  # most recently used first
 
     def on_read(self, offset: int, length: int, file_size: int, busy: bool = False) -> Decision:
-        """Record a read; ``busy`` says a prefetch of this handle is still running (ask for nothing now)."""
+        """Record a read; ``busy`` says the file has enough prefetches running (ask for nothing now)."""
         end = offset + length
         stream = self._continued(offset) if length else None
         if stream is None:
@@ -106,12 +106,21 @@ class ReadPolicy:
         return near
 
     def _start(self, offset: int, end: int) -> None:
-        if len(self.streams) < self.max_streams:
-            self.streams.insert(0, Stream(offset, end, ahead_end=end))
+        streams = self.streams
+        if len(streams) < self.max_streams:
+            streams.insert(0, Stream(offset, end, ahead_end=end))
             return
-        # The stream that has covered the fewest bytes gives way (the least recently used of those; its
-        # object is reused), so that another reader's random reads do not end a sequential reader's stream.
-        at = min(range(len(self.streams) - 1, -1, -1), key=lambda i: self.streams[i].front - self.streams[i].start)
-        stream = self.streams.pop(at)
+        # The stream that has covered the fewest bytes gives way (the least recently used of those), so
+        # that another reader's random reads do not end a sequential reader's stream.  A stream no longer
+        # than this read is one of those (the usual case among random reads): no need to look on.
+        at = len(streams) - 1
+        least = streams[at].front - streams[at].start
+        i = at
+        while least > end - offset and i > 0:
+            i -= 1
+            covered = streams[i].front - streams[i].start
+            if covered < least:
+                at, least = i, covered
+        stream = streams.pop(at)  # (its object is reused: one is needed for every random read)
         stream.start, stream.front, stream.window, stream.ahead_end = offset, end, 0, end
-        self.streams.insert(0, stream)
+        streams.insert(0, stream)
