@@ -72,3 +72,19 @@ def test_past_the_limit_it_starts_afresh() -> None:
     ex.add(G, extent(0, 10))
     assert len(ex) == 1
     assert ex.find(F, 0, 5) is None and ex.find(G, 0, 5) is not None
+
+
+def test_a_range_across_extents_is_covered_only_by_ones_that_follow_on_and_are_held() -> None:
+    ex = Extents()
+    parts = [extent(0, 100), extent(100, 250, delta=5), extent(250, 300), extent(400, 500)]
+    for e in parts:
+        ex.add(F, e)
+    assert ex.find(F, 90, 110) is None  # find: one extent only
+    assert ex.cover(F, 90, 110) == parts[:2]
+    assert ex.cover(F, 0, 300) == parts[:3]
+    assert ex.cover(F, 120, 130) == [parts[1]]
+    assert ex.cover(F, 290, 410) is None  # a gap at 300-400
+    assert ex.cover(F, 250, 301) is None  # runs past the last one
+    assert ex.cover(F, 300, 310) is None and ex.cover(G, 0, 10) is None
+    parts[1].run.state = State.GONE
+    assert ex.cover(F, 90, 110) is None  # an evicted run in the middle: never served

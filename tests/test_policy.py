@@ -164,3 +164,36 @@ def test_a_reader_that_skips_ahead_inside_its_window_keeps_prefetching() -> None
     assert d.sequential and p.streams[0] is stream and stream.front == 16 * MiB
     got = [p.on_read(k * MiB, MiB, SIZE).prefetch for k in range(16, 24)]
     assert any(g is not None for g in got)  # the window is topped up from the new front
+
+
+def test_streams_stay_distinct_and_their_index_stays_true_under_any_mix_of_reads() -> None:
+    # Two random reads at one offset make two alike streams; continuing one must not touch the other.
+    rng = random.Random(7)
+    p = policy()
+    for step in range(20_000):
+        kind = rng.random()
+        if kind < 0.5:
+            off = rng.randrange(64) * 4096  # few offsets: alike streams, reads at their fronts
+        elif kind < 0.8:
+            s = rng.choice(p.streams) if p.streams else None
+            off = s.front if s else 0
+        else:
+            off = rng.randrange(SIZE // MiB) * MiB
+        p.on_read(off, rng.choice((4096, 65536, MiB)), SIZE)
+        if step % 97 == 0 or step > 19_900:
+            assert len({id(s) for s in p.streams}) == len(p.streams) <= 8
+            for front, s in p._fronts.items():
+                assert s.front == front and any(s is t for t in p.streams)
+            assert p._prefetching == sum(1 for s in p.streams if s.window)
+
+
+def test_random_reads_take_the_place_of_random_reads_only() -> None:
+    # Once eight random reads have been seen, each new one replaces the oldest of them at once, while
+    # a stream that has covered more (here a sequential reader's) is kept.
+    p = policy()
+    p.on_read(0, 128 * 1024, SIZE)
+    rng = random.Random(5)
+    for _ in range(100):
+        p.on_read(rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 4096, SIZE)
+    p.on_read(128 * 1024, 128 * 1024, SIZE)
+    assert p.streams[0].start == 0 and p.streams[0].front == 256 * 1024  # it went on

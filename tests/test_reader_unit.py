@@ -438,6 +438,28 @@ def test_runs_read_through_are_evicted_first(tmp_path: Path) -> None:
         assert reader.statistics().store.reads == reads  # chunks 0-1 were kept
 
 
+def test_a_read_across_two_held_runs_is_served_from_their_extents(tmp_path: Path) -> None:
+    rng = random.Random(22)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 8_000)
+    fh = b.add_file(content, chunk_size=1000, scheme=[0])
+    b.finish()
+    with opened(tmp_path) as (idx, reader):
+        entry = idx.get(fh)
+        assert entry is not None
+        assert read(idx, reader, fh, 0, 3000) == content[:3000]  # one run of chunks 0-2
+        assert read(idx, reader, fh, 3000, 3000) == content[3000:6000]  # and one of chunks 3-5
+        s = reader.statistics()
+        assert reader.read_now(entry, 2990, 4000) is None  # past the second run: the full path
+        got = reader.read_now(entry, 2990, 20)
+        assert got is not None and bytes(got) == content[2990:3010]
+        got = reader.read_now(entry, 500, 5000)
+        assert got is not None and bytes(got) == content[500:5500]
+        after = reader.statistics()
+        assert after.store.reads == s.store.reads
+        assert after.cache.hits == s.cache.hits + 2 + 6  # chunks 2 and 3, then 0 to 5
+
+
 def test_small_reads_of_held_bytes_are_served_from_extents_and_stay_right_after_eviction(tmp_path: Path) -> None:
     # Two files sharing a xorb's chunks: extents are per file, runs are shared.
     rng = random.Random(21)

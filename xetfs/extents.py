@@ -70,6 +70,26 @@ class Extents:
             return None
         return extent
 
+    def cover(self, file_hash: bytes, start: int, stop: int) -> list[Extent] | None:
+        """Extents that follow on from each other and together hold all of ``[start, stop)``, with their
+        runs still held, if any (``find`` for a read that runs on into the next run or term)."""
+        f = self._files.get(file_hash)
+        if f is None:
+            return None
+        i = bisect.bisect_right(f.starts, start) - 1
+        if i < 0 or start >= f.extents[i].stop:
+            return None
+        found = []
+        pos = start
+        for extent in f.extents[i:]:
+            if extent.start > pos or extent.run.state is not State.HELD:
+                return None
+            found.append(extent)
+            pos = extent.stop
+            if pos >= stop:
+                return found
+        return None
+
     def add(self, file_hash: bytes, extent: Extent) -> None:
         """Remember ``extent``; extents of the file it overlaps (older runs of those bytes) go."""
         if extent.start >= extent.stop:

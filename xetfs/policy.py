@@ -36,6 +36,7 @@ DEFAULT_MAXIMUM = 16 * 1024 * 1024  # (32 MiB: the same 1 GiB model load time, 3
 DEFAULT_SLACK = 4 * 1024 * 1024
 DEFAULT_MIN_STREAM = 256 * 1024
 DEFAULT_STREAMS = 8
+DEFAULT_SMALL = 64 * 1024  # streams that covered no more are taken for random reads
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ RANDOM = Decision(False)  # shared: one is needed for every random read
 SEQUENTIAL = Decision(True)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # (compared by identity: two streams may be alike)
 class Stream:
     start: int  # where its first read began
     front: int  # where its furthest read ended
@@ -70,22 +71,35 @@ class ReadPolicy:
     slack: int = DEFAULT_SLACK
     min_stream: int = DEFAULT_MIN_STREAM
     max_streams: int = DEFAULT_STREAMS
+    small: int = DEFAULT_SMALL
     streams: list[Stream] = field(default_factory=list)  # most recently used first
+    # Every read asks "does a stream end here?", and most random reads only that: a dict answers it
+    # without a walk over the streams.  (Two streams may end at one offset; the last to get there is
+    # the one continued.)
+    _fronts: dict[int, Stream] = field(default_factory=dict)
+    _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
 
     def on_read(self, offset: int, length: int, file_size: int, busy: bool = False) -> Decision:
         """Record a read; ``busy`` says the file has enough prefetches running (ask for nothing now)."""
-        end = offset + length
-        stream = self._continued(offset) if length else None
-        if stream is None:
-            if length:
-                self._start(offset, end)
+        if not length:
             return RANDOM
-        if stream is not self.streams[0]:
-            self.streams.remove(stream)
-            self.streams.insert(0, stream)
-        stream.front = max(stream.front, end)
+        end = offset + length
+        stream = self._fronts.get(offset)
+        if stream is None and self._prefetching:
+            stream = self._near(offset)
+        if stream is None:
+            self._start(offset, end)
+            return RANDOM
+        streams = self.streams
+        if stream is not streams[0]:
+            streams.remove(stream)
+            streams.insert(0, stream)
+        if end > stream.front:
+            self._advance(stream, end)
         if stream.front - stream.start < self.min_stream:
             return RANDOM
+        if not stream.window:
+            self._prefetching += 1
         stream.window = min(self.maximum, max(self.initial, stream.window * 2))
         start = max(stream.ahead_end, stream.front)
         stop = min(file_size, stream.front + stream.window)
@@ -95,32 +109,41 @@ class ReadPolicy:
         stream.ahead_end = stop
         return Decision(True, (start, stop - start))
 
-    def _continued(self, offset: int) -> Stream | None:
-        """The stream a read at ``offset`` continues, if any (one it starts exactly at the front of first)."""
-        near = None
+    def _near(self, offset: int) -> Stream | None:
+        """The prefetching stream (most recently used first) a read at ``offset`` lies in, if any."""
         for stream in self.streams:
-            if offset == stream.front:
+            if stream.window and stream.start <= offset <= stream.reach(self.slack):
                 return stream
-            if near is None and stream.window and stream.start <= offset <= stream.reach(self.slack):
-                near = stream
-        return near
+        return None
+
+    def _advance(self, stream: Stream, front: int) -> None:
+        fronts = self._fronts
+        if fronts.get(stream.front) is stream:
+            del fronts[stream.front]
+        stream.front = front
+        fronts[front] = stream
 
     def _start(self, offset: int, end: int) -> None:
         streams = self.streams
         if len(streams) < self.max_streams:
-            streams.insert(0, Stream(offset, end, ahead_end=end))
-            return
-        # The stream that has covered the fewest bytes gives way (the least recently used of those), so
-        # that another reader's random reads do not end a sequential reader's stream.  A stream no longer
-        # than this read is one of those (the usual case among random reads): no need to look on.
-        at = len(streams) - 1
-        least = streams[at].front - streams[at].start
-        i = at
-        while least > end - offset and i > 0:
-            i -= 1
-            covered = streams[i].front - streams[i].start
-            if covered < least:
-                at, least = i, covered
-        stream = streams.pop(at)  # (its object is reused: one is needed for every random read)
-        stream.start, stream.front, stream.window, stream.ahead_end = offset, end, 0, end
+            stream = Stream(offset, offset, ahead_end=end)
+        else:
+            # The stream that has covered the fewest bytes gives way (the least recently used of those),
+            # so that another reader's random reads do not end a sequential reader's stream.  Streams no
+            # longer than this read or ``small`` are all alike (random reads, the usual case): the least
+            # recently used of them gives way without a look at the others.
+            at = len(streams) - 1
+            least = streams[at].front - streams[at].start
+            i = at
+            alike = max(end - offset, self.small)
+            while least > alike and i > 0:
+                i -= 1
+                covered = streams[i].front - streams[i].start
+                if covered < least:
+                    at, least = i, covered
+            stream = streams.pop(at)  # (its object is reused: one is needed for every random read)
+            if stream.window:
+                self._prefetching -= 1
+            stream.start, stream.window, stream.ahead_end = offset, 0, end
+        self._advance(stream, end)
         streams.insert(0, stream)

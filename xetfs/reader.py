@@ -205,20 +205,34 @@ class Reader:
             for runs in held:
                 self.runs.release(runs)
 
-    def read_now(self, entry: FileEntry, offset: int, size: int, read_through: bool = False) -> memoryview | None:
-        """``read`` for bytes that one run holds and an earlier read found (``extents``): at once, or None.
+    def read_now(
+        self, entry: FileEntry, offset: int, size: int, read_through: bool = False
+    ) -> bytes | memoryview | None:
+        """``read`` for bytes that held runs have and earlier reads found (``extents``): at once, or None.
 
         The common case of reads of cached bytes, with no lookups at all.
         """
         end = offset + size
         if end > entry.size:
             end = entry.size
-        extent = self._extents.find(entry.file_hash, offset, end)
-        if extent is None or offset >= end:
+        if offset >= end:
             return None
-        lo, hi = offset + extent.delta, end + extent.delta
+        extent = self._extents.find(entry.file_hash, offset, end)
+        if extent is not None:
+            return self._serve(extent, offset, end, read_through)
+        extents = self._extents.cover(entry.file_hash, offset, end)  # a read across runs or terms
+        if extents is None:
+            return None
+        return b"".join([self._serve(e, max(offset, e.start), min(end, e.stop), read_through) for e in extents])
+
+    def _serve(self, extent: Extent, start: int, stop: int, read_through: bool) -> memoryview:
+        """File bytes ``[start, stop)``, which ``extent`` holds; count the chunks as hits."""
+        lo, hi = start + extent.delta, stop + extent.delta
         run, ends = extent.run, extent.layout.unpacked_ends
-        self.runs.hit(run, bisect_right(ends, hi - 1) + 1 - bisect_right(ends, lo))
+        first = last = bisect_right(ends, lo, run.first, run.stop - 1)  # (among the run's chunks only)
+        while ends[last] < hi:  # (a small read touches one chunk: no second bisection)
+            last += 1
+        self.runs.hit(run, last + 1 - first)
         if read_through and run.hi <= hi:
             self.runs.read_through(run)
         return run.data[lo - run.lo : hi - run.lo]  # the extent lies within the run
