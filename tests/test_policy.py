@@ -185,6 +185,7 @@ def test_streams_stay_distinct_and_their_index_stays_true_under_any_mix_of_reads
             for front, s in p._fronts.items():
                 assert s.front == front and any(s is t for t in p.streams)
             assert p._prefetching == sum(1 for s in p.streams if s.window)
+            assert len(p._singles) <= p.max_singles
 
 
 def test_random_reads_take_the_place_of_random_reads_only() -> None:

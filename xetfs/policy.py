@@ -16,10 +16,13 @@ kernel sends a sequential reader's requests several at a time and they may
 arrive out of order, and a page fault in a mapped file asks for the pages
 around it before the reads in front of it have come, so once a stream is
 prefetching, any read from its start to ``slack`` past its front, or to the
-end of what it has prefetched, belongs to it. Any other read starts a new
-stream; the stream that has covered the fewest bytes gives way, so that
-another process's random reads of the file do not end a sequential reader's
-stream.
+end of what it has prefetched, belongs to it.
+
+Any other read is remembered among the last ``max_singles`` such reads, and a
+read that starts where one of those ended makes the two a new stream; the
+stream that has covered the fewest bytes gives way to it.  So random reads,
+the most common reads of all, cost two dict lookups and never end a
+sequential reader's stream, however many another process makes.
 
 A stream prefetches once it has covered ``min_stream`` bytes, so that two
 small random reads that happen to be adjacent decode nothing ahead. Its window
@@ -36,7 +39,8 @@ DEFAULT_MAXIMUM = 16 * 1024 * 1024  # (32 MiB: the same 1 GiB model load time, 3
 DEFAULT_SLACK = 4 * 1024 * 1024
 DEFAULT_MIN_STREAM = 256 * 1024
 DEFAULT_STREAMS = 8
-DEFAULT_SMALL = 64 * 1024  # streams that covered no more are taken for random reads
+DEFAULT_SINGLES = 16
+DEFAULT_SMALL = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +75,13 @@ class ReadPolicy:
     slack: int = DEFAULT_SLACK
     min_stream: int = DEFAULT_MIN_STREAM
     max_streams: int = DEFAULT_STREAMS
-    small: int = DEFAULT_SMALL
+    max_singles: int = DEFAULT_SINGLES
+    small: int = DEFAULT_SMALL  # reads shorter than this that continue nothing are singles
     streams: list[Stream] = field(default_factory=list)  # most recently used first
-    # Every read asks "does a stream end here?", and most random reads only that: a dict answers it
-    # without a walk over the streams.  (Two streams may end at one offset; the last to get there is
-    # the one continued.)
+    # Where each stream's reads end (two streams may end at one offset: the last to get there is the
+    # one continued), and where the last reads that continued no stream began, by where they ended.
     _fronts: dict[int, Stream] = field(default_factory=dict)
+    _singles: dict[int, int] = field(default_factory=dict)
     _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
 
     def on_read(self, offset: int, length: int, file_size: int, busy: bool = False) -> Decision:
@@ -88,12 +93,20 @@ class ReadPolicy:
         if stream is None and self._prefetching:
             stream = self._near(offset)
         if stream is None:
-            self._start(offset, end)
-            return RANDOM
-        streams = self.streams
-        if stream is not streams[0]:
-            streams.remove(stream)
-            streams.insert(0, stream)
+            singles = self._singles
+            start = singles.pop(offset, None)
+            if start is None:
+                if length < self.small:
+                    singles[end] = offset
+                    if len(singles) > self.max_singles:
+                        del singles[next(iter(singles))]  # the oldest
+                else:  # a larger read may be a sequential reader's first: a stream at once
+                    self._advance(self._start(offset), end)
+                return RANDOM
+            stream = self._start(start)
+        elif stream is not self.streams[0]:
+            self.streams.remove(stream)
+            self.streams.insert(0, stream)
         if end > stream.front:
             self._advance(stream, end)
         if stream.front - stream.start < self.min_stream:
@@ -123,27 +136,17 @@ class ReadPolicy:
         stream.front = front
         fronts[front] = stream
 
-    def _start(self, offset: int, end: int) -> None:
+    def _start(self, start: int) -> Stream:
+        """A new stream from ``start``, first (the read that makes it advances it)."""
         streams = self.streams
-        if len(streams) < self.max_streams:
-            stream = Stream(offset, offset, ahead_end=end)
-        else:
-            # The stream that has covered the fewest bytes gives way (the least recently used of those),
-            # so that another reader's random reads do not end a sequential reader's stream.  Streams no
-            # longer than this read or ``small`` are all alike (random reads, the usual case): the least
-            # recently used of them gives way without a look at the others.
-            at = len(streams) - 1
-            least = streams[at].front - streams[at].start
-            i = at
-            alike = max(end - offset, self.small)
-            while least > alike and i > 0:
-                i -= 1
-                covered = streams[i].front - streams[i].start
-                if covered < least:
-                    at, least = i, covered
-            stream = streams.pop(at)  # (its object is reused: one is needed for every random read)
-            if stream.window:
+        if len(streams) >= self.max_streams:
+            # The stream that has covered the fewest bytes gives way (the least recently used of those).
+            at = min(range(len(streams)), key=lambda i: (streams[i].front - streams[i].start, -i))
+            gone = streams.pop(at)
+            if gone.window:
                 self._prefetching -= 1
-            stream.start, stream.window, stream.ahead_end = offset, 0, end
-        self._advance(stream, end)
+            if self._fronts.get(gone.front) is gone:
+                del self._fronts[gone.front]
+        stream = Stream(start, start)
         streams.insert(0, stream)
+        return stream
