@@ -63,6 +63,7 @@ class _Reading:
     for again by the others.  So the read policy is per file, not per handle.
     """
 
+    entry: FileEntry
     policy: ReadPolicy
     opens: int = 0  # handles open on the file
     prefetching: int = 0  # prefetch tasks running for the file
@@ -174,6 +175,7 @@ class XetFS(_ReadOnly):
         self._stats_latest: bytes | None = None  # the document taken at the latest open of .xetfs/stats
         self._nursery: trio.Nursery | None = None
         self._prefetch = self.options.prefetch and reader.runs.capacity >= MIN_CACHE_FOR_PREFETCH
+        self._prefetch_tasks = 0  # prefetch tasks a file may have running (none until start_background)
         self._keep_cache = not self.options.direct_io  # the kernel's page cache keeps what was read
         if self.options.prefetch and not self._prefetch:
             log.info("prefetch off: the cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
@@ -181,6 +183,7 @@ class XetFS(_ReadOnly):
     def start_background(self, nursery: trio.Nursery) -> None:
         """Give the filesystem a nursery for readahead tasks."""
         self._nursery = nursery
+        self._prefetch_tasks = PREFETCH_TASKS if self._prefetch else 0
 
     # -- names and attributes ---------------------------------------------
 
@@ -336,9 +339,11 @@ class XetFS(_ReadOnly):
             handle.snapshot = node.data
             self._handles[fh] = handle
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=True)
+        if node.entry is None:
+            raise pyfuse3.FUSEError(errno.EIO)
         reading = self._reading.get(inode)
         if reading is None:
-            reading = self._reading[inode] = _Reading(ReadPolicy(maximum=self.options.prefetch_max))
+            reading = self._reading[inode] = _Reading(node.entry, ReadPolicy(maximum=self.options.prefetch_max))
         reading.opens += 1
         handle.reading = reading
         direct = self.options.direct_io
@@ -354,14 +359,12 @@ class XetFS(_ReadOnly):
             handle = self._handles.get(fh)
             if handle is None:
                 raise pyfuse3.FUSEError(errno.EBADF)
-            entry, reading = handle.node.entry, handle.reading
+            reading = handle.reading
             if reading is None:  # bytes fixed at open (stats, a Hub ref)
                 return handle.snapshot[off : off + size]
-            if entry is None:
-                raise pyfuse3.FUSEError(errno.EIO)
+            entry = reading.entry
             self._reads.requests += 1
-            busy = reading.prefetching >= PREFETCH_TASKS or self._nursery is None or not self._prefetch
-            decision = reading.policy.on_read(off, size, entry.size, busy)
+            decision = reading.policy.on_read(off, size, entry.size, reading.prefetching >= self._prefetch_tasks)
             if decision.prefetch is not None and self._nursery is not None:
                 reading.prefetching += 1
                 self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)

@@ -42,7 +42,7 @@ class State(enum.Enum):
     GONE = "gone"  # evicted: its memory is given back
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Run:
     """Decoded chunks ``[first, stop)`` of a xorb: its decoded bytes ``[lo, hi)``, in ``data``."""
 
