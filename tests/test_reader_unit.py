@@ -19,7 +19,7 @@ from helpers.served import run_served
 from helpers.writer import FileSpec, StoreBuilder, TermSpec
 
 from xetfs import hashes, index
-from xetfs import reader as reader_module
+from xetfs import loader as loader_module
 from xetfs.errors import IntegrityError, MissingObjectError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.index import Index
@@ -260,7 +260,7 @@ def test_partly_cached_range_needs_one_read_per_gap(tmp_path: Path) -> None:
 
 def test_long_runs_are_split(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # scheme 0 chunks of 1000 bytes take 1008 bytes on disk; allow two per pread
-    monkeypatch.setattr(reader_module, "MAX_RUN_BYTES", 2500)
+    monkeypatch.setattr(loader_module, "MAX_RUN_BYTES", 2500)
     content = random.Random(15).randbytes(10_000)
     b = StoreBuilder(tmp_path)
     fh = b.add_file(content, chunk_size=1000)

@@ -32,13 +32,14 @@ from xetfs.fs import FsOptions, XetFS
 from xetfs.hubtree import build_hub_tree
 from xetfs.index import Index
 from xetfs.indexer import load_index
+from xetfs.loader import RUN_BYTES, inline_io, threaded_io
 from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import Manifest
 from xetfs.objects import is_url
 from xetfs.pack import load_manifest, store_manifest
 from xetfs.policy import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
 from xetfs.pool import DecodePool, default_workers, slots_for
-from xetfs.reader import RUN_BYTES, Reader, inline_io, threaded_io
+from xetfs.reader import Reader
 from xetfs.remote import RemoteStore, open_store
 from xetfs.stats import RemoteCounters
 from xetfs.store import StoreLike
