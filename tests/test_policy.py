@@ -188,9 +188,8 @@ def test_streams_stay_distinct_and_their_index_stays_true_under_any_mix_of_reads
             assert len(p._singles) <= p.max_singles
 
 
-def test_random_reads_take_the_place_of_random_reads_only() -> None:
-    # Once eight random reads have been seen, each new one replaces the oldest of them at once, while
-    # a stream that has covered more (here a sequential reader's) is kept.
+def test_random_reads_never_take_the_place_of_a_stream() -> None:
+    # Small random reads are only remembered; a stream that has covered more (a sequential reader's) stays.
     p = policy()
     p.on_read(0, 128 * 1024, SIZE)
     rng = random.Random(5)
@@ -198,3 +197,36 @@ def test_random_reads_take_the_place_of_random_reads_only() -> None:
         p.on_read(rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 4096, SIZE)
     p.on_read(128 * 1024, 128 * 1024, SIZE)
     assert p.streams[0].start == 0 and p.streams[0].front == 256 * 1024  # it went on
+    assert len(p.streams) == 1 and len(p._singles) <= p.max_singles
+
+
+def first_prefetch(p: ReadPolicy, reads: list[tuple[bool, int, int]]) -> int | None:
+    """Which of the sequential reader's reads (the ones marked True) first got a prefetch window."""
+    n = 0
+    for mine, off, length in reads:
+        d = p.on_read(off, length, SIZE)
+        n += mine
+        if mine and d.prefetch is not None:
+            return n
+    return None
+
+
+def test_readers_in_step_make_one_stream_that_prefetches() -> None:
+    # Two or three readers of one file with --direct-io, at the same offsets in turn.
+    for readers in (2, 3):
+        reads = [(r == 0, off, 4096) for off in range(0, 4 * MiB, 4096) for r in range(readers)]
+        assert first_prefetch(policy(), reads) == 64, readers  # 256 KiB covered, as for one reader
+    p = policy()
+    first_prefetch(p, [(r == 0, off, 16384) for off in range(0, MiB, 16384) for r in range(2)])
+    assert len(p.streams) == 1
+
+
+def test_a_small_block_reader_keeps_its_stream_among_larger_random_reads() -> None:
+    # 4 KiB sequential reads, with other processes' 128 KiB random reads in between.
+    rng = random.Random(11)
+    for between in (1, 3):
+        reads: list[tuple[bool, int, int]] = []
+        for off in range(0, 4 * MiB, 4096):
+            reads.append((True, off, 4096))
+            reads += [(False, rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 128 * 1024) for _ in range(between)]
+        assert first_prefetch(policy(), reads) == 64, between

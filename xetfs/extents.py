@@ -6,7 +6,8 @@ that work gives the same answer again and again, and for small random reads
 it is most of the daemon's cost.  So the reader remembers, per file, the file
 ranges each run it served covers (``Extent``: within one term, so file and
 decoded xorb offsets differ by a constant), and a later read that lies inside
-one extent whose run is still held is answered from it directly.
+one extent, or inside extents that follow on from each other, whose runs are
+still held is answered from them directly.
 
 Extents are only a shortcut: a run's extents are dropped when the run is
 evicted (``forget``), so they are bounded by what the store of runs holds and

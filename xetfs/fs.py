@@ -41,7 +41,7 @@ BLOCK_SIZE = 1024 * 1024  # st_blksize: tells tools to read in large pieces
 ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
 XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
 MIN_CACHE_FOR_PREFETCH = 64 * 1024 * 1024
-PREFETCH_TASKS = 2  # prefetch windows of one handle decoding at once: the next starts while the last finishes
+PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
 
 
 @dataclass(frozen=True)

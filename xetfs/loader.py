@@ -9,7 +9,7 @@ verified by a decode worker into a slot of shared memory
 them, in the daemon, from one read of the serialized chunks
 (``Store.read_chunks``, the I/O seam).  ``Loader.layout`` reads and checks a
 xorb's layout the same way, and ``Loader.run_stop`` says where a run ends:
-one slot (2 MiB; 1 MiB when decoding in the daemon) at most.
+one slot (2 MiB) at most, or ``run_bytes`` without decode workers.
 
 Blocking store reads go through ``io``, which may run them inline (fastest)
 or in a worker thread with a time bound.  Runs on one trio thread.

@@ -18,11 +18,16 @@ around it before the reads in front of it have come, so once a stream is
 prefetching, any read from its start to ``slack`` past its front, or to the
 end of what it has prefetched, belongs to it.
 
-Any other read is remembered among the last ``max_singles`` such reads, and a
-read that starts where one of those ended makes the two a new stream; the
-stream that has covered the fewest bytes gives way to it.  So random reads,
-the most common reads of all, cost two dict lookups and never end a
-sequential reader's stream, however many another process makes.
+Any other read shorter than ``small`` is only remembered, among the last
+``max_singles`` such reads, and a read that starts where one of those ended
+makes the two a new stream; a longer read starts a stream at once (it may be
+a sequential reader's first).  A new stream takes the place of the least
+recently used stream that has covered no more than the read that makes it,
+or else of the stream that has covered the fewest bytes.  So small random
+reads, the most common reads of all, cost a few dict lookups and never end
+a sequential reader's stream, however many another process makes.  Two
+streams that come to end at the same offset (two readers in step) become
+one.
 
 A stream prefetches once it has covered ``min_stream`` bytes, so that two
 small random reads that happen to be adjacent decode nothing ahead. Its window
@@ -101,9 +106,9 @@ class ReadPolicy:
                     if len(singles) > self.max_singles:
                         del singles[next(iter(singles))]  # the oldest
                 else:  # a larger read may be a sequential reader's first: a stream at once
-                    self._advance(self._start(offset), end)
+                    self._advance(self._start(offset, length), end)
                 return RANDOM
-            stream = self._start(start)
+            stream = self._start(start, length)
         elif stream is not self.streams[0]:
             self.streams.remove(stream)
             self.streams.insert(0, stream)
@@ -134,14 +139,32 @@ class ReadPolicy:
         if fronts.get(stream.front) is stream:
             del fronts[stream.front]
         stream.front = front
+        other = fronts.get(front)
+        if other is not None and other is not stream:
+            # Two streams end here now (two readers in step): one stream from here on, or the other
+            # could never be continued again.
+            self.streams.remove(other)
+            if other.window:
+                self._prefetching -= 1 if stream.window else 0
+                stream.window = max(stream.window, other.window)
+            stream.start = min(stream.start, other.start)
+            stream.ahead_end = max(stream.ahead_end, other.ahead_end)
         fronts[front] = stream
 
-    def _start(self, start: int) -> Stream:
-        """A new stream from ``start``, first (the read that makes it advances it)."""
+    def _start(self, start: int, length: int) -> Stream:
+        """A new stream from ``start``, first, for a read of ``length`` (which then advances it)."""
         streams = self.streams
         if len(streams) >= self.max_streams:
-            # The stream that has covered the fewest bytes gives way (the least recently used of those).
-            at = min(range(len(streams)), key=lambda i: (streams[i].front - streams[i].start, -i))
+            # The least recently used stream no longer than this read gives way, else the one that has
+            # covered the fewest bytes (the least recently used of those).
+            at = least = -1
+            for i in range(len(streams) - 1, -1, -1):
+                covered = streams[i].front - streams[i].start
+                if covered <= length:
+                    at = i
+                    break
+                if least < 0 or covered < least:
+                    at, least = i, covered
             gone = streams.pop(at)
             if gone.window:
                 self._prefetching -= 1

@@ -94,7 +94,7 @@ class Loaded:
 
 
 Cut = Callable[[int, int], Sequence[tuple[int, int]]]
-Loader = Callable[[int, int], Awaitable[Loaded]]
+LoadFn = Callable[[int, int], Awaitable[Loaded]]
 Entry = Run | Load
 _FIRST = attrgetter("first")  # entries of a xorb are kept sorted by it
 
@@ -127,7 +127,7 @@ class RunStore:
     # -- lookups ----------------------------------------------------------
 
     async def get(
-        self, xorb_hash: bytes, first: int, stop: int, cut: Cut, load: Loader, *, prefetch: bool = False
+        self, xorb_hash: bytes, first: int, stop: int, cut: Cut, load: LoadFn, *, prefetch: bool = False
     ) -> list[Run]:
         """Runs covering chunks ``[first, stop)``, in order; gaps are loaded with ``cut`` and ``load``.
 
@@ -298,7 +298,7 @@ class RunStore:
         bisect.insort(entries, ld, key=_FIRST)
         return ld
 
-    async def _load(self, xorb_hash: bytes, ld: Load, load: Loader, prefetch: bool) -> None:
+    async def _load(self, xorb_hash: bytes, ld: Load, load: LoadFn, prefetch: bool) -> None:
         try:
             loaded = await load(ld.first, ld.stop)
         except XetfsError as exc:
