@@ -83,8 +83,8 @@ class ReadPolicy:
     max_singles: int = DEFAULT_SINGLES
     small: int = DEFAULT_SMALL  # reads shorter than this that continue nothing are singles
     streams: list[Stream] = field(default_factory=list)  # most recently used first
-    # Where each stream's reads end (two streams may end at one offset: the last to get there is the
-    # one continued), and where the last reads that continued no stream began, by where they ended.
+    # Where each stream's reads end (one stream per offset: two that meet become one), and where the
+    # last reads that continued no stream began, by where they ended.
     _fronts: dict[int, Stream] = field(default_factory=dict)
     _singles: dict[int, int] = field(default_factory=dict)
     _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
