@@ -82,7 +82,9 @@ class Extents:
             return None
         found = []
         pos = start
-        for extent in f.extents[i:]:
+        extents = f.extents
+        for j in range(i, len(extents)):  # (not a slice: that would copy the rest of the file's extents)
+            extent = extents[j]
             if extent.start > pos or extent.run.state is not State.HELD:
                 return None
             found.append(extent)
