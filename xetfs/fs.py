@@ -373,7 +373,7 @@ class XetFS(_ReadOnly):
             data: bytes | memoryview | None = self.reader.read_now(entry, off, size, read_through)
             if data is None:
                 try:
-                    data = await self.reader.read(entry, off, size, read_through=read_through)
+                    data = await self.reader.read_uncached(entry, off, size, read_through=read_through)
                 except XetfsError as exc:
                     log.error("read of %s at offset %d (%d bytes) failed: %s", self._describe(handle.node), off,
                               size, exc)  # fmt: skip

@@ -136,6 +136,12 @@ class Reader:
         data = self.read_now(entry, offset, size, read_through)
         if data is not None:
             return data
+        return await self.read_uncached(entry, offset, size, read_through=read_through)
+
+    async def read_uncached(
+        self, entry: FileEntry, offset: int, size: int, *, read_through: bool = False
+    ) -> bytes | memoryview:
+        """``read`` by the full path: for bytes ``read_now`` did not answer (the caller asked it first)."""
         held: list[list[Run]] = []
         try:
             # Bytes the store holds are served at once: no await, nothing pinned or loaded.
