@@ -106,8 +106,6 @@ class RemoteOptions:
         pairs = []
         for line in header_lines(headers or ()):
             name, sep, value = line.partition(":")
-            if not line.strip():
-                continue
             if not sep or not name.strip():
                 raise StoreError(f"not an HTTP header (want 'Name: value'): {name.strip()[:40]!r}")
             pairs.append((name.strip(), value.strip()))
