@@ -112,6 +112,22 @@ def test_random_4k_reads(big_store: OracleStore) -> None:
         assert s["prefetch"]["requests"] <= 3  # only where a random read happened to follow the one before
 
 
+def test_a_small_block_sequential_reader_gets_prefetch(big_store: OracleStore) -> None:
+    """4 KiB reads with --direct-io: most land in the chunk the read before loaded, and still make a stream."""
+    f = big_store["big.bin"]
+    data = f.read()[: 8 * MiB]
+    with mounted(big_store.path, "--direct-io") as m:
+        m.wait_for_workers()
+        fd = os.open(m / f.hash, os.O_RDONLY)
+        try:
+            for off in range(0, len(data), 4096):
+                assert os.pread(fd, 4096, off) == data[off : off + 4096], off
+        finally:
+            os.close(fd)
+        s = settled(m)
+        assert s["prefetch"]["requests"] > 0 and s["prefetch"]["hits"] > 0, s["prefetch"]
+
+
 @pytest.mark.parametrize("readers", [2, 4])
 def test_concurrent_readers_of_one_file(big_store: OracleStore, readers: int) -> None:
     f = big_store["big.bin"]

@@ -230,3 +230,50 @@ def test_a_small_block_reader_keeps_its_stream_among_larger_random_reads() -> No
             reads.append((True, off, 4096))
             reads += [(False, rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 128 * 1024) for _ in range(between)]
         assert first_prefetch(policy(), reads) == 64, between
+
+
+CHUNK = 64 * 1024
+
+
+def told_reads(p: ReadPolicy, reads: list[tuple[int, int]], cached: set[int]) -> list[int | None]:
+    """Drive ``p`` as ``fs.read`` does: a read of cached bytes (by 64 KiB chunk) is told only if ``watches``.
+
+    Returns, per read, the prefetch length decided (0 for none), or None if the policy was not told.
+    """
+    out: list[int | None] = []
+    for off, length in reads:
+        chunks = set(range(off // CHUNK, (off + length - 1) // CHUNK + 1))
+        if chunks <= cached and not p.watches(off):
+            out.append(None)
+            continue
+        d = p.on_read(off, length, SIZE)
+        cached |= chunks
+        out.append(d.prefetch[1] if d.prefetch else 0)
+    return out
+
+
+def test_reads_of_cached_bytes_that_continue_nothing_are_left_out() -> None:
+    p = policy()
+    assert not p.watches(0) and not p.watches(4096)
+    p.on_read(8192, 4096, SIZE)
+    assert p.watches(12288) and not p.watches(16384)  # continues the read remembered
+    rng = random.Random(3)
+    cached = set(range(SIZE // CHUNK))
+    reads = [(rng.randrange(SIZE // 4096) * 4096, 4096) for _ in range(2000)]
+    told = told_reads(p, reads, cached)
+    assert told.count(None) >= 1990  # only those that by chance start where a remembered read ended
+
+
+def test_a_small_block_reader_is_seen_though_most_of_its_reads_are_cached() -> None:
+    # 4 KiB reads: sixteen of each 64 KiB chunk are answered by the chunk the first one loaded.
+    reads = [(off, 4096) for off in range(0, 4 * MiB, 4096)]
+    told = told_reads(policy(), reads, set())
+    assert None not in told  # every read after the first continues one that was told
+    first = next(i for i, t in enumerate(told) if t)
+    assert first == 63  # 256 KiB covered, as when told of every read
+    # Starting in bytes already cached: seen from its first read of bytes that are not.
+    p = policy()
+    told = told_reads(p, reads, set(range(16)))  # the first MiB cached
+    assert told[:256] == [None] * 256
+    assert told.index(next(t for t in told if t)) == 256 + 63
+    assert all(p.watches(off) for off in range(0, SIZE, 8 * MiB))  # it prefetches: every read is told

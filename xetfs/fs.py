@@ -362,15 +362,21 @@ class XetFS(_ReadOnly):
             reading = handle.reading
             if reading is None:  # bytes fixed at open (stats, a Hub ref)
                 return handle.snapshot[off : off + size]
-            entry = reading.entry
+            entry, policy = reading.entry, reading.policy
             self._reads.requests += 1
-            decision = reading.policy.on_read(off, size, entry.size, reading.prefetching >= self._prefetch_tasks)
+            data: bytes | memoryview | None
+            if not policy.watches(off):  # (random reads of cached bytes end here: nothing to decide)
+                data = self.reader.read_now(entry, off, size)
+                if data is not None:
+                    self._reads.bytes += len(data)
+                    return data
+            decision = policy.on_read(off, size, entry.size, reading.prefetching >= self._prefetch_tasks)
             if decision.prefetch is not None and self._nursery is not None:
                 reading.prefetching += 1
                 self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)
             # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
             read_through = decision.sequential and self._keep_cache
-            data: bytes | memoryview | None = self.reader.read_now(entry, off, size, read_through)
+            data = self.reader.read_now(entry, off, size, read_through)
             if data is None:
                 try:
                     data = await self.reader.read_uncached(entry, off, size, read_through=read_through)

@@ -29,6 +29,14 @@ a sequential reader's stream, however many another process makes.  Two
 streams that come to end at the same offset (two readers in step) become
 one.
 
+The caller may leave out reads that cached bytes answer unless ``watches``
+says otherwise: a read that continues no stream and no remembered read, while
+no stream is prefetching, can only be remembered as a single or start a
+stream that has not prefetched yet.  So a random reader's reads of cached
+bytes, the commonest request of all, skip the policy, and a sequential
+reader is seen from its first read of bytes not cached on: every read after
+that one continues it, cached or not.
+
 A stream prefetches once it has covered ``min_stream`` bytes, so that two
 small random reads that happen to be adjacent decode nothing ahead. Its window
 then doubles on every read up to ``maximum``, and is topped up once half of it
@@ -126,6 +134,14 @@ class ReadPolicy:
             return SEQUENTIAL
         stream.ahead_end = stop
         return Decision(True, (start, stop - start))
+
+    def watches(self, offset: int) -> bool:
+        """Whether ``on_read`` must be told of a read at ``offset`` even if cached bytes answer it.
+
+        Only such a read can change a decision: it continues a stream or a remembered read, or a
+        stream is prefetching (its window and drop-behind follow every read of the file).
+        """
+        return self._prefetching > 0 or offset in self._fronts or offset in self._singles
 
     def _near(self, offset: int) -> Stream | None:
         """The prefetching stream (most recently used first) a read at ``offset`` lies in, if any."""
