@@ -342,3 +342,50 @@ def test_a_read_inside_one_run_is_a_view_of_it(tmp_path: Path, pool: DecodePool)
         assert reader.statistics().cache.shared_bytes == 8000
     finally:
         reader.runs.clear()
+
+
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_without_a_ready_worker_the_daemon_decodes_into_slots(tmp_path: Path, corrupt: bool) -> None:
+    """Before a worker is ready (or after one is lost), a run worth a slot is decoded by the daemon into a
+    slot, not into its own memory: the runs workers would have held take no more memory than theirs.  A
+    chunk that fails costs only its bytes, and every slot is free again after."""
+    store, file_hash, xorb_hash = _store(tmp_path)
+    idx = index.build([parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()])
+    entry = idx.get(file_hash)
+    assert entry is not None
+    whole = b"".join(bytes(c) for c in _whole_file(store, idx, file_hash))
+    bad = 20  # chunk 20 lies in file bytes [20,000, 21,000)
+    if corrupt:
+        layout, path = store.load_layout(xorb_hash), store.xorb_path(xorb_hash)
+        store.close()
+        path.chmod(0o644)
+        data = bytearray(path.read_bytes())
+        data[layout.phys_ends[bad] - 10] ^= 0x01  # in the chunk's payload
+        path.write_bytes(bytes(data))
+        store = Store.open(tmp_path)
+    pool = DecodePool(1, slots=6, slot_size=64 * 1024)  # never started: no worker will be ready
+    pool.min_job_bytes = 0
+    reader = Reader(idx, store, pool=pool, cache_size=1 << 20)
+
+    async def body() -> None:
+        got = await reader.read(entry, 0, 8000)  # chunks 0..7: one run, in a slot
+        assert isinstance(got, memoryview) and bytes(got) == whole[:8000]
+        assert reader.statistics().cache.shared_bytes == 8000
+        if corrupt:
+            with pytest.raises(IntegrityError):
+                await reader.read(entry, 16_000, 8000)
+            assert bytes(await reader.read(entry, 16_000, 4000)) == whole[16_000:20_000]  # the rest of its run
+        else:
+            assert bytes(await reader.read(entry, 0, entry.size)) == whole
+
+    try:
+        trio.run(body)
+        s = reader.statistics()
+        assert s.decode.in_workers == 0
+        # Corrupt: runs of chunks 0..7 and 16..23 but chunk 20, whose good chunks were copied out of the slot.
+        assert (s.decode.chunks, s.cache.shared_bytes) == ((15, 8000) if corrupt else (40, 40_000))
+        reader.runs.clear()
+        assert _free_slots(pool) == pool.statistics().slots
+    finally:
+        reader.close()
+        store.close()

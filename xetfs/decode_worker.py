@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from xetfs import errors
 from xetfs.errors import XetfsError
-from xetfs.format.xorb import ChunkSpec, XorbLayout, decode_chunks
+from xetfs.format.xorb import ChunkSpec, XorbLayout, decode_chunks_into
 from xetfs.hashes import to_hex
 from xetfs.malloc import keep_freed_memory
 from xetfs.store import OpenFiles, read_chunk_run, read_layout
@@ -125,16 +125,8 @@ def run_job(files: OpenFiles, out: memoryview, job: DecodeJob) -> Decoded:
         data = read_chunk_run(fd, first.phys_start, last.phys_end, first.chunk, last.chunk + 1, where=where)
     except XetfsError as exc:
         return Decoded(job.job_id, [WorkerError.of(exc)] * len(job.specs), 0)
-    sizes: list[int | WorkerError] = []
-    pos = 0
-    for chunk in decode_chunks(data, job.xorb_hash, job.specs):
-        if isinstance(chunk, XetfsError):
-            sizes.append(WorkerError.of(chunk))
-            continue
-        size = len(chunk)
-        out[pos : pos + size] = chunk
-        pos += size
-        sizes.append(size)
+    sizes = [WorkerError.of(s) if isinstance(s, XetfsError) else s
+             for s in decode_chunks_into(data, job.xorb_hash, job.specs, out)]  # fmt: skip
     return Decoded(job.job_id, sizes, len(data))
 
 

@@ -4,10 +4,12 @@
 a xorb, decodes them and checks every chunk against its hash from the xorb
 footer (itself tied to the xorb's name) before it becomes part of a run
 (``runs.Run``).  Ranges worth a process round trip are read, decoded and
-verified by a decode worker into a slot of shared memory
-(``pool.DecodePool``); small ones, and all of them when no worker can take
-them, in the daemon, from one read of the serialized chunks
-(``Store.read_chunks``, the I/O seam).  ``Loader.layout`` reads and checks a
+verified into a slot of shared memory (``pool.DecodePool``) by a decode
+worker, or by the daemon while no worker can take them (starting, or lost),
+so that the daemon's own memory never holds what a slot would; small ones,
+and any when every slot is in use, in the daemon's memory.  The daemon
+decodes from one read of the serialized chunks (``Store.read_chunks``, the
+I/O seam).  ``Loader.layout`` reads and checks a
 xorb's layout the same way, and ``Loader.run_stop`` says where a run ends:
 one slot (2 MiB) at most, or ``run_bytes`` without decode workers.
 
@@ -26,7 +28,7 @@ import trio
 from xetfs import hashes
 from xetfs.errors import StoreTimeoutError, XetfsError
 from xetfs.format.chunk import Buffer
-from xetfs.format.xorb import XorbLayout, chunk_specs, decode_chunks
+from xetfs.format.xorb import ChunkSpec, XorbLayout, chunk_specs, decode_chunks, decode_chunks_into
 from xetfs.pool import DecodePool, WorkerLost
 from xetfs.runs import Loaded, Run, RunStore
 from xetfs.stats import DecodeCounters, StoreCounters, WorkerCounters
@@ -129,44 +131,74 @@ class Loader:
         return stop
 
     async def load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
-        """Read, decode and verify chunks ``[first, stop)``: in a worker if worth it, else here."""
-        pool = self._ready_pool()
+        """Read, decode and verify chunks ``[first, stop)``: in a worker if worth it, else here.
+
+        A range worth a slot is decoded into one even here (no worker ready yet, or one was
+        lost), so the daemon's memory does not grow with runs that workers would have held;
+        with every slot in use (runs that reads are using, jobs in flight), it is decoded into
+        the daemon's memory rather than wait.
+        """
+        pool = self._pool
         size = layout.range_size(first, stop)
-        # With every slot in use (runs that reads are using, jobs in flight), decode here rather than wait.
         slot = self._take_slot(pool) if pool is not None and pool.min_job_bytes <= size <= pool.slot_size else None
-        if pool is not None and slot is not None:
+        if pool is None or slot is None:
+            data = await self._read(xorb_hash, layout, first, stop)
+            chunks = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
+            self._count(len(data), chunks)
+            return _runs(xorb_hash, layout, first, chunks)
+        specs = chunk_specs(layout, first, stop, verify=self.verify)
+        sizes = await self._in_worker(pool, slot, xorb_hash, specs) if pool.usable else None
+        if sizes is None:  # no worker ready yet, or it was lost: decode here, into the slot
             try:
-                path = str(self.store.xorb_path(xorb_hash))
-                decoded = await pool.decode(slot, path, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
-            except (WorkerLost, XetfsError) as exc:
+                data = await self._read(xorb_hash, layout, first, stop)
+                sizes = decode_chunks_into(data, xorb_hash, specs, pool.view(slot, size))
+            except BaseException:
                 pool.free_slot(slot)
-                if isinstance(exc, XetfsError):
-                    raise
-                self._decode.worker_fallbacks += 1
-            else:
-                sizes = [s if isinstance(s, int) else s.error() for s in decoded.sizes]
-                self._decode.in_workers += sum(isinstance(s, int) for s in sizes)
-                self._count(decoded.read_bytes, sizes)
-                if all(isinstance(s, int) for s in sizes):
-                    run = Run(xorb_hash, first, stop, layout.unpacked_start(first), pool.view(slot, size), slot)
-                    run.private = not self._shared(xorb_hash)
-                    return Loaded([run], {})
-                # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
-                pieces, at = [], 0
-                for s in sizes:
-                    pieces.append(bytes(pool.view(slot, at + s)[at:]) if isinstance(s, int) else s)
-                    at += s if isinstance(s, int) else 0
-                pool.free_slot(slot)
-                return _runs(xorb_hash, layout, first, pieces)
+                raise
+            self._count(len(data), sizes)
+        if all(isinstance(s, int) for s in sizes):
+            run = Run(xorb_hash, first, stop, layout.unpacked_start(first), pool.view(slot, size), slot)
+            run.private = not self._shared(xorb_hash)
+            return Loaded([run], {})
+        # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
+        pieces: list[Buffer | XetfsError] = []
+        at = 0
+        for s in sizes:
+            pieces.append(bytes(pool.view(slot, at + s)[at:]) if isinstance(s, int) else s)
+            at += s if isinstance(s, int) else 0
+        pool.free_slot(slot)
+        return _runs(xorb_hash, layout, first, pieces)
+
+    async def _in_worker(
+        self, pool: DecodePool, slot: int, xorb_hash: bytes, specs: list[ChunkSpec]
+    ) -> list[int | XetfsError] | None:
+        """Decode in a worker into ``slot``: per chunk its size or error; None if the worker was lost
+        (the slot is still the caller's).  If cancelled, the pool frees the slot once the worker is
+        done; if the xorb is missing, it is freed here."""
+        try:
+            path = str(self.store.xorb_path(xorb_hash))
+        except XetfsError:
+            pool.free_slot(slot)
+            raise
+        try:
+            decoded = await pool.decode(slot, path, xorb_hash, specs)
+        except WorkerLost:
+            self._decode.worker_fallbacks += 1
+            return None
+        sizes = [s if isinstance(s, int) else s.error() for s in decoded.sizes]
+        self._decode.in_workers += sum(isinstance(s, int) for s in sizes)
+        self._count(decoded.read_bytes, sizes)
+        return sizes
+
+    async def _read(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:
+        """The serialized chunks ``[first, stop)`` of a xorb, from the store (``io``, within ``fetch_width``)."""
         phys = (layout.phys_start(first), layout.phys_ends[stop - 1])
         if self._fetches is None:
-            data = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
-        else:
-            async with self._fetches:
-                data = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
-        chunks = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
-        self._count(len(data), chunks)
-        return _runs(xorb_hash, layout, first, chunks)
+            data: Buffer = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
+            return data
+        async with self._fetches:
+            fetched: Buffer = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
+            return fetched
 
     def _take_slot(self, pool: DecodePool) -> int | None:
         """A free slot, or None if every slot is in use.

@@ -242,6 +242,27 @@ def decode_chunks(data: Buffer, xorb_hash: bytes, specs: list[ChunkSpec]) -> lis
     return out
 
 
+def decode_chunks_into(
+    data: Buffer, xorb_hash: bytes, specs: list[ChunkSpec], out: memoryview
+) -> list[int | XetfsError]:
+    """``decode_chunks``, writing the decoded chunks one after another into ``out``.
+
+    Returns, per chunk, its decoded length or the error that stopped it (a
+    chunk that fails takes no room).  ``out`` must hold the specs' sizes.
+    """
+    sizes: list[int | XetfsError] = []
+    pos = 0
+    for chunk in decode_chunks(data, xorb_hash, specs):
+        if isinstance(chunk, XetfsError):
+            sizes.append(chunk)
+            continue
+        size = len(chunk)
+        out[pos : pos + size] = chunk
+        pos += size
+        sizes.append(size)
+    return sizes
+
+
 def _decode_chunk(view: memoryview, base: int, xorb: str, spec: ChunkSpec) -> Buffer:
     """The chunk ``spec`` describes; its header is at ``view[spec start - base]``; ``xorb`` names it."""
     i, phys_start, phys_end, size, expected = spec
