@@ -243,7 +243,7 @@ def told_reads(p: ReadPolicy, reads: list[tuple[int, int]], cached: set[int]) ->
     out: list[int | None] = []
     for off, length in reads:
         chunks = set(range(off // CHUNK, (off + length - 1) // CHUNK + 1))
-        if chunks <= cached and not p.watches(off):
+        if chunks <= cached and not p.watches(off, length):
             out.append(None)
             continue
         d = p.on_read(off, length, SIZE)
@@ -254,9 +254,9 @@ def told_reads(p: ReadPolicy, reads: list[tuple[int, int]], cached: set[int]) ->
 
 def test_reads_of_cached_bytes_that_continue_nothing_are_left_out() -> None:
     p = policy()
-    assert not p.watches(0) and not p.watches(4096)
+    assert not p.watches(0, 4096) and not p.watches(4096, 4096) and p.watches(0, 64 * 1024)
     p.on_read(8192, 4096, SIZE)
-    assert p.watches(12288) and not p.watches(16384)  # continues the read remembered
+    assert p.watches(12288, 4096) and not p.watches(16384, 4096)  # continues the read remembered
     rng = random.Random(3)
     cached = set(range(SIZE // CHUNK))
     reads = [(rng.randrange(SIZE // 4096) * 4096, 4096) for _ in range(2000)]
@@ -276,4 +276,36 @@ def test_a_small_block_reader_is_seen_though_most_of_its_reads_are_cached() -> N
     told = told_reads(p, reads, set(range(16)))  # the first MiB cached
     assert told[:256] == [None] * 256
     assert told.index(next(t for t in told if t)) == 256 + 63
-    assert all(p.watches(off) for off in range(0, SIZE, 8 * MiB))  # it prefetches: every read is told
+    assert all(p.watches(off, 4096) for off in range(0, SIZE, 8 * MiB))  # it prefetches: every read is told
+
+
+def test_larger_reads_are_told_though_cached() -> None:
+    # Kernel read-ahead sizes: a sequential reader that starts in cached bytes prefetches as soon as if
+    # the policy were told of every read.
+    for block in (128 * 1024, MiB):
+        reads = [(off, block) for off in range(0, 32 * MiB, block)]
+        told = told_reads(policy(), reads, set(range(8 * MiB // CHUNK)))  # the first 8 MiB cached
+        assert None not in told
+        assert next(i for i, t in enumerate(told) if t) == 1, block
+
+
+def test_a_read_it_does_not_watch_gets_no_decision() -> None:
+    # What fs.read leaves out (a read not watched, answered by cached bytes) could never have prefetched or
+    # been sequential, whatever the policy's state: random mixes of sequential, random and adjacent reads.
+    rng = random.Random(9)
+    for _ in range(20):
+        p = policy()
+        off = 0
+        for _ in range(2000):
+            kind = rng.random()
+            if kind < 0.4:
+                off += rng.choice((4096, 65536, MiB))  # sequential from the last read
+                length = rng.choice((4096, 65536, MiB))
+            elif kind < 0.6:
+                off, length = rng.randrange(SIZE // 4096) * 4096, rng.choice((4096, 8192, 65536))
+            else:
+                off, length = off + 4096, 4096
+            watched = p.watches(off, length)
+            d = p.on_read(off, length, SIZE)
+            if not watched:
+                assert d.prefetch is None and not d.sequential, (off, length)

@@ -364,19 +364,22 @@ class XetFS(_ReadOnly):
                 return handle.snapshot[off : off + size]
             entry, policy = reading.entry, reading.policy
             self._reads.requests += 1
+            read_through = False
             data: bytes | memoryview | None
-            if not policy.watches(off):  # (random reads of cached bytes end here: nothing to decide)
+            if not policy.watches(off, size):
+                # A small read that continues nothing: the policy decides nothing for it, only remembers it
+                # if it needs a load (random reads of cached bytes, the commonest request, end at once).
                 data = self.reader.read_now(entry, off, size)
-                if data is not None:
-                    self._reads.bytes += len(data)
-                    return data
-            decision = policy.on_read(off, size, entry.size, reading.prefetching >= self._prefetch_tasks)
-            if decision.prefetch is not None and self._nursery is not None:
-                reading.prefetching += 1
-                self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)
-            # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
-            read_through = decision.sequential and self._keep_cache
-            data = self.reader.read_now(entry, off, size, read_through)
+                if data is None:
+                    policy.on_read(off, size, entry.size)
+            else:
+                decision = policy.on_read(off, size, entry.size, reading.prefetching >= self._prefetch_tasks)
+                if decision.prefetch is not None and self._nursery is not None:
+                    reading.prefetching += 1
+                    self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)
+                # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
+                read_through = decision.sequential and self._keep_cache
+                data = self.reader.read_now(entry, off, size, read_through)
             if data is None:
                 try:
                     data = await self.reader.read_uncached(entry, off, size, read_through=read_through)

@@ -6,8 +6,9 @@ footer (itself tied to the xorb's name) before it becomes part of a run
 (``runs.Run``).  Ranges worth a process round trip are read, decoded and
 verified into a slot of shared memory (``pool.DecodePool``) by a decode
 worker, or by the daemon while no worker can take them (starting, or lost),
-so that the daemon's own memory never holds what a slot would; small ones,
-and any when every slot is in use, in the daemon's memory.  The daemon
+so that the daemon's memory does not fill with runs a worker would have
+held; small ones, and any when every slot is in use, into the daemon's
+memory.  The daemon
 decodes from one read of the serialized chunks (``Store.read_chunks``, the
 I/O seam).  ``Loader.layout`` reads and checks a
 xorb's layout the same way, and ``Loader.run_stop`` says where a run ends:

@@ -30,12 +30,13 @@ streams that come to end at the same offset (two readers in step) become
 one.
 
 The caller may leave out reads that cached bytes answer unless ``watches``
-says otherwise: a read that continues no stream and no remembered read, while
-no stream is prefetching, can only be remembered as a single or start a
-stream that has not prefetched yet.  So a random reader's reads of cached
-bytes, the commonest request of all, skip the policy, and a sequential
-reader is seen from its first read of bytes not cached on: every read after
-that one continues it, cached or not.
+says otherwise: a small read that continues no stream and no remembered
+read, while no stream is prefetching, can only be remembered.  So a random
+reader's small reads of cached bytes, the commonest request of all, skip the
+policy.  The price: a small-block sequential reader that starts in cached
+bytes is seen only from its first read of bytes not cached on (every read
+after that one continues it, cached or not), so its prefetch starts 64 reads
+later than it would have; larger reads are always told.
 
 A stream prefetches once it has covered ``min_stream`` bytes, so that two
 small random reads that happen to be adjacent decode nothing ahead. Its window
@@ -135,13 +136,15 @@ class ReadPolicy:
         stream.ahead_end = stop
         return Decision(True, (start, stop - start))
 
-    def watches(self, offset: int) -> bool:
-        """Whether ``on_read`` must be told of a read at ``offset`` even if cached bytes answer it.
+    def watches(self, offset: int, length: int) -> bool:
+        """Whether a read may get a decision: it may start or continue a stream, or a stream of the
+        file is prefetching (its window and drop-behind follow every read).
 
-        Only such a read can change a decision: it continues a stream or a remembered read, or a
-        stream is prefetching (its window and drop-behind follow every read of the file).
+        A read it does not watch, a small one that continues no stream and no remembered read, gets
+        no prefetch and is not sequential: ``on_read`` would only remember it, and the caller may
+        leave that out when cached bytes answer the read.
         """
-        return self._prefetching > 0 or offset in self._fronts or offset in self._singles
+        return self._prefetching > 0 or length >= self.small or offset in self._fronts or offset in self._singles
 
     def _near(self, offset: int) -> Stream | None:
         """The prefetching stream (most recently used first) a read at ``offset`` lies in, if any."""

@@ -1,8 +1,10 @@
 """The one store of decoded bytes: runs of verified chunks, shared by every reader (trio).
 
 A ``Run`` holds the decoded chunks ``[first, stop)`` of one xorb back to
-back, in memory it owns: a slot of the decode workers' shared memory, or a
-daemon buffer for runs decoded inline.  Runs are shared by every open file
+back, in memory it owns: a slot of the decode workers' shared memory
+(written by a worker, or by the daemon when none can take the job), or a
+daemon buffer for small runs and for runs decoded while every slot is in
+use.  Runs are shared by every open file
 and by every file whose terms use those chunks.  For each xorb the store
 keeps its runs, and the loads in progress, in chunk order without overlap,
 so ``get`` can tell which runs cover a chunk range and where the gaps are.
