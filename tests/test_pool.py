@@ -38,12 +38,14 @@ def pool() -> Iterator[DecodePool]:
     p.close()
 
 
-def _store(root: Path, size: int = 40_000, *, xorb_footer: bool = True) -> tuple[Store, bytes, bytes]:
-    """A one-xorb store holding one file of raw, LZ4 and BG4 chunks of 1000 bytes."""
+def _store(
+    root: Path, size: int = 40_000, *, xorb_footer: bool = True, schemes: tuple[int, ...] = (0, 1, 2)
+) -> tuple[Store, bytes, bytes]:
+    """A one-xorb store holding one file of chunks of 1000 bytes, stored raw, LZ4 and BG4 in turn."""
     rng = random.Random(7)
     content = rng.randbytes(size // 2) + bytes(rng.choice(b"xy") for _ in range(size - size // 2))
     b = StoreBuilder(root, xorb_footer=xorb_footer)
-    file_hash = b.add_file(content, chunk_size=1000, scheme=[0, 1, 2])
+    file_hash = b.add_file(content, chunk_size=1000, scheme=list(schemes))
     b.finish()
     (xorb_hash,) = b.xorbs
     return Store.open(root), file_hash, xorb_hash
@@ -115,6 +117,43 @@ def test_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, pool: D
     _, got = _decode(pool, str(path), xorb_hash, specs)
     assert all(isinstance(c, XetfsError) for c in got)
     assert "truncated" in str(got[0]) and "reading chunks [0, 6)" in str(got[0])
+
+
+@pytest.mark.parametrize("damage", ["none", "payload", "scheme", "length", "truncated"])
+def test_raw_chunks_read_straight_into_the_slot_decode_and_fail_as_in_the_daemon(
+    tmp_path: Path, pool: DecodePool, damage: str
+) -> None:
+    """Runs of raw chunks are read straight into the slot and checked there; whatever is wrong with them,
+    the worker reports what decoding in the daemon reports, message for message."""
+    store, _, xorb_hash = _store(tmp_path, schemes=(0,))
+    layout = store.load_layout(xorb_hash)
+    path = store.xorb_path(xorb_hash)
+    path.chmod(0o644)
+    raw = bytearray(path.read_bytes())
+    header = layout.phys_start(3)  # chunk 3's header
+    if damage == "payload":
+        raw[header + 8 + 20] ^= 0xFF
+    elif damage == "scheme":
+        raw[header + 4] = 1  # says LZ4: a payload of raw bytes is no LZ4 frame
+    elif damage == "length":
+        raw[header + 1] ^= 0x01  # the stored length disagrees with the footer
+    elif damage == "truncated":
+        del raw[layout.phys_ends[2] + 5 :]
+    path.write_bytes(bytes(raw))
+    for start, stop in [(0, 1), (0, 6), (2, 40)]:
+        data = store.read_xorb(xorb_hash, layout.phys_start(start), min(layout.phys_ends[stop - 1], len(raw)))
+        specs = chunk_specs(layout, start, stop, verify=True)
+        read_bytes, got = _decode(pool, str(path), xorb_hash, specs)
+        if damage == "truncated" and stop > 3:
+            assert all(isinstance(c, XorbFormatError) and "truncated" in str(c) for c in got)
+            continue
+        expected = decode_run(data, xorb_hash, layout, start, stop, verify=True)
+        assert read_bytes == len(data)
+        assert [type(c) for c in got] == [type(c) for c in expected]
+        assert [str(c) if isinstance(c, XetfsError) else c for c in got] == [
+            str(c) if isinstance(c, XetfsError) else c for c in expected
+        ], (damage, start, stop)
+        assert any(isinstance(c, XetfsError) for c in got) == (damage != "none" and start <= 3 < stop)
 
 
 def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodePool) -> None:

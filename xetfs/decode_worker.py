@@ -10,6 +10,8 @@ length-prefixed pickles (both ends are this package):
   describes from the xorb file at ``path``, decode and verify each, and write
   the decoded bytes one after another into the slot.  ``Decoded.sizes``
   holds, per chunk, its decoded length or the ``WorkerError`` that stopped it.
+  Chunks stored raw (most of a model's weights) are read straight into the
+  slot and checked there.
 * ``LayoutJob`` → ``LayoutLoaded``: read and check the xorb's layout
   (``store.read_layout``: footer, Merkle root against the name).
 
@@ -30,13 +32,15 @@ from dataclasses import dataclass
 
 from xetfs import errors
 from xetfs.errors import XetfsError
-from xetfs.format.xorb import ChunkSpec, XorbLayout, decode_chunks_into
+from xetfs.format.chunk import HEADER_SIZE
+from xetfs.format.xorb import ChunkSpec, XorbLayout, check_in_place, decode_chunks_into, stored_raw_sized
 from xetfs.hashes import to_hex
 from xetfs.malloc import keep_freed_memory
 from xetfs.store import OpenFiles, read_chunk_run, read_layout
 
 FRAME = struct.Struct("<I")
 MAX_OPEN_FILES = 64
+MAX_IN_PLACE_CHUNKS = 256  # two buffers a chunk in one preadv: within IOV_MAX (1024)
 
 # What a worker may name in an error, mapped back to the class the daemon raises.
 _ERROR_CLASSES: dict[str, type[XetfsError]] = {
@@ -121,6 +125,8 @@ def run_job(files: OpenFiles, out: memoryview, job: DecodeJob) -> Decoded:
     first, last = job.specs[0], job.specs[-1]
     try:
         fd = files.fd(job.path, job.xorb_hash)
+        if len(job.specs) <= MAX_IN_PLACE_CHUNKS and stored_raw_sized(job.specs) and _read_in_place(fd, job, out):
+            return Decoded(job.job_id, [spec.size for spec in job.specs], last.phys_end - first.phys_start)
         where = f"xorb {to_hex(job.xorb_hash)}"
         data = read_chunk_run(fd, first.phys_start, last.phys_end, first.chunk, last.chunk + 1, where=where)
     except XetfsError as exc:
@@ -128,6 +134,24 @@ def run_job(files: OpenFiles, out: memoryview, job: DecodeJob) -> Decoded:
     sizes = [WorkerError.of(s) if isinstance(s, XetfsError) else s
              for s in decode_chunks_into(data, job.xorb_hash, job.specs, out)]  # fmt: skip
     return Decoded(job.job_id, sizes, len(data))
+
+
+def _read_in_place(fd: int, job: DecodeJob, out: memoryview) -> bool:
+    """Read a run of raw-sized chunks with their payloads straight into ``out`` (headers aside), and
+    check them there (``check_in_place``): one copy less than reading, then decoding into ``out``.
+    False if anything is off; ``run_job`` then decodes the run the usual way, which says what."""
+    specs = job.specs
+    headers = memoryview(bytearray(HEADER_SIZE * len(specs)))
+    parts: list[memoryview] = []
+    pos = 0
+    for k, spec in enumerate(specs):
+        parts += (headers[k * HEADER_SIZE : (k + 1) * HEADER_SIZE], out[pos : pos + spec.size])
+        pos += spec.size
+    try:
+        read = os.preadv(fd, parts, specs[0].phys_start)
+    except OSError:
+        return False
+    return read == specs[-1].phys_end - specs[0].phys_start and check_in_place(headers, specs, out)
 
 
 def load_layout(files: OpenFiles, job: LayoutJob) -> LayoutLoaded:

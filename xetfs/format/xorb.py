@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from xetfs.errors import IntegrityError, XetfsError, XorbFormatError
-from xetfs.format.chunk import HEADER_SIZE, MAX_COMPRESSED, MAX_UNCOMPRESSED, Buffer, decode_chunk, parse_chunk_header
+from xetfs.format.chunk import (
+    HEADER_SIZE,
+    MAX_COMPRESSED,
+    MAX_UNCOMPRESSED,
+    SCHEME_NONE,
+    Buffer,
+    decode_chunk,
+    parse_chunk_header,
+)
 from xetfs.hashes import HASH_SIZE, chunk_hash, to_hex
 
 FOOTER_IDENT = b"XETBLOB"
@@ -261,6 +269,38 @@ def decode_chunks_into(
         pos += size
         sizes.append(size)
     return sizes
+
+
+def stored_raw_sized(specs: list[ChunkSpec]) -> bool:
+    """Whether every chunk's stored payload is as long as its decoded bytes, as raw chunks' are: then
+    the payloads can be read straight to where the decoded chunks go (``check_in_place``)."""
+    return all(spec.phys_end - spec.phys_start - HEADER_SIZE == spec.size for spec in specs)
+
+
+def check_in_place(headers: Buffer, specs: list[ChunkSpec], out: memoryview) -> bool:
+    """Finish chunks whose payloads were read straight to their places in ``out``, one after another
+    (``stored_raw_sized``), their headers back to back in ``headers``.
+
+    Checks each header against its spec, decodes in place a payload that is
+    stored compressed after all, and verifies each chunk.  False at the first
+    chunk that fails: the caller then decodes the run from its stored bytes
+    (``decode_chunks``), which says which chunks fail and why.
+    """
+    pos = 0
+    for k, (i, _, _, size, expected) in enumerate(specs):
+        place = out[pos : pos + size]
+        try:
+            header = parse_chunk_header(headers, k * HEADER_SIZE, where=f"chunk {i}")
+            if header.compressed_length != size or header.uncompressed_length != size:
+                return False
+            if header.scheme != SCHEME_NONE:
+                place[:] = decode_chunk(header.scheme, bytes(place), size, where=f"chunk {i}")
+        except XetfsError:
+            return False
+        if expected is not None and chunk_hash(place) != expected:
+            return False
+        pos += size
+    return True
 
 
 def _decode_chunk(view: memoryview, base: int, xorb: str, spec: ChunkSpec) -> Buffer:
