@@ -22,7 +22,7 @@ from helpers.writer import StoreBuilder
 from xetfs import index
 from xetfs.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
 from xetfs.format.shard import parse_shard
-from xetfs.format.xorb import ChunkSpec, chunk_specs, decode_run
+from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
 from xetfs.pool import DecodePool, WorkerLost
 from xetfs.reader import Reader
 from xetfs.store import Store
@@ -55,7 +55,7 @@ def _run(pool: DecodePool, body: Callable[[], Awaitable[Any]]) -> Any:
     return run_served(pool.start, body)
 
 
-def _decode(pool: DecodePool, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> tuple[int, list[Any]]:
+def _decode(pool: DecodePool, path: str, xorb_hash: bytes, chunks: ChunkRun) -> tuple[int, list[Any]]:
     """``pool.decode`` into a slot of its own: the bytes read, and each chunk copied out of shared memory (or its
     error); the slot is free again after."""
 
@@ -63,15 +63,15 @@ def _decode(pool: DecodePool, path: str, xorb_hash: bytes, specs: list[ChunkSpec
         slot = pool.take_slot()
         assert slot is not None
         try:
-            done = await pool.decode(slot, path, xorb_hash, specs)
-            at, chunks = 0, []
+            done = await pool.decode(slot, path, xorb_hash, chunks)
+            at, got = 0, []
             for size in done.sizes:
                 if isinstance(size, int):
-                    chunks.append(bytes(pool.view(slot, at + size)[at:]))
+                    got.append(bytes(pool.view(slot, at + size)[at:]))
                     at += size
                 else:
-                    chunks.append(size.error())
-            return done.read_bytes, chunks
+                    got.append(size.error())
+            return done.read_bytes, got
         finally:
             pool.free_slot(slot)
 
@@ -90,8 +90,8 @@ def test_workers_decode_what_the_daemon_decodes(tmp_path: Path, pool: DecodePool
     for start, stop in [(0, 1), (0, 40), (5, 37), (39, 40)]:
         data = store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
         expected = decode_run(data, xorb_hash, layout, start, stop, verify=True)
-        specs = chunk_specs(layout, start, stop, verify=True)
-        read_bytes, got = _decode(pool, path, xorb_hash, specs)
+        chunks = chunk_run(layout, start, stop, verify=True)
+        read_bytes, got = _decode(pool, path, xorb_hash, chunks)
         assert read_bytes == len(data)
         assert got == expected
 
@@ -106,15 +106,15 @@ def test_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, pool: D
     path.write_bytes(bytes(raw))
     data = store.read_xorb(xorb_hash, 0, layout.phys_ends[5])
     expected = decode_run(data, xorb_hash, layout, 0, 6, verify=True)
-    specs = chunk_specs(layout, 0, 6, verify=True)
-    _, got = _decode(pool, str(path), xorb_hash, specs)
+    chunks = chunk_run(layout, 0, 6, verify=True)
+    _, got = _decode(pool, str(path), xorb_hash, chunks)
     assert [type(c) for c in got] == [type(c) for c in expected]
     assert isinstance(got[3], XetfsError) and type(got[3]) is type(expected[3])
     assert str(got[3]) == str(expected[3])
     assert got[:3] == expected[:3] and got[4:] == expected[4:]
 
     os.truncate(path, layout.phys_ends[2])
-    _, got = _decode(pool, str(path), xorb_hash, specs)
+    _, got = _decode(pool, str(path), xorb_hash, chunks)
     assert all(isinstance(c, XetfsError) for c in got)
     assert "truncated" in str(got[0]) and "reading chunks [0, 6)" in str(got[0])
 
@@ -142,8 +142,8 @@ def test_raw_chunks_read_straight_into_the_slot_decode_and_fail_as_in_the_daemon
     path.write_bytes(bytes(raw))
     for start, stop in [(0, 1), (0, 6), (2, 40)]:
         data = store.read_xorb(xorb_hash, layout.phys_start(start), min(layout.phys_ends[stop - 1], len(raw)))
-        specs = chunk_specs(layout, start, stop, verify=True)
-        read_bytes, got = _decode(pool, str(path), xorb_hash, specs)
+        chunks = chunk_run(layout, start, stop, verify=True)
+        read_bytes, got = _decode(pool, str(path), xorb_hash, chunks)
         if damage == "truncated" and stop > 3:
             assert all(isinstance(c, XorbFormatError) and "truncated" in str(c) for c in got)
             continue
@@ -162,13 +162,13 @@ def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodeP
     store, _, xorb_hash = _store(tmp_path)
     layout = store.load_layout(xorb_hash)
     path = str(store.xorb_path(xorb_hash))
-    specs = chunk_specs(layout, 0, 40, verify=True)
+    chunks = chunk_run(layout, 0, 40, verify=True)
     total = _free_slots(pool)
 
     async def decode_and_keep() -> None:
         slot = pool.take_slot()
         assert slot is not None
-        await pool.decode(slot, path, xorb_hash, specs)  # cancelled before it returns: no free_slot here
+        await pool.decode(slot, path, xorb_hash, chunks)  # cancelled before it returns: no free_slot here
         pool.free_slot(slot)
 
     async def body() -> None:
@@ -215,9 +215,9 @@ def test_a_dead_worker_costs_speed_not_reads(tmp_path: Path, pool: DecodePool) -
     assert s.decode.worker_fallbacks >= 1
     assert s.decode.in_workers == 0
     assert not pool.usable
-    specs = chunk_specs(store.load_layout(xorb_hash), 0, 1, verify=True)
+    chunks = chunk_run(store.load_layout(xorb_hash), 0, 1, verify=True)
     with pytest.raises(WorkerLost):
-        _run(pool, lambda: pool.decode(0, str(store.xorb_path(xorb_hash)), xorb_hash, specs))
+        _run(pool, lambda: pool.decode(0, str(store.xorb_path(xorb_hash)), xorb_hash, chunks))
     reader.runs.clear()
     assert _free_slots(pool) == pool.statistics().slots  # no slot kept by the jobs that met dead workers
 
@@ -257,8 +257,8 @@ def test_close_ends_the_workers() -> None:
 def test_integrity_errors_keep_their_class(tmp_path: Path, pool: DecodePool) -> None:
     store, _, xorb_hash = _store(tmp_path, size=5000)
     layout = store.load_layout(xorb_hash)
-    specs = [spec._replace(expected=b"\x01" * 32) for spec in chunk_specs(layout, 0, 5, verify=True)]
-    _, got = _decode(pool, str(store.xorb_path(xorb_hash)), xorb_hash, specs)
+    chunks = chunk_run(layout, 0, 5, verify=True)._replace(hashes=b"\x01" * 32 * 5)
+    _, got = _decode(pool, str(store.xorb_path(xorb_hash)), xorb_hash, chunks)
     assert all(isinstance(c, IntegrityError) for c in got)
     assert "chunk 0 at offset 0" in str(got[0]) and "footer says 0101" in str(got[0])
 

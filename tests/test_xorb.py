@@ -171,6 +171,24 @@ def test_chunk_at_and_range_size() -> None:
     assert layout.range_size(3, 4) == 7
 
 
+@pytest.mark.parametrize("verify", [True, False])
+@pytest.mark.parametrize("footer", [True, False])
+def test_a_chunk_run_gives_each_chunk_spec(verify: bool, footer: bool) -> None:
+    chunks = _chunks(12, seed=4)
+    built = writer.pack_xorb(chunks, [i % 3 for i in range(12)])
+    layout = _parse(built.data) if footer else walk_headers(built.data[: built.phys_ends[-1]], where=W)
+    for start, stop in [(0, 1), (0, 12), (3, 9), (11, 12)]:
+        run = xorb.chunk_run(layout, start, stop, verify=verify)
+        hashes = layout.chunk_hashes if verify else None
+        assert run.specs() == [
+            xorb.ChunkSpec(
+                i, layout.phys_start(i), layout.phys_ends[i], layout.chunk_size(i), hashes[i] if hashes else None
+            )
+            for i in range(start, stop)
+        ]
+        assert xorb.chunk_specs(layout, start, stop, verify=verify) == run.specs()
+
+
 def test_footerless_xorb_walk() -> None:
     chunks = _chunks(20, seed=3)
     schemes = [i % 3 for i in range(20)]

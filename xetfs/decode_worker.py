@@ -6,7 +6,7 @@ file of ``SLOTS * SLOT_SIZE`` bytes, split into slots; the daemon lends one
 slot per decode job.  Messages are the typed records below, sent as
 length-prefixed pickles (both ends are this package):
 
-* ``DecodeJob`` → ``Decoded``: read the run of adjacent chunks ``specs``
+* ``DecodeJob`` → ``Decoded``: read the run of adjacent chunks ``chunks``
   describes from the xorb file at ``path``, decode and verify each, and write
   the decoded bytes one after another into the slot.  ``Decoded.sizes``
   holds, per chunk, its decoded length or the ``WorkerError`` that stopped it.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from xetfs import errors
 from xetfs.errors import XetfsError
 from xetfs.format.chunk import HEADER_SIZE
-from xetfs.format.xorb import ChunkSpec, XorbLayout, check_in_place, decode_chunks_into, stored_raw_sized
+from xetfs.format.xorb import ChunkRun, ChunkSpec, XorbLayout, check_in_place, decode_chunks_into, stored_raw_sized
 from xetfs.hashes import to_hex
 from xetfs.malloc import keep_freed_memory
 from xetfs.store import OpenFiles, read_chunk_run, read_layout
@@ -71,7 +71,7 @@ class DecodeJob:
     slot: int
     path: str
     xorb_hash: bytes
-    specs: list[ChunkSpec]
+    chunks: ChunkRun
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,25 +122,25 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
 
 def run_job(files: OpenFiles, out: memoryview, job: DecodeJob) -> Decoded:
     """Decode one run into ``out``."""
-    first, last = job.specs[0], job.specs[-1]
+    specs = job.chunks.specs()
+    first, last = specs[0], specs[-1]
     try:
         fd = files.fd(job.path, job.xorb_hash)
-        if len(job.specs) <= MAX_IN_PLACE_CHUNKS and stored_raw_sized(job.specs) and _read_in_place(fd, job, out):
-            return Decoded(job.job_id, [spec.size for spec in job.specs], last.phys_end - first.phys_start)
+        if len(specs) <= MAX_IN_PLACE_CHUNKS and stored_raw_sized(specs) and _read_in_place(fd, specs, out):
+            return Decoded(job.job_id, [spec.size for spec in specs], last.phys_end - first.phys_start)
         where = f"xorb {to_hex(job.xorb_hash)}"
         data = read_chunk_run(fd, first.phys_start, last.phys_end, first.chunk, last.chunk + 1, where=where)
     except XetfsError as exc:
-        return Decoded(job.job_id, [WorkerError.of(exc)] * len(job.specs), 0)
+        return Decoded(job.job_id, [WorkerError.of(exc)] * len(specs), 0)
     sizes = [WorkerError.of(s) if isinstance(s, XetfsError) else s
-             for s in decode_chunks_into(data, job.xorb_hash, job.specs, out)]  # fmt: skip
+             for s in decode_chunks_into(data, job.xorb_hash, specs, out)]  # fmt: skip
     return Decoded(job.job_id, sizes, len(data))
 
 
-def _read_in_place(fd: int, job: DecodeJob, out: memoryview) -> bool:
+def _read_in_place(fd: int, specs: list[ChunkSpec], out: memoryview) -> bool:
     """Read a run of raw-sized chunks with their payloads straight into ``out`` (headers aside), and
     check them there (``check_in_place``): one copy less than reading, then decoding into ``out``.
     False if anything is off; ``run_job`` then decodes the run the usual way, which says what."""
-    specs = job.specs
     headers = memoryview(bytearray(HEADER_SIZE * len(specs)))
     parts: list[memoryview] = []
     pos = 0

@@ -29,7 +29,7 @@ import trio
 from xetfs import hashes
 from xetfs.errors import StoreTimeoutError, XetfsError
 from xetfs.format.chunk import Buffer
-from xetfs.format.xorb import ChunkSpec, XorbLayout, chunk_specs, decode_chunks, decode_chunks_into
+from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, chunk_specs, decode_chunks, decode_chunks_into
 from xetfs.pool import DecodePool, WorkerLost
 from xetfs.runs import Loaded, Run, RunStore
 from xetfs.stats import DecodeCounters, StoreCounters, WorkerCounters
@@ -144,15 +144,15 @@ class Loader:
         slot = self._take_slot(pool) if pool is not None and pool.min_job_bytes <= size <= pool.slot_size else None
         if pool is None or slot is None:
             data = await self._read(xorb_hash, layout, first, stop)
-            chunks = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
-            self._count(len(data), chunks)
-            return _runs(xorb_hash, layout, first, chunks)
-        specs = chunk_specs(layout, first, stop, verify=self.verify)
-        sizes = await self._in_worker(pool, slot, xorb_hash, specs) if pool.usable else None
+            decoded = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
+            self._count(len(data), decoded)
+            return _runs(xorb_hash, layout, first, decoded)
+        chunks = chunk_run(layout, first, stop, verify=self.verify)
+        sizes = await self._in_worker(pool, slot, xorb_hash, chunks) if pool.usable else None
         if sizes is None:  # no worker ready yet, or it was lost: decode here, into the slot
             try:
                 data = await self._read(xorb_hash, layout, first, stop)
-                sizes = decode_chunks_into(data, xorb_hash, specs, pool.view(slot, size))
+                sizes = decode_chunks_into(data, xorb_hash, chunks.specs(), pool.view(slot, size))
             except BaseException:
                 pool.free_slot(slot)
                 raise
@@ -171,7 +171,7 @@ class Loader:
         return _runs(xorb_hash, layout, first, pieces)
 
     async def _in_worker(
-        self, pool: DecodePool, slot: int, xorb_hash: bytes, specs: list[ChunkSpec]
+        self, pool: DecodePool, slot: int, xorb_hash: bytes, chunks: ChunkRun
     ) -> list[int | XetfsError] | None:
         """Decode in a worker into ``slot``: per chunk its size or error; None if the worker was lost
         (the slot is still the caller's).  If cancelled, the pool frees the slot once the worker is
@@ -182,7 +182,7 @@ class Loader:
             pool.free_slot(slot)
             raise
         try:
-            decoded = await pool.decode(slot, path, xorb_hash, specs)
+            decoded = await pool.decode(slot, path, xorb_hash, chunks)
         except WorkerLost:
             self._decode.worker_fallbacks += 1
             return None

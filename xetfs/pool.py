@@ -41,7 +41,7 @@ from xetfs.decode_worker import (
     Result,
     encode_frame,
 )
-from xetfs.format.xorb import ChunkSpec, XorbLayout
+from xetfs.format.xorb import ChunkRun, XorbLayout
 from xetfs.stats import WorkerCounters
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class DecodePool:
                 worker.collecting = True
                 nursery.start_soon(self._collect, worker)
 
-    async def decode(self, slot: int, path: str, xorb_hash: bytes, specs: list[ChunkSpec]) -> Decoded:
+    async def decode(self, slot: int, path: str, xorb_hash: bytes, chunks: ChunkRun) -> Decoded:
         """Read, decode and verify one run of adjacent chunks of the xorb at ``path`` into ``slot``.
 
         The run must decode to at most ``slot_size`` bytes.  Returns, per
@@ -206,7 +206,7 @@ class DecodePool:
         the job (the slot is still the caller's).  If the caller is
         cancelled, the slot is freed once the worker is done with it.
         """
-        result = await self._submit(_Pending(slot), lambda job_id: DecodeJob(job_id, slot, path, xorb_hash, specs))
+        result = await self._submit(_Pending(slot), lambda job_id: DecodeJob(job_id, slot, path, xorb_hash, chunks))
         assert isinstance(result, Decoded)
         self._counters.jobs += 1
         return result

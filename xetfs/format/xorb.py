@@ -209,13 +209,43 @@ class ChunkSpec(NamedTuple):
     expected: bytes | None  # the hash its decoded bytes must have (None: not verified)
 
 
+class ChunkRun(NamedTuple):
+    """What decoding chunks ``[first, first + len(phys) - 1)`` of a xorb needs to know, in few objects:
+    it travels to a decode worker with every job."""
+
+    first: int
+    phys: tuple[int, ...]  # where each chunk's header starts in the xorb file, then where the last one ends
+    unpacked: tuple[int, ...]  # where each starts once decoded, then where the last one ends
+    hashes: bytes | None  # the hashes their decoded bytes must have, back to back (None: not verified)
+
+    def specs(self) -> list[ChunkSpec]:
+        phys, unpacked, hashes = self.phys, self.unpacked, self.hashes
+        return [
+            ChunkSpec(
+                self.first + k,
+                phys[k],
+                phys[k + 1],
+                unpacked[k + 1] - unpacked[k],
+                hashes[k * HASH_SIZE : (k + 1) * HASH_SIZE] if hashes is not None else None,
+            )
+            for k in range(len(phys) - 1)
+        ]
+
+
+def chunk_run(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> ChunkRun:
+    """Chunks ``[start, stop)`` as a ``ChunkRun``; hashes only with ``verify`` and when the layout has them."""
+    hashes = layout.chunk_hashes if verify else None
+    return ChunkRun(
+        start,
+        (layout.phys_start(start), *layout.phys_ends[start:stop]),
+        (layout.unpacked_start(start), *layout.unpacked_ends[start:stop]),
+        b"".join(hashes[start:stop]) if hashes else None,
+    )
+
+
 def chunk_specs(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> list[ChunkSpec]:
     """Specs of chunks ``[start, stop)``; hashes only with ``verify`` and when the layout has them."""
-    hashes = layout.chunk_hashes if verify else None
-    return [
-        ChunkSpec(i, layout.phys_start(i), layout.phys_ends[i], layout.chunk_size(i), hashes[i] if hashes else None)
-        for i in range(start, stop)
-    ]
+    return chunk_run(layout, start, stop, verify=verify).specs()
 
 
 def decode_run(
