@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import struct
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -119,9 +120,10 @@ def test_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, pool: D
     assert "truncated" in str(got[0]) and "reading chunks [0, 6)" in str(got[0])
 
 
-@pytest.mark.parametrize("damage", ["none", "payload", "scheme", "length", "truncated"])
+@pytest.mark.parametrize("verify", [True, False], ids=["verified", "unverified"])
+@pytest.mark.parametrize("damage", ["none", "payload", "scheme", "length", "truncated", "truncated payload"])
 def test_raw_chunks_read_straight_into_the_slot_decode_and_fail_as_in_the_daemon(
-    tmp_path: Path, pool: DecodePool, damage: str
+    tmp_path: Path, pool: DecodePool, damage: str, verify: bool
 ) -> None:
     """Runs of raw chunks are read straight into the slot and checked there; whatever is wrong with them,
     the worker reports what decoding in the daemon reports, message for message."""
@@ -135,25 +137,28 @@ def test_raw_chunks_read_straight_into_the_slot_decode_and_fail_as_in_the_daemon
         raw[header + 8 + 20] ^= 0xFF
     elif damage == "scheme":
         raw[header + 4] = 1  # says LZ4: a payload of raw bytes is no LZ4 frame
-    elif damage == "length":
-        raw[header + 1] ^= 0x01  # the stored length disagrees with the footer
+    elif damage == "length":  # a raw chunk of 999 bytes by its header (both lengths), 1000 by the footer
+        raw[header : header + 8] = struct.pack("<II", 999 << 8, 999 << 8)
     elif damage == "truncated":
-        del raw[layout.phys_ends[2] + 5 :]
+        del raw[layout.phys_ends[2] + 5 :]  # in chunk 3's header
+    elif damage == "truncated payload":
+        del raw[layout.phys_ends[3] - 5 :]  # in chunk 3's payload
     path.write_bytes(bytes(raw))
-    for start, stop in [(0, 1), (0, 6), (2, 40)]:
+    for start, stop in [(0, 1), (0, 6), (2, 4), (2, 40)]:  # (2, 4): chunk 3 is the run's last
         data = store.read_xorb(xorb_hash, layout.phys_start(start), min(layout.phys_ends[stop - 1], len(raw)))
-        chunks = chunk_run(layout, start, stop, verify=True)
+        chunks = chunk_run(layout, start, stop, verify=verify)
         read_bytes, got = _decode(pool, str(path), xorb_hash, chunks)
-        if damage == "truncated" and stop > 3:
+        if damage.startswith("truncated") and stop > 3:
             assert all(isinstance(c, XorbFormatError) and "truncated" in str(c) for c in got)
             continue
-        expected = decode_run(data, xorb_hash, layout, start, stop, verify=True)
+        expected = decode_run(data, xorb_hash, layout, start, stop, verify=verify)
         assert read_bytes == len(data)
         assert [type(c) for c in got] == [type(c) for c in expected]
         assert [str(c) if isinstance(c, XetfsError) else c for c in got] == [
             str(c) if isinstance(c, XetfsError) else c for c in expected
         ], (damage, start, stop)
-        assert any(isinstance(c, XetfsError) for c in got) == (damage != "none" and start <= 3 < stop)
+        hurt = damage != "none" and (damage != "payload" or verify)  # (an unverified damaged payload goes unnoticed)
+        assert any(isinstance(c, XetfsError) for c in got) == (hurt and start <= 3 < stop)
 
 
 def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodePool) -> None:

@@ -186,7 +186,50 @@ def test_a_chunk_run_gives_each_chunk_spec(verify: bool, footer: bool) -> None:
             )
             for i in range(start, stop)
         ]
-        assert xorb.chunk_specs(layout, start, stop, verify=verify) == run.specs()
+    for start, stop in [(-1, 2), (3, 2), (0, 13)]:
+        with pytest.raises(IndexError):
+            xorb.chunk_run(layout, start, stop, verify=verify)
+
+
+def _lz4_as_long_as_its_data(size: int) -> bytes:
+    """Data of ``size`` bytes whose LZ4 frame is exactly ``size`` bytes too (zeros, then enough random bytes)."""
+    rng = random.Random(size)
+    noise = rng.randbytes(size)
+    lo, hi = 0, size
+    while lo < hi:  # the fewest random bytes that make the frame at least as long as the data
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if len(writer.encode_payload(noise[:mid] + bytes(size - mid), 1)) < size else (lo, mid)
+    for k in range(max(0, lo - 64), min(size, lo + 64)):
+        data = noise[:k] + bytes(size - k)
+        if len(writer.encode_payload(data, 1)) == size:
+            return data
+    raise AssertionError("no such data near the boundary")
+
+
+def test_check_in_place_decodes_a_compressed_payload_as_long_as_its_data() -> None:
+    """Chunks read straight to their places (as decode workers read raw-sized runs): a payload whose header
+    says LZ4 is decoded where it lies; a wrong hash, or a header that disagrees with the footer, fails."""
+    tricky = _lz4_as_long_as_its_data(1000)
+    chunks = [b"r" * 1000, tricky, bytes(range(256)) * 4]
+    built = writer.pack_xorb(chunks, [0, 1, 0])
+    layout = _parse(built.data)
+    run = xorb.chunk_run(layout, 0, 3, verify=True)
+    specs = run.specs()
+    assert xorb.stored_raw_sized(specs)
+
+    def placed(data: bytes) -> tuple[bytes, memoryview]:
+        headers = b"".join(data[s.phys_start : s.phys_start + 8] for s in specs)
+        return headers, memoryview(bytearray(b"".join(data[s.phys_start + 8 : s.phys_end] for s in specs)))
+
+    headers, out = placed(built.data)
+    assert xorb.check_in_place(headers, specs, out) and bytes(out) == b"".join(chunks)
+    headers, out = placed(built.data)
+    wrong = [s._replace(expected=bytes(32)) if s.chunk == 1 else s for s in specs]
+    assert not xorb.check_in_place(headers, wrong, out)
+    short = bytearray(built.data)
+    short[specs[2].phys_start : specs[2].phys_start + 8] = writer.chunk_header(999, 0, 999)
+    headers, out = placed(bytes(short))
+    assert not xorb.check_in_place(headers, specs, out)
 
 
 def test_footerless_xorb_walk() -> None:

@@ -234,6 +234,8 @@ class ChunkRun(NamedTuple):
 
 def chunk_run(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> ChunkRun:
     """Chunks ``[start, stop)`` as a ``ChunkRun``; hashes only with ``verify`` and when the layout has them."""
+    if not 0 <= start <= stop <= layout.num_chunks:
+        raise IndexError(f"chunks [{start}, {stop}) of a xorb of {layout.num_chunks}")
     hashes = layout.chunk_hashes if verify else None
     return ChunkRun(
         start,
