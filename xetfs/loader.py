@@ -29,7 +29,7 @@ import trio
 from xetfs import hashes
 from xetfs.errors import StoreTimeoutError, XetfsError
 from xetfs.format.chunk import Buffer
-from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, chunk_specs, decode_chunks, decode_chunks_into
+from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_chunks_into
 from xetfs.pool import DecodePool, WorkerLost
 from xetfs.runs import Loaded, Run, RunStore
 from xetfs.stats import DecodeCounters, StoreCounters, WorkerCounters
@@ -139,15 +139,15 @@ class Loader:
         with every slot in use (runs that reads are using, jobs in flight), it is decoded into
         the daemon's memory rather than wait.
         """
+        chunks = chunk_run(layout, first, stop, verify=self.verify)
         pool = self._pool
         size = layout.range_size(first, stop)
         slot = self._take_slot(pool) if pool is not None and pool.min_job_bytes <= size <= pool.slot_size else None
         if pool is None or slot is None:
             data = await self._read(xorb_hash, layout, first, stop)
-            decoded = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
+            decoded = decode_chunks(data, xorb_hash, chunks.specs())
             self._count(len(data), decoded)
             return _runs(xorb_hash, layout, first, decoded)
-        chunks = chunk_run(layout, first, stop, verify=self.verify)
         sizes = await self._in_worker(pool, slot, xorb_hash, chunks) if pool.usable else None
         if sizes is None:  # no worker ready yet, or it was lost: decode here, into the slot
             try:
