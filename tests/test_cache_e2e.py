@@ -455,7 +455,9 @@ def test_streaming_through_the_page_cache_decodes_once_in_runs(big_store: Oracle
         assert (w["slots"] - w["free_slots"]) * w["slot_bytes"] <= 64 * MiB, w  # slots in use or touched
         with step(m) as again:
             assert stream_sha256(m / f.hash, MiB) == f.sha256  # the re-read comes from the page cache
-        assert again["delta"]["decode"]["chunks"] == 0
+        # (The kernel may reclaim a few clean pages of the file meanwhile, as it did in one run of many:
+        # 25 chunks' worth. Those are read again; much more would be the page cache not kept.)
+        assert again["delta"]["decode"]["chunks"] <= 0.05 * n_chunks, again["delta"]["decode"]
 
 
 def test_a_bad_chunk_in_a_stream_fails_only_its_reads(big_store: OracleStore, tmp_path: Path) -> None:
