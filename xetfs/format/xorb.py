@@ -21,6 +21,7 @@ from xetfs.format.chunk import (
     MAX_UNCOMPRESSED,
     SCHEME_NONE,
     Buffer,
+    ChunkHeader,
     decode_chunk,
     parse_chunk_header,
 )
@@ -319,39 +320,48 @@ def check_in_place(headers: Buffer, specs: list[ChunkSpec], out: memoryview) -> 
     (``decode_chunks``), which says which chunks fail and why.
     """
     pos = 0
-    for k, (i, _, _, size, expected) in enumerate(specs):
-        place = out[pos : pos + size]
+    for k, spec in enumerate(specs):
+        place = out[pos : pos + spec.size]
+        where = f"chunk {spec.chunk}"
         try:
-            header = parse_chunk_header(headers, k * HEADER_SIZE, where=f"chunk {i}")
-            if header.compressed_length != size or header.uncompressed_length != size:
-                return False
+            header = parse_chunk_header(headers, k * HEADER_SIZE, where=where)
+            _check_header(header, spec, where)
             if header.scheme != SCHEME_NONE:
-                place[:] = decode_chunk(header.scheme, bytes(place), size, where=f"chunk {i}")
+                place[:] = decode_chunk(header.scheme, bytes(place), spec.size, where=where)
+            _check_hash(place, spec, where)
         except XetfsError:
             return False
-        if expected is not None and chunk_hash(place) != expected:
-            return False
-        pos += size
+        pos += spec.size
     return True
 
 
 def _decode_chunk(view: memoryview, base: int, xorb: str, spec: ChunkSpec) -> Buffer:
     """The chunk ``spec`` describes; its header is at ``view[spec start - base]``; ``xorb`` names it."""
-    i, phys_start, phys_end, size, expected = spec
-    where = f"{xorb} chunk {i}"
-    at = phys_start - base
-    end = phys_end - base
+    where = f"{xorb} chunk {spec.chunk}"
+    at = spec.phys_start - base
     header = parse_chunk_header(view, at, where=where)
-    if header.compressed_length != end - at - HEADER_SIZE or header.uncompressed_length != size:
-        raise XorbFormatError(
-            f"{where} at offset {phys_start}: header says {header.compressed_length} -> "
-            f"{header.uncompressed_length} bytes, footer says {end - at - HEADER_SIZE} -> {size}"
-        )
-    decoded = decode_chunk(header.scheme, view[at + HEADER_SIZE : end], size, where=where)
-    if expected is not None:
-        found = chunk_hash(decoded)
-        if found != expected:
-            raise IntegrityError(
-                f"{where} at offset {phys_start}: decoded bytes hash to {to_hex(found)}, footer says {to_hex(expected)}"
-            )
+    _check_header(header, spec, where)
+    decoded = decode_chunk(header.scheme, view[at + HEADER_SIZE : spec.phys_end - base], spec.size, where=where)
+    _check_hash(decoded, spec, where)
     return decoded
+
+
+def _check_header(header: ChunkHeader, spec: ChunkSpec, where: str) -> None:
+    """A chunk's header must give the stored and decoded lengths the footer gives."""
+    stored = spec.phys_end - spec.phys_start - HEADER_SIZE
+    if header.compressed_length != stored or header.uncompressed_length != spec.size:
+        raise XorbFormatError(
+            f"{where} at offset {spec.phys_start}: header says {header.compressed_length} -> "
+            f"{header.uncompressed_length} bytes, footer says {stored} -> {spec.size}"
+        )
+
+
+def _check_hash(decoded: Buffer, spec: ChunkSpec, where: str) -> None:
+    """A decoded chunk must hash to what the footer says (when it is verified)."""
+    if spec.expected is not None:
+        found = chunk_hash(decoded)
+        if found != spec.expected:
+            raise IntegrityError(
+                f"{where} at offset {spec.phys_start}: decoded bytes hash to {to_hex(found)}, "
+                f"footer says {to_hex(spec.expected)}"
+            )
