@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from xetfs.extents import Extent, Extents
 from xetfs.format.xorb import XorbLayout
-from xetfs.runs import Run, State
+from xetfs.runs import Run
 
 F = b"f" * 32
 G = b"g" * 32
 LAYOUT = XorbLayout(b"x" * 32, (108, 216, 324), (100, 200, 300), None)
 
 
-def extent(start: int, stop: int, delta: int = 0, state: State = State.HELD) -> Extent:
+def extent(start: int, stop: int, delta: int = 0, held: bool = True) -> Extent:
     run = Run(b"x" * 32, 0, 3, 0, bytes(300))
-    run.state = state
+    run.held = held
     return Extent(start, stop, delta, run, LAYOUT)
 
 
@@ -39,7 +39,7 @@ def test_an_evicted_runs_extents_are_forgotten_and_never_served() -> None:
     ex.add(F, shared)
     ex.add(G, Extent(0, 100, 0, e1.run, e1.layout))
     assert len(ex) == 4
-    e1.run.state = State.GONE
+    e1.run.held = False
     assert ex.find(F, 10, 20) is None  # evicted: never served, even before it is forgotten
     ex.forget(e1.run)
     assert len(ex) == 1 and ex.find(F, 150, 160) is e2
@@ -86,5 +86,5 @@ def test_a_range_across_extents_is_covered_only_by_ones_that_follow_on_and_are_h
     assert ex.cover(F, 290, 410) is None  # a gap at 300-400
     assert ex.cover(F, 250, 301) is None  # runs past the last one
     assert ex.cover(F, 300, 310) is None and ex.cover(G, 0, 10) is None
-    parts[1].run.state = State.GONE
+    parts[1].run.held = False
     assert ex.cover(F, 90, 110) is None  # an evicted run in the middle: never served

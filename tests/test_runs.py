@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from xetfs.errors import IntegrityError
-from xetfs.runs import Loaded, Run, RunStore, State
+from xetfs.runs import Loaded, Run, RunStore
 
 X = b"x" * 32
 CHUNK = 10
@@ -183,7 +183,7 @@ def test_lru_with_runs_read_through_evicted_first_and_slots_freed_at_once() -> N
         assert not store.holds(X, 10) and store.holds(X, 20) and freed == [1]
         await read(store, 50, 60, load, n=10)  # then the least recently used
         assert not store.holds(X, 20) and freed == [1, 2]
-        assert runs[0].state is State.GONE and runs[0].data == b""
+        assert not runs[0].held and runs[0].data == b""
 
     run(body)
     c = store.statistics()
@@ -191,16 +191,41 @@ def test_lru_with_runs_read_through_evicted_first_and_slots_freed_at_once() -> N
     assert c.bytes == c.shared_bytes == 40 * CHUNK
 
 
+def test_runs_served_from_cached_bytes_move_back_when_eviction_reaches_them() -> None:
+    """``hit`` (a read of cached bytes, as ``Reader`` serves one) only marks a run; eviction passes marked
+    runs over once, moving them to the back, and finds a run to free when every run is marked."""
+    freed: list[int] = []
+    store, load = RunStore(30 * CHUNK, freed.append), FakeLoader(slots=True)
+
+    async def body() -> None:
+        runs = []
+        for first in (0, 10, 20, 30):  # runs of 10 chunks in slots 0-3; the fourth evicts the oldest
+            got = await store.get(X, first, first + 10, cut_by(10), load)
+            store.release(got)
+            runs += got
+            if first == 20:
+                store.hit(runs[0], 1)  # 0-9 served again from cached bytes: the oldest is 10-19 now
+        assert freed == [1] and store.holds(X, 0) and not runs[0].recent
+        for i in (2, 3, 0):  # every run held is marked: LRU order 20-29, 30-39, 0-9
+            store.hit(runs[i], 1)
+        assert store.free_a_slot() and freed == [1, 2]
+        assert store.free_a_slot() and freed == [1, 2, 3]
+
+    run(body)
+    c = store.statistics()
+    assert c.evictions == 3 and c.hits == 4
+
+
 def test_pinned_runs_are_not_evicted_and_capacity_zero_keeps_nothing() -> None:
     store, load = RunStore(0), FakeLoader()
 
     async def body() -> None:
         runs = await store.get(X, 0, 4, cut_by(2), load)
-        assert [r.state for r in runs] == [State.HELD, State.HELD]  # pinned: kept while the read uses them
+        assert [r.held for r in runs] == [True, True]  # pinned: kept while the read uses them
         assert await read(store, 4, 6, load) == expected(4, 6)
-        assert all(r.state is State.HELD for r in runs)
+        assert all(r.held for r in runs)
         store.release(runs)
-        assert all(r.state is State.GONE for r in runs)
+        assert not any(r.held for r in runs)
 
     run(body)
     c = store.statistics()

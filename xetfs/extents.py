@@ -24,7 +24,7 @@ import bisect
 from dataclasses import dataclass
 
 from xetfs.format.xorb import XorbLayout
-from xetfs.runs import Run, State
+from xetfs.runs import Run
 
 DEFAULT_LIMIT = 65536
 
@@ -67,7 +67,7 @@ class Extents:
         if i < 0:
             return None
         extent = f.extents[i]
-        if stop > extent.stop or extent.run.state is not State.HELD:  # (an evicted run's are forgotten)
+        if stop > extent.stop or not extent.run.held:  # (an evicted run's are forgotten)
             return None
         return extent
 
@@ -85,7 +85,7 @@ class Extents:
         extents = f.extents
         for j in range(i, len(extents)):  # (not a slice: that would copy the rest of the file's extents)
             extent = extents[j]
-            if extent.start > pos or extent.run.state is not State.HELD:
+            if extent.start > pos or not extent.run.held:
                 return None
             found.append(extent)
             pos = extent.stop

@@ -188,11 +188,16 @@ class Reader:
     def _serve(self, extent: Extent, start: int, stop: int, read_through: bool) -> memoryview:
         """File bytes ``[start, stop)``, which ``extent`` holds; count the chunks as hits."""
         lo, hi = start + extent.delta, stop + extent.delta
-        run, ends = extent.run, extent.layout.unpacked_ends
-        first = last = bisect_right(ends, lo, run.first, run.stop - 1)  # (among the run's chunks only)
-        while ends[last] < hi:  # (a small read touches one chunk: no second bisection)
-            last += 1
-        self.runs.hit(run, last + 1 - first)
+        run = extent.run
+        if run.stop - run.first == 1:  # (a small random read's run, most often)
+            chunks = 1
+        else:
+            ends = extent.layout.unpacked_ends
+            first = last = bisect_right(ends, lo, run.first, run.stop - 1)  # (among the run's chunks only)
+            while ends[last] < hi:  # (a small read touches one chunk: no second bisection)
+                last += 1
+            chunks = last + 1 - first
+        self.runs.hit(run, chunks)
         if read_through and run.hi <= hi:
             self.runs.read_through(run)
         return run.data[lo - run.lo : hi - run.lo]  # the extent lies within the run

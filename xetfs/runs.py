@@ -12,8 +12,10 @@ A gap is loaded once: the range is cut into pieces (the caller's ``cut``),
 each registered as a ``Load`` before it starts, and readers that need the
 same chunks wait for that load.
 
-All decoded bytes count against one limit, ``capacity``.  Eviction is LRU,
-except that runs a sequential reader has read through (``read_through``:
+All decoded bytes count against one limit, ``capacity``.  Eviction is LRU
+(reads of cached bytes only mark their runs, ``hit``; the order catches up
+when eviction reaches them, ``_least_used``), except that runs a sequential
+reader has read through (``read_through``:
 the kernel's page cache serves those bytes now) go first; and the slots of
 such runs whose xorb no other term uses are reused before new shared memory
 is touched (``recycle_slot``), which costs far more.  A run a read
@@ -39,11 +41,6 @@ from xetfs.errors import XetfsError
 from xetfs.stats import CacheCounters, PrefetchCounters
 
 
-class State(enum.Enum):
-    HELD = "held"  # its bytes may be read
-    GONE = "gone"  # evicted: its memory is given back
-
-
 @dataclass(eq=False, slots=True)
 class Run:
     """Decoded chunks ``[first, stop)`` of a xorb: its decoded bytes ``[lo, hi)``, in ``data``."""
@@ -54,10 +51,11 @@ class Run:
     lo: int
     data: memoryview  # reads slice it
     slot: int | None = None  # the shared-memory slot ``data`` lies in, if any
-    state: State = State.HELD
+    held: bool = True  # its bytes may be read; False once evicted (its memory is given back)
     pins: int = 0  # reads using it now
     prefetched: bool = False  # loaded by prefetch and not read yet
     private: bool = False  # no other term uses its xorb: once read through, nobody will ask for it again
+    recent: bool = False  # hit since it took its place in the LRU order (it moves back when eviction reaches it)
 
     @property
     def hi(self) -> int:
@@ -214,13 +212,16 @@ class RunStore:
             self.hit(run, _overlap(run, first, stop))
 
     def hit(self, run: Run, chunks: int) -> None:
-        """A read served ``chunks`` chunks from ``run``, held, before its next await."""
+        """A read served ``chunks`` chunks from ``run``, held, before its next await.
+
+        The run is only marked ``recent``, the least a read of cached bytes
+        can do: it moves to the back of the LRU order when eviction reaches it.
+        """
         self._c.hits += chunks
         if run.prefetched:
             run.prefetched = False
             self._p.hits += run.stop - run.first
-        if run in self._lru:
-            self._lru.move_to_end(run)
+        run.recent = True
 
     def holds(self, xorb_hash: bytes, chunk: int) -> bool:
         """Whether a held run has chunk ``chunk`` of the xorb."""
@@ -234,7 +235,7 @@ class RunStore:
 
     def read_through(self, run: Run) -> None:
         """A sequential reader has read ``run`` to its end: the page cache serves it now, evict it first."""
-        if run.state is State.HELD and run not in self._read:
+        if run.held and run not in self._read:
             self._lru.pop(run, None)
             self._read[run] = None
 
@@ -252,12 +253,11 @@ class RunStore:
 
     def free_a_slot(self) -> bool:
         """Evict the least useful run held in a slot that no read is using; False if there is none."""
-        for queue in (self._read, self._lru):
-            for run in queue:
-                if run.slot is not None and not run.pins:
-                    self._evict(run)
-                    return True
-        return False
+        run = self._least_used(lambda r: r.slot is not None and not r.pins)
+        if run is None:
+            return False
+        self._evict(run)
+        return True
 
     def clear(self) -> None:
         """Evict every run (before the slots go away)."""
@@ -272,6 +272,9 @@ class RunStore:
             return run
         run.pins += 1
         self.hit(run, 0 if counted else _overlap(run, first, stop))
+        run.recent = False  # (a read through ``get`` costs far more than this: the exact LRU order)
+        if run in self._lru:
+            self._lru.move_to_end(run)
         return run
 
     def _cover(self, xorb_hash: bytes, first: int, stop: int) -> tuple[list[Entry], list[tuple[int, int]]]:
@@ -342,10 +345,35 @@ class RunStore:
     def _evict_to(self, limit: int) -> None:
         """Evict unpinned runs (read-through ones first, then least recently used) until ``limit`` bytes are held."""
         while self._c.bytes > limit:
-            victim = next((r for q in (self._read, self._lru) for r in q if not r.pins), None)
+            victim = self._least_used(lambda r: not r.pins)
             if victim is None:
                 return  # the rest is in use
             self._evict(victim)
+
+    def _least_used(self, wanted: Callable[[Run], bool]) -> Run | None:
+        """The first run ``wanted`` accepts: read-through runs first, then the least recently used.
+
+        Reads of cached bytes only mark their runs ``recent`` (``hit``); the
+        LRU order catches up here, as in a clock: marked runs met on the way
+        go to the back, unmarked, and are passed over this time.
+        """
+        for run in self._read:
+            if wanted(run):
+                return run
+        recent = []
+        found = None
+        for run in self._lru:
+            if run.recent:
+                recent.append(run)
+            elif wanted(run):
+                found = run
+                break
+        for run in recent:
+            run.recent = False
+            self._lru.move_to_end(run)
+        if found is None:  # all the others were unwanted: the oldest of those moved back
+            found = next((run for run in recent if wanted(run)), None)
+        return found
 
     def _evict(self, run: Run) -> None:
         c = self._c
@@ -364,7 +392,7 @@ class RunStore:
         del entries[_index(entries, run)]
         if not entries:
             del self._xorbs[run.xorb_hash]
-        run.state = State.GONE
+        run.held = False
         run.data = memoryview(b"")
         if self._on_evict is not None:
             self._on_evict(run)
