@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from xetfs.extents import Extent, Extents
+import random
+
+import pytest
+
+from xetfs.extents import PAGE, PAGED_MAX, Extent, Extents
 from xetfs.format.xorb import XorbLayout
 from xetfs.runs import Run
 
@@ -88,3 +92,34 @@ def test_a_range_across_extents_is_covered_only_by_ones_that_follow_on_and_are_h
     assert ex.cover(F, 300, 310) is None and ex.cover(G, 0, 10) is None
     parts[1].run.held = False
     assert ex.cover(F, 90, 110) is None  # an evicted run in the middle: never served
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_find_by_page_or_by_bisection_agrees_with_a_model(seed: int) -> None:
+    """Small extents are also found by page: whatever is added, replaced, evicted or forgotten, ``find``
+    answers as a search of the extents a model keeps, and no page leads to an extent that is gone."""
+    rng = random.Random(seed)
+    ex = Extents()
+    model: list[Extent] = []  # the file's extents now (never overlapping)
+    for _ in range(400):
+        action = rng.random()
+        if action < 0.6 or not model:
+            start = rng.randrange(0, 64 * PAGE, rng.choice([1, 512, PAGE]))
+            size = rng.choice([rng.randrange(1, 3 * PAGE), rng.randrange(PAGE, PAGED_MAX + 1), 2 * PAGED_MAX])
+            new = extent(start, start + size)
+            model = [e for e in model if e.stop <= new.start or e.start >= new.stop] + [new]
+            ex.add(F, new)
+        elif action < 0.8:
+            gone = rng.choice(model)
+            model.remove(gone)
+            ex.forget(gone.run)
+        else:
+            rng.choice(model).run.held = False  # evicted, not forgotten yet: never served
+        for _ in range(20):
+            start = rng.randrange(0, 70 * PAGE, rng.choice([1, PAGE]))
+            stop = start + rng.choice([1, 100, PAGE])
+            want = next((e for e in model if e.start <= start and stop <= e.stop and e.run.held), None)
+            assert ex.find(F, start, stop) is want, (start, stop)
+        pages = ex._files[F].pages if F in ex._files else {}
+        assert all(e in model for e in pages.values())
+        assert all(e.stop - e.start <= PAGED_MAX for e in pages.values())

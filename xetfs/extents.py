@@ -7,7 +7,11 @@ it is most of the daemon's cost.  So the reader remembers, per file, the file
 ranges each run it served covers (``Extent``: within one term, so file and
 decoded xorb offsets differ by a constant), and a later read that lies inside
 one extent, or inside extents that follow on from each other, whose runs are
-still held is answered from them directly.
+still held is answered from them directly.  A file's extents are kept sorted
+(a bisection finds one); small ones, the runs of small random reads, are
+also found by page, with one dict lookup: a random read of cached bytes is
+the commonest request there is, and the bisection's walk over the file's
+extents was a good part of its cost.
 
 Extents are only a shortcut: a run's extents are dropped when the run is
 evicted (``forget``), so they are bounded by what the store of runs holds and
@@ -27,6 +31,8 @@ from xetfs.format.xorb import XorbLayout
 from xetfs.runs import Run
 
 DEFAULT_LIMIT = 65536
+PAGE = 4096
+PAGED_MAX = 256 * 1024  # extents up to this size are also found by page: small random reads' runs
 
 
 @dataclass(slots=True)
@@ -41,11 +47,19 @@ class Extent:
 
 
 class _File:
-    __slots__ = ("extents", "starts")
+    __slots__ = ("extents", "pages", "starts")
 
     def __init__(self) -> None:
         self.starts: list[int] = []
         self.extents: list[Extent] = []
+        self.pages: dict[int, Extent] = {}  # page number -> the small extent holding the page's first byte
+
+
+def _pages(extent: Extent) -> range:
+    """The pages whose first byte ``extent`` holds, if it is small enough to be found by page."""
+    if extent.stop - extent.start > PAGED_MAX:
+        return range(0)
+    return range((extent.start + PAGE - 1) // PAGE, (extent.stop - 1) // PAGE + 1)
 
 
 class Extents:
@@ -63,10 +77,12 @@ class Extents:
         f = self._files.get(file_hash)
         if f is None:
             return None
-        i = bisect.bisect_right(f.starts, start) - 1
-        if i < 0:
-            return None
-        extent = f.extents[i]
+        extent = f.pages.get(start // PAGE)  # (a small read of a small run's bytes: one lookup, no bisection)
+        if extent is None or extent.stop <= start:
+            i = bisect.bisect_right(f.starts, start) - 1
+            if i < 0:
+                return None
+            extent = f.extents[i]
         if stop > extent.stop or not extent.run.held:  # (an evicted run's are forgotten)
             return None
         return extent
@@ -110,9 +126,12 @@ class Extents:
         hi = bisect.bisect_left(f.starts, extent.stop, lo)
         for old in f.extents[lo:hi]:
             self._unlink(file_hash, old)
+            _unpage(f, old)
         self._count += 1 - (hi - lo)
         f.starts[lo:hi] = [extent.start]
         f.extents[lo:hi] = [extent]
+        for page in _pages(extent):
+            f.pages[page] = extent
         self._by_run.setdefault(extent.run, []).append((file_hash, extent))
 
     def forget(self, run: Run) -> None:
@@ -122,6 +141,7 @@ class Extents:
             i = bisect.bisect_left(f.starts, extent.start)
             if i < len(f.extents) and f.extents[i] is extent:
                 del f.starts[i], f.extents[i]
+                _unpage(f, extent)
                 self._count -= 1
                 if not f.starts:
                     del self._files[file_hash]
@@ -133,3 +153,9 @@ class Extents:
             mine[:] = [(h, e) for h, e in mine if e is not extent]
             if not mine:
                 del self._by_run[extent.run]
+
+
+def _unpage(f: _File, extent: Extent) -> None:
+    for page in _pages(extent):
+        if f.pages.get(page) is extent:
+            del f.pages[page]
