@@ -78,6 +78,24 @@ def test_past_the_limit_it_starts_afresh() -> None:
     assert ex.find(F, 0, 5) is None and ex.find(G, 0, 5) is not None
 
 
+def test_past_the_page_limit_it_starts_afresh() -> None:
+    ex = Extents(limit=100, page_limit=20)
+    for a in range(3):
+        ex.add(F, extent(a * 8 * PAGE, (a + 1) * 8 * PAGE))  # 8 pages each: 24 entries
+    assert len(ex) == 3 and ex.find(F, 0, PAGE) is not None
+    ex.add(F, extent(100 * PAGE, 101 * PAGE))
+    assert len(ex) == 1 and ex.find(F, 0, PAGE) is None and ex.find(F, 100 * PAGE, 101 * PAGE) is not None
+
+
+def test_a_read_at_the_end_of_the_extent_its_page_starts_in_finds_the_next() -> None:
+    ex = Extents()
+    first, second = extent(0, 5000), extent(5000, 9000)  # page 1 (4096-8191) starts in the first
+    ex.add(F, first)
+    ex.add(F, second)
+    assert ex.find(F, 5000, 5100) is second and ex.find(F, 4096, 4200) is first
+    assert ex.find(F, 4900, 5100) is None  # across the two: ``cover``'s work
+
+
 def test_a_range_across_extents_is_covered_only_by_ones_that_follow_on_and_are_held() -> None:
     ex = Extents()
     parts = [extent(0, 100), extent(100, 250, delta=5), extent(250, 300), extent(400, 500)]
@@ -95,11 +113,13 @@ def test_a_range_across_extents_is_covered_only_by_ones_that_follow_on_and_are_h
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_find_by_page_or_by_bisection_agrees_with_a_model(seed: int) -> None:
-    """Small extents are also found by page: whatever is added, replaced, evicted or forgotten, ``find``
-    answers as a search of the extents a model keeps, and no page leads to an extent that is gone."""
+@pytest.mark.parametrize("limit", [12, 65536])
+def test_find_by_page_or_by_bisection_agrees_with_a_model(seed: int, limit: int) -> None:
+    """Small extents are also found by page: whatever is added, replaced, evicted or forgotten (or the
+    memo starts afresh at its limits), ``find`` answers as a search of the extents a model keeps, and
+    no page leads to an extent that is gone."""
     rng = random.Random(seed)
-    ex = Extents()
+    ex = Extents(limit=limit, page_limit=8 * limit)
     model: list[Extent] = []  # the file's extents now (never overlapping)
     for _ in range(400):
         action = rng.random()
@@ -107,6 +127,8 @@ def test_find_by_page_or_by_bisection_agrees_with_a_model(seed: int) -> None:
             start = rng.randrange(0, 64 * PAGE, rng.choice([1, 512, PAGE]))
             size = rng.choice([rng.randrange(1, 3 * PAGE), rng.randrange(PAGE, PAGED_MAX + 1), 2 * PAGED_MAX])
             new = extent(start, start + size)
+            if len(ex) >= ex.limit or ex._paged >= ex.page_limit:
+                model = []  # the memo starts afresh
             model = [e for e in model if e.stop <= new.start or e.start >= new.stop] + [new]
             ex.add(F, new)
         elif action < 0.8:
@@ -115,11 +137,13 @@ def test_find_by_page_or_by_bisection_agrees_with_a_model(seed: int) -> None:
             ex.forget(gone.run)
         else:
             rng.choice(model).run.held = False  # evicted, not forgotten yet: never served
-        for _ in range(20):
-            start = rng.randrange(0, 70 * PAGE, rng.choice([1, PAGE]))
+        edges = [p for e in model for p in (e.start, e.stop - 1, e.stop)]  # where off-by-ones show
+        for i in range(30):
+            start = rng.choice(edges) if i % 3 == 0 and edges else rng.randrange(0, 70 * PAGE, rng.choice([1, PAGE]))
             stop = start + rng.choice([1, 100, PAGE])
             want = next((e for e in model if e.start <= start and stop <= e.stop and e.run.held), None)
             assert ex.find(F, start, stop) is want, (start, stop)
         pages = ex._files[F].pages if F in ex._files else {}
         assert all(e in model for e in pages.values())
         assert all(e.stop - e.start <= PAGED_MAX for e in pages.values())
+        assert ex._paged == len(pages) and len(ex) == len(model)

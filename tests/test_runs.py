@@ -216,6 +216,28 @@ def test_runs_served_from_cached_bytes_move_back_when_eviction_reaches_them() ->
     assert c.evictions == 3 and c.hits == 4
 
 
+def test_eviction_never_takes_a_pinned_run_marked_or_read_through() -> None:
+    freed: list[int] = []
+    store, load = RunStore(10_000, freed.append), FakeLoader(slots=True)
+
+    async def body() -> None:
+        a = await store.get(X, 0, 10, cut_by(10), load)  # pinned: a read is using it (slot 0)
+        b = await store.get(X, 10, 20, cut_by(10), load)
+        store.release(b)
+        store.hit(a[0], 1)
+        store.hit(b[0], 1)  # both marked: the fallback must still pass over the pinned one
+        assert store.free_a_slot() and freed == [1] and a[0].held
+        c = await store.get(X, 20, 30, cut_by(10), load)
+        store.release(c)
+        store.read_through(a[0])  # read through, and still pinned
+        assert store.free_a_slot() and freed == [1, 2] and a[0].held
+        assert not store.free_a_slot()
+        store.release(a)
+        assert store.free_a_slot() and freed == [1, 2, 0]
+
+    run(body)
+
+
 def test_pinned_runs_are_not_evicted_and_capacity_zero_keeps_nothing() -> None:
     store, load = RunStore(0), FakeLoader()
 

@@ -16,8 +16,8 @@ extents was a good part of its cost.
 Extents are only a shortcut: a run's extents are dropped when the run is
 evicted (``forget``), so they are bounded by what the store of runs holds and
 never outlive the layouts they refer to; a read the extents do not answer
-takes the full path.  At most ``limit`` extents are kept; past that the memo
-starts afresh.
+takes the full path.  At most ``limit`` extents and ``page_limit`` page
+entries are kept; past either the memo starts afresh.
 
 Pure bookkeeping: no I/O, no trio.
 """
@@ -63,11 +63,15 @@ def _pages(extent: Extent) -> range:
 
 
 class Extents:
-    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, limit: int = DEFAULT_LIMIT, page_limit: int | None = None) -> None:
+        """At most ``limit`` extents and ``page_limit`` page entries (default: 16 per extent, a 64 KiB
+        run's worth) are kept; past either, the memo starts afresh."""
         self.limit = limit
+        self.page_limit = 16 * limit if page_limit is None else page_limit
         self._files: dict[bytes, _File] = {}
         self._by_run: dict[Run, list[tuple[bytes, Extent]]] = {}
         self._count = 0
+        self._paged = 0  # page entries over all files
 
     def __len__(self) -> int:
         return self._count
@@ -77,7 +81,9 @@ class Extents:
         f = self._files.get(file_hash)
         if f is None:
             return None
-        extent = f.pages.get(start // PAGE)  # (a small read of a small run's bytes: one lookup, no bisection)
+        # A small read of a small run's bytes: one lookup, no bisection.  The extent found holds the
+        # first byte of the page ``start`` lies in, so it starts at or before ``start``.
+        extent = f.pages.get(start // PAGE)
         if extent is None or extent.stop <= start:
             i = bisect.bisect_right(f.starts, start) - 1
             if i < 0:
@@ -113,10 +119,10 @@ class Extents:
         """Remember ``extent``; extents of the file it overlaps (older runs of those bytes) go."""
         if extent.start >= extent.stop:
             return
-        if self._count >= self.limit:
+        if self._count >= self.limit or self._paged >= self.page_limit:
             self._files.clear()
             self._by_run.clear()
-            self._count = 0
+            self._count = self._paged = 0
         f = self._files.get(file_hash)
         if f is None:
             f = self._files[file_hash] = _File()
@@ -126,12 +132,14 @@ class Extents:
         hi = bisect.bisect_left(f.starts, extent.stop, lo)
         for old in f.extents[lo:hi]:
             self._unlink(file_hash, old)
-            _unpage(f, old)
+            self._paged -= _unpage(f, old)
         self._count += 1 - (hi - lo)
         f.starts[lo:hi] = [extent.start]
         f.extents[lo:hi] = [extent]
-        for page in _pages(extent):
+        pages = _pages(extent)
+        for page in pages:
             f.pages[page] = extent
+        self._paged += len(pages)
         self._by_run.setdefault(extent.run, []).append((file_hash, extent))
 
     def forget(self, run: Run) -> None:
@@ -141,7 +149,7 @@ class Extents:
             i = bisect.bisect_left(f.starts, extent.start)
             if i < len(f.extents) and f.extents[i] is extent:
                 del f.starts[i], f.extents[i]
-                _unpage(f, extent)
+                self._paged -= _unpage(f, extent)
                 self._count -= 1
                 if not f.starts:
                     del self._files[file_hash]
@@ -155,7 +163,11 @@ class Extents:
                 del self._by_run[extent.run]
 
 
-def _unpage(f: _File, extent: Extent) -> None:
+def _unpage(f: _File, extent: Extent) -> int:
+    """Drop the page entries of ``extent``, which is going; how many there were."""
+    dropped = 0
     for page in _pages(extent):
-        if f.pages.get(page) is extent:
+        if f.pages.get(page) is extent:  # (always, as extents never overlap: a check, not a case)
             del f.pages[page]
+            dropped += 1
+    return dropped

@@ -12,16 +12,17 @@ A gap is loaded once: the range is cut into pieces (the caller's ``cut``),
 each registered as a ``Load`` before it starts, and readers that need the
 same chunks wait for that load.
 
-All decoded bytes count against one limit, ``capacity``.  Eviction is LRU
-(reads of cached bytes only mark their runs, ``hit``; the order catches up
-when eviction reaches them, ``_least_used``), except that runs a sequential
-reader has read through (``read_through``:
-the kernel's page cache serves those bytes now) go first; and the slots of
-such runs whose xorb no other term uses are reused before new shared memory
-is touched (``recycle_slot``), which costs far more.  A run a read
-is using is pinned and never evicted; ``release`` unpins it.  An evicted
-run gives its slot back at once (``free_slot``); nothing waits for the
-garbage collector.
+All decoded bytes count against one limit, ``capacity``.  Eviction is
+least recently used first, as a clock approximates it: reads of held bytes
+only mark their runs (``hit``), and the order catches up when eviction
+reaches them (``_least_used``); reads through ``get``, which load
+something, keep the exact order.  Runs a sequential reader has read through
+(``read_through``: the kernel's page cache serves those bytes now) go
+first; and the slots of such runs whose xorb no other term uses are reused
+before new shared memory is touched (``recycle_slot``), which costs far
+more.  A run a read is using is pinned and never evicted; ``release``
+unpins it.  An evicted run gives its slot back at once (``free_slot``);
+nothing waits for the garbage collector.
 
 Single-threaded: call only from the trio thread that owns it.
 """
@@ -55,7 +56,7 @@ class Run:
     pins: int = 0  # reads using it now
     prefetched: bool = False  # loaded by prefetch and not read yet
     private: bool = False  # no other term uses its xorb: once read through, nobody will ask for it again
-    recent: bool = False  # hit since it took its place in the LRU order (it moves back when eviction reaches it)
+    recent: bool = False  # hit since it took its place in the LRU order: eviction moves it back when it gets there
 
     @property
     def hi(self) -> int:
@@ -238,6 +239,7 @@ class RunStore:
         if run.held and run not in self._read:
             self._lru.pop(run, None)
             self._read[run] = None
+            run.recent = False  # (the read-through runs are evicted oldest first, marked or not)
 
     def recycle_slot(self) -> bool:
         """Evict the oldest private run a sequential reader has read through, if one holds a slot.
@@ -272,7 +274,8 @@ class RunStore:
             return run
         run.pins += 1
         self.hit(run, 0 if counted else _overlap(run, first, stop))
-        run.recent = False  # (a read through ``get`` costs far more than this: the exact LRU order)
+        # A read through ``get`` pays for far more than this: its run goes to the back of the order now.
+        run.recent = False
         if run in self._lru:
             self._lru.move_to_end(run)
         return run
@@ -353,9 +356,10 @@ class RunStore:
     def _least_used(self, wanted: Callable[[Run], bool]) -> Run | None:
         """The first run ``wanted`` accepts: read-through runs first, then the least recently used.
 
-        Reads of cached bytes only mark their runs ``recent`` (``hit``); the
+        Reads of held bytes only mark their runs ``recent`` (``hit``); the
         LRU order catches up here, as in a clock: marked runs met on the way
-        go to the back, unmarked, and are passed over this time.
+        go to the back, unmarked, and are passed over this time, unless no
+        other run is wanted: then the oldest of them that is.
         """
         for run in self._read:
             if wanted(run):
