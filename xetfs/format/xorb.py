@@ -246,11 +246,6 @@ def chunk_run(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> Chu
     )
 
 
-def chunk_specs(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> list[ChunkSpec]:
-    """Specs of chunks ``[start, stop)``; hashes only with ``verify`` and when the layout has them."""
-    return chunk_run(layout, start, stop, verify=verify).specs()
-
-
 def decode_run(
     data: Buffer, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool
 ) -> list[bytes | XetfsError]:
@@ -260,7 +255,7 @@ def decode_run(
     chunk against its hash in the layout.  A chunk that fails becomes its
     error in the result; the others still decode.
     """
-    specs = chunk_specs(layout, start, stop, verify=verify)
+    specs = chunk_run(layout, start, stop, verify=verify).specs()
     return [c if isinstance(c, XetfsError) else bytes(c) for c in decode_chunks(data, xorb_hash, specs)]
 
 
