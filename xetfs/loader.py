@@ -8,11 +8,10 @@ verified into a slot of shared memory (``pool.DecodePool``) by a decode
 worker, or by the daemon while no worker can take them (starting, or lost),
 so that the daemon's memory does not fill with runs a worker would have
 held; small ones, and any when every slot is in use, into the daemon's
-memory.  The daemon
-decodes from one read of the serialized chunks (``Store.read_chunks``, the
-I/O seam).  ``Loader.layout`` reads and checks a
-xorb's layout the same way, and ``Loader.run_stop`` says where a run ends:
-one slot (2 MiB) at most, or ``run_bytes`` without decode workers.
+memory.  The daemon decodes from one read of the serialized chunks
+(``Store.read_chunks``, the I/O seam).  ``Loader.layout`` reads and checks
+a xorb's layout the same way, and ``Loader.run_stop`` says where a run
+ends: one slot (2 MiB) at most, or ``run_bytes`` without decode workers.
 
 Blocking store reads go through ``io``, which may run them inline (fastest)
 or in a worker thread with a time bound.  Runs on one trio thread.
