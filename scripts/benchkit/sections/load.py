@@ -19,11 +19,16 @@ target for a load is at most 1.2x that time.
 Decode amplification is the chunks xetfs decoded (``.xetfs/stats``) over the
 distinct chunks of the file.  CPU per GiB of the file: xetfs' daemon, its
 decode workers and the loading process; hf_xet's download process plus the
-loader; the ceiling daemon.
+loader; the ceiling daemon and the loader on it (what FUSE costs a loader
+whatever the daemon does).  And the shortest time the xetfs load's CPU
+(daemon, workers and loader together) allows on this machine's cores, with
+every core busy all along: when that is close to the load's time, the load
+is bound by CPU, and only less CPU per GiB makes it faster.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,7 @@ from benchkit.sections.sequential import peer_download, peer_output
 from benchkit.util import cat_to_null, dd, files_equal
 
 COLUMN = "model"
+CORES = os.cpu_count() or 1
 
 LOAD_XETFS = Row("load_xetfs", "xetfs, fresh mount: safe_open + every get_tensor", "s", xetfs=True)
 LOAD_PEER = Row("load_peer", "hf_xet download_files, then load from /dev/shm", "s")
@@ -54,13 +60,17 @@ CPU_LOAD_WORKERS = Row("cpu_load_workers", "CPU xetfs decode workers", "s/GiB", 
 CPU_LOAD_READER = Row("cpu_load_reader", "CPU loader on xetfs", "s/GiB", xetfs=True)
 CPU_LOAD_PEER = Row("cpu_load_peer", "CPU hf_xet download + loader", "s/GiB")
 CPU_LOAD_CEILING = Row("cpu_load_ceiling", "CPU ceiling daemon", "s/GiB")
+CPU_LOAD_CEILING_READER = Row("cpu_load_ceiling_reader", "CPU loader on the ceiling FS", "s/GiB")
 CPU_LOAD_PLAIN = Row("cpu_load_plain", "CPU loader on the plain file", "s/GiB")
+LOAD_CPU_BOUND = Row("load_cpu_bound", "xetfs load: its CPU (daemon + workers + loader) / cores", "s", xetfs=True)
+R_LOAD_CPU_BOUND = Row("r_load_cpu_bound", "xetfs load: that CPU bound / hf_xet time", "x",
+                       derive=ratio(LOAD_CPU_BOUND, LOAD_PEER), xetfs=True)  # fmt: skip
 R_CPU_LOAD = Row("r_cpu_load", "CPU xetfs (daemon + workers) / (ceiling + parts)", "x",
                  derive=vs_floor(CPU_LOAD_DAEMON, CPU_LOAD_WORKERS, CPU_LOAD_CEILING), xetfs=True)  # fmt: skip
 
 ROWS = (LOAD_XETFS, LOAD_DD, LOAD_PEER, LOAD_CEILING, LOAD_PLAIN, R_LOAD_PLAIN, R_LOAD_PEER, R_LOAD_DD,
-        LOAD_AMP, CPU_LOAD_DAEMON,
-        CPU_LOAD_WORKERS, CPU_LOAD_READER, CPU_LOAD_PEER, CPU_LOAD_CEILING, CPU_LOAD_PLAIN, R_CPU_LOAD)  # fmt: skip
+        LOAD_AMP, CPU_LOAD_DAEMON, CPU_LOAD_WORKERS, CPU_LOAD_READER, CPU_LOAD_PEER, CPU_LOAD_CEILING,
+        CPU_LOAD_CEILING_READER, CPU_LOAD_PLAIN, R_CPU_LOAD, LOAD_CPU_BOUND, R_LOAD_CPU_BOUND)  # fmt: skip
 
 SECTIONS = (
     Section(
@@ -141,6 +151,7 @@ def t_xetfs(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
     r.r.add(CPU_LOAD_DAEMON, COLUMN, rnd, per_gib(ds.main.size, cpu.daemon), variant)
     r.r.add(CPU_LOAD_WORKERS, COLUMN, rnd, per_gib(ds.main.size, cpu.workers), variant)
     r.r.add(CPU_LOAD_READER, COLUMN, rnd, per_gib(ds.main.size, res["cpu"]), variant)
+    r.r.add(LOAD_CPU_BOUND, COLUMN, rnd, (cpu.daemon + cpu.workers + res["cpu"]) / CORES, variant)
 
 
 def t_dd(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
@@ -168,6 +179,7 @@ def t_ceiling(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
             res = load(r, c.mountpoint / ds.main.path.name, ds)
     r.r.add(LOAD_CEILING, COLUMN, rnd, res["seconds"])
     r.r.add(CPU_LOAD_CEILING, COLUMN, rnd, per_gib(ds.main.size, cpu.daemon))
+    r.r.add(CPU_LOAD_CEILING_READER, COLUMN, rnd, per_gib(ds.main.size, res["cpu"]))
 
 
 def t_plain(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
