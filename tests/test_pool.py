@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import os
 import random
+import select
 import signal
 import struct
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
@@ -27,6 +31,8 @@ from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
 from xetfs.pool import DecodePool, WorkerLost
 from xetfs.reader import Reader
 from xetfs.store import Store
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -61,7 +67,7 @@ def _decode(pool: DecodePool, path: str, xorb_hash: bytes, chunks: ChunkRun) -> 
     error); the slot is free again after."""
 
     async def decode() -> tuple[int, list[Any]]:
-        slot = pool.take_slot()
+        slot = pool.take_slot(chunks.unpacked[-1] - chunks.unpacked[0])
         assert slot is not None
         try:
             done = await pool.decode(slot, path, xorb_hash, chunks)
@@ -171,7 +177,7 @@ def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodeP
     total = _free_slots(pool)
 
     async def decode_and_keep() -> None:
-        slot = pool.take_slot()
+        slot = pool.take_slot(chunks.unpacked[-1] - chunks.unpacked[0])
         assert slot is not None
         await pool.decode(slot, path, xorb_hash, chunks)  # cancelled before it returns: no free_slot here
         pool.free_slot(slot)
@@ -433,3 +439,122 @@ def test_without_a_ready_worker_the_daemon_decodes_into_slots(tmp_path: Path, co
     finally:
         reader.close()
         store.close()
+
+
+def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Path) -> None:
+    """A result left in the pipe by a worker that then died, read after the worker was taken for lost
+    (a job sent to it met a closed pipe): the daemon goes on, the job's caller decodes it itself."""
+    store, _, xorb_hash = _store(tmp_path)
+    path = str(store.xorb_path(xorb_hash))
+    chunks = chunk_run(store.load_layout(xorb_hash), 0, 4, verify=True)
+    pool = DecodePool(1, slots=8, slot_size=64 * 1024)
+    pool.min_job_bytes = 0
+
+    async def body() -> list[Any]:
+        await pool.wait_ready()
+        (worker,) = pool._workers
+        outcomes: list[Any] = []
+
+        async def first_job() -> None:
+            try:
+                outcomes.append(await pool.decode(pool.take_slot(4000) or 0, path, xorb_hash, chunks))
+            except WorkerLost as exc:
+                outcomes.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first_job)
+            await trio.testing.wait_all_tasks_blocked()  # the job is with the worker
+            select.select([worker.results_fd], [], [], 10)  # its result is in the pipe, unread
+            worker.process.send_signal(signal.SIGKILL)
+            worker.process.wait()
+            with pytest.raises(WorkerLost):  # the next job meets the closed pipe
+                await pool.decode(pool.take_slot(4000) or 1, path, xorb_hash, chunks)
+        await trio.sleep(0.2)  # the collector reads the leftover result: nothing may fail
+        return outcomes
+
+    try:
+        (outcome,) = _run(pool, body)
+    finally:
+        pool.close()
+    assert isinstance(outcome, WorkerLost)
+    assert pool.statistics().lost == 1
+
+
+WRITE_STORM = """
+import sys, trio
+from xetfs.format.xorb import chunk_run
+from xetfs.pool import DecodePool
+from xetfs.store import Store
+
+store = Store.open(sys.argv[1])
+xorbs = sorted(store.xorb_hashes())
+layouts = {x: store.load_layout(x) for x in xorbs}
+pool = DecodePool(1, slots=80, slot_size=64 * 1024)
+pool.min_job_bytes = 0
+
+async def main() -> None:
+    async with trio.open_nursery() as nursery:
+        pool.start(nursery)
+        await pool.wait_ready()
+
+        async def decode(k: int) -> None:
+            x = xorbs[k % len(xorbs)]
+            first = (k * 32) % (layouts[x].num_chunks - 32)
+            slot = pool.take_slot(64 * 1024)
+            assert slot is not None
+            await pool.decode(slot, str(store.xorb_path(x)), x, chunk_run(layouts[x], first, first + 32, verify=True))
+            pool.free_slot(slot)
+
+        async with trio.open_nursery() as jobs:
+            for x in xorbs:  # large results (about 190 KB each), then a burst of jobs in one go
+                jobs.start_soon(pool.layout, str(store.xorb_path(x)), x)
+            await trio.sleep(0)
+            for k in range(70):
+                jobs.start_soon(decode, k)
+        nursery.cancel_scope.cancel()
+
+try:
+    trio.run(main)
+finally:
+    pool.close()
+print("done")
+"""
+
+
+def test_a_burst_of_jobs_while_a_worker_sends_large_results_does_not_stop_the_daemon(tmp_path: Path) -> None:
+    """Layout results larger than a pipe, then more jobs than the worker's input pipe holds, all at
+    once: the daemon must keep reading results while it waits to send (a blocking write would stop
+    it for good; the child process is then killed by the timeout and the test fails)."""
+    b = StoreBuilder(tmp_path / "store", max_xorb_chunks=4096)
+    b.add_file(random.Random(3).randbytes(2 * 4096 * 200), chunk_size=200)  # two xorbs of 4,096 chunks
+    b.finish()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", WRITE_STORM, str(tmp_path / "store")], capture_output=True,
+                          text=True, timeout=60, env=env, check=False)  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-3000:]
+
+
+def test_a_slot_keeps_in_memory_only_the_run_it_holds() -> None:
+    """A run in a slot is counted by its length: a slot that held a longer run gives back the rest."""
+    slot_size = 256 * 1024
+    pool = DecodePool(1, slots=4, slot_size=slot_size)
+
+    def resident() -> int:
+        return os.fstat(pool._memfd).st_blocks * 512
+
+    try:
+        slot = pool.take_slot(slot_size)
+        assert slot is not None
+        pool.view(slot, slot_size)[:] = b"\x01" * slot_size  # a sequential reader's full run
+        assert resident() == slot_size
+        pool.free_slot(slot)
+        again = pool.take_slot(10_000, fresh=False)  # the same slot, warm, for a short run
+        assert again == slot
+        assert resident() == 12 * 1024  # 10,000 bytes: three pages
+        pool.view(slot, 10_000)[:] = b"\x02" * 10_000
+        assert bytes(pool.view(slot, 10_000)) == b"\x02" * 10_000
+        pool.free_slot(slot)
+        assert pool.take_slot(slot_size, fresh=False) == slot  # a longer run: nothing to give back
+        assert resident() == 12 * 1024
+    finally:
+        pool.close()

@@ -141,7 +141,8 @@ class Loader:
         chunks = chunk_run(layout, first, stop, verify=self.verify)
         pool = self._pool
         size = layout.range_size(first, stop)
-        slot = self._take_slot(pool) if pool is not None and pool.min_job_bytes <= size <= pool.slot_size else None
+        worth_a_slot = pool is not None and pool.min_job_bytes <= size <= pool.slot_size
+        slot = self._take_slot(pool, size) if pool is not None and worth_a_slot else None
         if pool is None or slot is None:
             data = await self._read(xorb_hash, layout, first, stop)
             decoded = decode_chunks(data, xorb_hash, chunks.specs())
@@ -200,20 +201,20 @@ class Loader:
             fetched: Buffer = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
             return fetched
 
-    def _take_slot(self, pool: DecodePool) -> int | None:
+    def _take_slot(self, pool: DecodePool, size: int) -> int | None:
         """A free slot, or None if every slot is in use.
 
         In order: a free slot already in memory; the slot of a private run a sequential reader
         has read through; a slot never used (touching new memory costs far more than reusing);
         the slot of the least useful run no read is using.
         """
-        slot = pool.take_slot(fresh=False)
+        slot = pool.take_slot(size, fresh=False)
         if slot is None and self._runs.recycle_slot():
-            slot = pool.take_slot(fresh=False)
+            slot = pool.take_slot(size, fresh=False)
         if slot is None:
-            slot = pool.take_slot()
+            slot = pool.take_slot(size)
         if slot is None and self._runs.free_a_slot():
-            slot = pool.take_slot()
+            slot = pool.take_slot(size)
         return slot
 
     def _count(self, read_bytes: int, chunks: Sequence[Buffer | int | XetfsError]) -> None:

@@ -86,6 +86,8 @@ class _Worker:
     results_fd: int
     pending: dict[int, _Pending] = field(default_factory=dict)
     unread: bytearray = field(default_factory=bytearray)  # results received in part
+    unsent: bytearray = field(default_factory=bytearray)  # jobs its full input pipe did not take yet
+    sending: bool = False  # a task is writing ``unsent`` as the pipe takes it
     alive: bool = True
     collecting: bool = False  # a task is reading its results
     ready: bool = False  # it has said it can take jobs
@@ -105,10 +107,12 @@ class DecodePool:
         self._view = memoryview(self._shared)
         self._touched: list[int] = []  # free slots whose pages are still in memory (reused first)
         self._fresh = list(range(slots - 1, -1, -1))  # free slots without pages
+        self._resident = [0] * slots  # per slot, the bytes from its start that may have pages
         self._next_id = 0
         self._count = workers
         self._workers: list[_Worker] = []
         self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
+        self._nursery: trio.Nursery | None = None  # where ``start`` runs the pool's tasks
         self._counters = WorkerCounters(workers=workers, slots=slots, slot_bytes=slot_size)
 
     def statistics(self) -> WorkerCounters:
@@ -138,14 +142,26 @@ class DecodePool:
 
     # -- slots ------------------------------------------------------------
 
-    def take_slot(self, *, fresh: bool = True) -> int | None:
-        """A free slot whose pages are in memory, else (with ``fresh``) one without; None if there is none."""
+    def take_slot(self, size: int, *, fresh: bool = True) -> int | None:
+        """A free slot for a run of ``size`` bytes: one whose pages are in memory, else (with
+        ``fresh``) one without; None if there is none.
+
+        Pages of the slot past ``size`` (a longer run held there before) are given back: a run in
+        a slot is counted by its length, so that is all it may keep in memory.
+        """
         self._trim()
         if self._touched:
-            return self._touched.pop()
-        if fresh and self._fresh:
-            return self._fresh.pop()
-        return None
+            slot = self._touched.pop()
+        elif fresh and self._fresh:
+            slot = self._fresh.pop()
+        else:
+            return None
+        keep = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        if self._resident[slot] > keep:
+            start = slot * self.slot_size
+            self._shared.madvise(mmap.MADV_REMOVE, start + keep, self._resident[slot] - keep)
+        self._resident[slot] = min(keep, self.slot_size)
+        return slot
 
     def free_slot(self, slot: int) -> None:
         """Give ``slot`` back; whoever held a run there must not use its bytes after the next await."""
@@ -165,6 +181,7 @@ class DecodePool:
         while len(self._touched) > self.capacity + KEEP_FREE_SLOTS:
             slot = self._touched.pop(0)
             self._shared.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
+            self._resident[slot] = 0
             self._fresh.append(slot)
             self._counters.slots_returned += 1
 
@@ -180,6 +197,7 @@ class DecodePool:
         process.stdin.close()
         process.stdout.close()
         os.set_blocking(results_fd, False)
+        os.set_blocking(jobs_fd, False)  # a full pipe must not stop the daemon: see ``_send``
         return _Worker(number, process, jobs_fd, results_fd)
 
     def start(self, nursery: trio.Nursery) -> None:
@@ -192,6 +210,7 @@ class DecodePool:
         if not self._workers:
             self._workers = [self._spawn(n) for n in range(self._count)]
             log.info("started %d decode worker processes", self._count)
+        self._nursery = nursery
         for worker in self._workers:
             if worker.alive and not worker.collecting:
                 worker.collecting = True
@@ -231,10 +250,7 @@ class DecodePool:
         worker = min(workers, key=lambda w: len(w.pending))
         job_id = self._next_id = self._next_id + 1
         worker.pending[job_id] = pending
-        try:
-            os.write(worker.jobs_fd, encode_frame(job(job_id)))
-        except OSError:
-            self._lose(worker)
+        self._send(worker, encode_frame(job(job_id)))
         try:
             await pending.done.wait()
         except BaseException:
@@ -246,6 +262,43 @@ class DecodePool:
         if pending.result is None:
             raise WorkerLost(f"decode worker {worker.number} exited")
         return pending.result
+
+    def _send(self, worker: _Worker, frame: bytes) -> None:
+        """Write ``frame`` to ``worker``'s input without blocking: what the pipe does not take now,
+        ``_flush`` writes as it drains, frames kept whole and in order.
+
+        A blocking write could stop the daemon for good: a worker writing a large result (a
+        layout) into a full results pipe reads no more jobs, and the daemon, stuck in the write,
+        would never read the results that would let it go on.
+        """
+        if not worker.unsent:
+            try:
+                frame = frame[os.write(worker.jobs_fd, frame) :]
+            except BlockingIOError:
+                pass
+            except OSError:  # the worker is gone
+                self._lose(worker)
+                return
+            if not frame:
+                return
+        worker.unsent += frame
+        if not worker.sending and self._nursery is not None:
+            worker.sending = True
+            self._nursery.start_soon(self._flush, worker)
+
+    async def _flush(self, worker: _Worker) -> None:
+        """Write ``worker.unsent`` as its input pipe takes it."""
+        try:
+            while worker.unsent and worker.alive:
+                await trio.lowlevel.wait_writable(worker.jobs_fd)
+                try:
+                    del worker.unsent[: os.write(worker.jobs_fd, worker.unsent)]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    self._lose(worker)
+        finally:
+            worker.sending = False
 
     async def _collect(self, worker: _Worker) -> None:
         """Finish ``worker``'s jobs as their results arrive, until it exits (or this is cancelled)."""
@@ -282,7 +335,9 @@ class DecodePool:
                     self._finish(worker, message)
 
     def _finish(self, worker: _Worker, result: Decoded | LayoutLoaded) -> None:
-        pending = worker.pending.pop(result.job_id)
+        pending = worker.pending.pop(result.job_id, None)
+        if pending is None:  # the worker was taken for lost (its input closed) after it sent this
+            return
         pending.result = result
         if pending.abandoned and pending.slot is not None:
             self.free_slot(pending.slot)
@@ -301,6 +356,7 @@ class DecodePool:
                 self.free_slot(pending.slot)
             pending.done.set()
         worker.pending.clear()
+        worker.unsent.clear()
 
     def close(self, timeout: float = 2.0) -> None:
         """Stop the workers (closing their input ends them) and free the shared memory.
