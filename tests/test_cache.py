@@ -332,14 +332,16 @@ def test_cancelling_the_loader_task_lets_waiters_retry() -> None:
     trio.run(main)
 
 
-def test_peek_counts_a_hit_and_leaves_a_miss_to_the_lookup_that_follows() -> None:
+def test_peek_all_counts_hits_only_when_all_are_cached_and_leaves_the_rest_to_get_many() -> None:
     cache = _cache(1000)
 
     async def body() -> None:
-        assert cache.peek(8) is None
-        await cache.get_many([8], FakeLoader())
-        assert cache.peek(8) == value_of(8)
+        assert cache.peek_all([8]) is None
+        await cache.get_many([8], FakeLoader())  # one miss
+        assert cache.peek_all([8, 9]) is None  # 9 is not cached: nothing counted
+        assert await cache.get_many([8, 9], FakeLoader()) == [value_of(8), value_of(9)]  # a hit, a miss
+        assert cache.peek_all([9, 8]) == [value_of(9), value_of(8)]  # two hits
 
     trio.run(body)
     c = cache.counters
-    assert (c.hits, c.misses, c.entries, c.bytes) == (1, 1, 1, len(value_of(8)))
+    assert (c.hits, c.misses, c.entries) == (3, 2, 2)

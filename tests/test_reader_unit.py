@@ -244,6 +244,21 @@ def test_adjacent_chunks_are_one_store_read(tmp_path: Path) -> None:
         assert (s.layouts.misses, s.layouts.hits) == (1, 0)  # served from the run's extent: no lookup at all
 
 
+def test_each_layout_lookup_counts_once(tmp_path: Path) -> None:
+    """A read across two xorbs, one layout held and one not: one hit and one miss, not the held one
+    counted again when the other is looked up."""
+    rng = random.Random(19)
+    b = StoreBuilder(tmp_path, max_xorb_chunks=4)
+    content = _content(rng, 8000)
+    fh = b.add_file(content, chunk_size=1000)  # chunks 0-3 in one xorb, 4-7 in another: two terms
+    b.finish()
+    with opened(tmp_path) as (idx, reader):
+        assert read(idx, reader, fh, 0, 100) == content[:100]  # the first xorb's layout: a miss
+        assert read(idx, reader, fh, 3900, 200) == content[3900:4100]  # held, then the second's
+        s = reader.statistics()
+        assert (s.layouts.hits, s.layouts.misses) == (1, 2)
+
+
 def test_partly_cached_range_needs_one_read_per_gap(tmp_path: Path) -> None:
     rng = random.Random(10)
     b = StoreBuilder(tmp_path)

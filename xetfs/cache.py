@@ -68,13 +68,18 @@ class LoadingCache(Generic[K, V]):
     def __contains__(self, key: K) -> bool:
         return key in self._lru
 
-    def peek(self, key: K) -> V | None:
-        """The cached value of ``key`` (a hit, now the most recently used), or None: nothing is loaded, and a
-        miss is not counted (the caller looks it up with ``get_many`` then)."""
-        value = self._lru.get(key)
-        if value is not None:
-            self.counters.hits += 1
-        return value
+    def peek_all(self, keys: Sequence[K]) -> list[V] | None:
+        """The cached values of ``keys`` in order (one hit each, now the most recently used) if
+        all are cached, else None: nothing is loaded or counted, and the caller looks them up with
+        ``get_many`` then, which counts each lookup once."""
+        values = []
+        for key in keys:
+            value = self._lru.get(key)
+            if value is None:
+                return None
+            values.append(value)
+        self.counters.hits += len(values)
+        return values
 
     def keys(self) -> list[K]:
         """The cached keys (in no particular order)."""

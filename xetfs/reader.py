@@ -232,12 +232,13 @@ class Reader:
 
     def _spans_now(self, entry: FileEntry, offset: int, size: int) -> list[Span] | None:
         """``_spans`` without waiting: None if a layout is not cached."""
+        pieces = self.index.locate(entry, offset, size)
+        found = self._layouts.peek_all([piece.xorb_hash for piece in pieces])
+        if found is None:
+            return None
         spans = []
         pos = offset
-        for piece in self.index.locate(entry, offset, size):
-            sized = self._layouts.peek(piece.xorb_hash)
-            if sized is None:
-                return None
+        for piece, sized in zip(pieces, found, strict=True):
             spans.append(_span(piece, sized.layout, pos))
             pos += piece.length
         return spans

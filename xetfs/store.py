@@ -206,21 +206,36 @@ class Store:
         except KeyError:
             raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: not in the store") from None
 
-    def _fd(self, xorb_hash: bytes) -> int:
+    @contextlib.contextmanager
+    def _open(self, xorb_hash: bytes) -> Iterator[int]:
+        """A descriptor of the xorb's file for one read, its own: reads run in threads with threaded
+        I/O, and a slow one must keep its file while others push it out of the open-file cache
+        (which closes it, and the number may be reused for another file)."""
         with self._lock:
-            return self._files.fd(str(self.xorb_path(xorb_hash)), xorb_hash)
+            cached = self._files.fd(str(self.xorb_path(xorb_hash)), xorb_hash)
+            try:
+                fd = os.dup(cached)
+            except OSError as exc:
+                raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     def read_xorb(self, xorb_hash: bytes, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of a xorb file; a short read is a format error."""
-        return read_range(self._fd(xorb_hash), start, end, where=f"xorb {hashes.to_hex(xorb_hash)}")
+        with self._open(xorb_hash) as fd:
+            return read_range(fd, start, end, where=f"xorb {hashes.to_hex(xorb_hash)}")
 
     def read_chunks(self, xorb_hash: bytes, start: int, end: int, first: int, stop: int) -> bytes:
         """Bytes ``[start, end)`` of a xorb file, which hold its chunks ``[first, stop)``."""
-        return read_chunk_run(self._fd(xorb_hash), start, end, first, stop, where=f"xorb {hashes.to_hex(xorb_hash)}")
+        with self._open(xorb_hash) as fd:
+            return read_chunk_run(fd, start, end, first, stop, where=f"xorb {hashes.to_hex(xorb_hash)}")
 
     def load_layout(self, xorb_hash: bytes) -> XorbLayout:
         """Read and check a xorb's layout (``read_layout``)."""
-        return read_layout(self._fd(xorb_hash), xorb_hash)
+        with self._open(xorb_hash) as fd:
+            return read_layout(fd, xorb_hash)
 
     def close(self) -> None:
         with self._lock:

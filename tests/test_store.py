@@ -1,0 +1,63 @@
+"""The local store (xetfs/store.py): reads of xorb files from several threads at once.
+
+With threaded I/O (``--io-mode thread``, and stores on network file systems)
+reads run in threads, and the store keeps a bounded cache of open xorb files:
+one read may be slow while others open enough files to close the descriptor it
+is reading from.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from pathlib import Path
+
+import pytest
+from helpers.writer import StoreBuilder
+
+from xetfs import store as store_module
+from xetfs.store import Store
+
+
+def test_a_slow_read_keeps_its_file_while_other_reads_close_cached_descriptors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    n = store_module.MAX_OPEN_FILES + 8
+    b = StoreBuilder(tmp_path / "store", max_xorb_chunks=1)
+    b.add_file(random.Random(5).randbytes(1000 * n), chunk_size=1000)  # one xorb per chunk
+    b.finish()
+    store = Store.open(tmp_path / "store")
+    xorbs = sorted(store.xorb_hashes())
+    assert len(xorbs) == n
+    slow, others = xorbs[0], xorbs[1:]
+    size = store.xorb_path(slow).stat().st_size
+    expected = store.xorb_path(slow).read_bytes()
+
+    real_pread = os.pread
+    reading, go_on = threading.Event(), threading.Event()
+
+    def pread(fd: int, length: int, offset: int) -> bytes:
+        if threading.current_thread().name == "slow":
+            reading.set()
+            go_on.wait(30)  # a network file system taking its time
+        return real_pread(fd, length, offset)
+
+    monkeypatch.setattr(os, "pread", pread)
+    got: list[bytes | Exception] = []
+
+    def slow_read() -> None:
+        try:
+            got.append(store.read_xorb(slow, 0, size))
+        except Exception as exc:
+            got.append(exc)
+
+    thread = threading.Thread(target=slow_read, name="slow")
+    thread.start()
+    assert reading.wait(30)
+    for xorb in others:  # enough other files that the slow read's descriptor leaves the cache
+        store.read_xorb(xorb, 0, 8)
+    go_on.set()
+    thread.join(30)
+    assert got == [expected]
+    store.close()
