@@ -108,6 +108,9 @@ class DecodePool:
         self._touched: list[int] = []  # free slots whose pages are still in memory (reused first)
         self._fresh = list(range(slots - 1, -1, -1))  # free slots without pages
         self._resident = [0] * slots  # per slot, the bytes from its start that may have pages
+        self._extra = [0] * slots  # per slot in use, its pages past the run it holds
+        self._spare_used = 0  # their sum
+        self.spare_bytes = KEEP_FREE_SLOTS * slot_size  # what that sum may reach
         self._next_id = 0
         self._count = workers
         self._workers: list[_Worker] = []
@@ -146,8 +149,10 @@ class DecodePool:
         """A free slot for a run of ``size`` bytes: one whose pages are in memory, else (with
         ``fresh``) one without; None if there is none.
 
-        Pages of the slot past ``size`` (a longer run held there before) are given back: a run in
-        a slot is counted by its length, so that is all it may keep in memory.
+        A run in a slot is counted by its length, but the slot keeps the pages of a longer run
+        held there before.  That excess is allowed up to ``spare_bytes`` over all slots in use;
+        past it, the slot's pages past ``size`` are given back (giving back at every turn would
+        cost more: the pages are touched afresh when the slot next holds a longer run).
         """
         self._trim()
         if self._touched:
@@ -156,15 +161,20 @@ class DecodePool:
             slot = self._fresh.pop()
         else:
             return None
-        keep = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
-        if self._resident[slot] > keep:
-            start = slot * self.slot_size
-            self._shared.madvise(mmap.MADV_REMOVE, start + keep, self._resident[slot] - keep)
-        self._resident[slot] = min(keep, self.slot_size)
+        keep = min(-(-size // mmap.PAGESIZE) * mmap.PAGESIZE, self.slot_size)
+        extra = max(0, self._resident[slot] - keep)
+        if extra and self._spare_used + extra > self.spare_bytes:
+            self._shared.madvise(mmap.MADV_REMOVE, slot * self.slot_size + keep, extra)
+            self._resident[slot], extra = keep, 0
+        self._resident[slot] = max(self._resident[slot], keep)
+        self._extra[slot] = extra
+        self._spare_used += extra
         return slot
 
     def free_slot(self, slot: int) -> None:
         """Give ``slot`` back; whoever held a run there must not use its bytes after the next await."""
+        self._spare_used -= self._extra[slot]
+        self._extra[slot] = 0
         self._touched.append(slot)
 
     def view(self, slot: int, length: int) -> memoryview:
