@@ -25,10 +25,11 @@ from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
 from xetfs import index
+from xetfs.decode_worker import DecodeJob, encode_frame
 from xetfs.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
-from xetfs.pool import DecodePool, WorkerLost
+from xetfs.pool import DecodePool, WorkerLost, _Pending
 from xetfs.reader import Reader
 from xetfs.store import Store
 
@@ -450,33 +451,26 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
     pool = DecodePool(1, slots=8, slot_size=64 * 1024)
     pool.min_job_bytes = 0
 
-    async def body() -> list[Any]:
+    async def body() -> _Pending:
         await pool.wait_ready()
         (worker,) = pool._workers
-        outcomes: list[Any] = []
-
-        async def first_job() -> None:
-            try:
-                outcomes.append(await pool.decode(pool.take_slot(4000) or 0, path, xorb_hash, chunks))
-            except WorkerLost as exc:
-                outcomes.append(exc)
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(first_job)
-            await trio.testing.wait_all_tasks_blocked()  # the job is with the worker
-            select.select([worker.results_fd], [], [], 10)  # its result is in the pipe, unread
-            worker.process.send_signal(signal.SIGKILL)
-            worker.process.wait()
-            with pytest.raises(WorkerLost):  # the next job meets the closed pipe
-                await pool.decode(pool.take_slot(4000) or 1, path, xorb_hash, chunks)
+        # A job sent with no checkpoint until its result is in the pipe: the collector cannot have read it.
+        first = _Pending(pool.take_slot(4000))
+        worker.pending[999] = first
+        pool._send(worker, encode_frame(DecodeJob(999, first.slot or 0, path, xorb_hash, chunks)))
+        assert select.select([worker.results_fd], [], [], 10)[0]
+        worker.process.send_signal(signal.SIGKILL)
+        worker.process.wait()
+        with pytest.raises(WorkerLost):  # the next job meets the closed pipe: the worker is lost
+            await pool.decode(pool.take_slot(4000) or 1, path, xorb_hash, chunks)
         await trio.sleep(0.2)  # the collector reads the leftover result: nothing may fail
-        return outcomes
+        return first
 
     try:
-        (outcome,) = _run(pool, body)
+        first = _run(pool, body)
     finally:
         pool.close()
-    assert isinstance(outcome, WorkerLost)
+    assert first.done.is_set() and first.result is None  # its caller would decode it itself
     assert pool.statistics().lost == 1
 
 

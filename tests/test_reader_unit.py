@@ -8,6 +8,7 @@ decoding in the reader's own thread, and in worker processes (a
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -501,3 +502,29 @@ def test_small_reads_of_held_bytes_are_served_from_extents_and_stay_right_after_
             assert got is None or bytes(got) == content[offset : offset + 50]
             served += got is not None
         assert 0 < served < 18  # some runs were evicted, some are held
+
+
+def test_prefetch_counts_the_chunks_it_decoded_and_a_failed_job_no_store_read(tmp_path: Path) -> None:
+    """``prefetch.chunks`` counts what prefetch decoded, not what it asked for; and a run of a xorb
+    cut short, whose read fails, decodes nothing and is no store read."""
+    rng = random.Random(21)
+    b = StoreBuilder(tmp_path, max_xorb_chunks=10)
+    content = _content(rng, 20_000)
+    fh = b.add_file(content, chunk_size=1000)  # two xorbs of ten chunks
+    b.finish()
+    (first, built), (second, _) = b.xorbs.items()  # in the order they were written
+    _corrupt(b.xorb_paths[first], built.payload_range(3)[0] + 10)  # chunk 3 of the first xorb fails
+    with opened(tmp_path, run_bytes=10_000) as (idx, reader):
+        entry = idx.get(fh)
+        assert entry is not None
+        running(reader, "prefetch", entry, 0, 10_000)
+        s = reader.statistics()
+        assert (s.prefetch.requests, s.prefetch.chunks) == (1, 9)  # not chunk 3
+        assert s.decode.chunks == 9
+        running(reader, "layout", second)  # held, then its file is cut short
+        b.xorb_paths[second].chmod(0o644)
+        os.truncate(b.xorb_paths[second], 100)
+        running(reader, "prefetch", entry, 10_000, 10_000)
+        s = reader.statistics()
+        assert (s.prefetch.requests, s.prefetch.chunks) == (2, 9)
+        assert (s.store.reads, s.decode.runs, s.decode.chunks) == (1, 1, 9)

@@ -120,7 +120,6 @@ class LoadingCache(Generic[K, V]):
                 c.hits += 1
                 found[key] = value
             elif key in self._flights:
-                c.joined += 1
                 waits.append((key, self._flights[key]))
             else:
                 c.misses += 1
@@ -142,6 +141,7 @@ class LoadingCache(Generic[K, V]):
                 (found[key],) = await self.get_many([key], load)
             else:
                 c.hits += 1
+                c.joined += 1
                 found[key] = outcome
         return [found[key] for key in keys]
 

@@ -218,7 +218,10 @@ class Loader:
         return slot
 
     def _count(self, read_bytes: int, chunks: Sequence[Buffer | int | XetfsError]) -> None:
-        """Count one store read that decoded ``chunks`` (bytes, sizes or errors)."""
+        """Count one store read that decoded ``chunks`` (bytes, sizes or errors); a worker's job that
+        read nothing (its xorb would not open) is no store read."""
+        if not read_bytes:
+            return
         self._store.reads += 1
         self._store.bytes += read_bytes
         self._decode.runs += 1

@@ -155,11 +155,8 @@ class RunStore:
                             self._c.hits += n
                             self._c.joined += n
                 new = [self._register(xorb_hash, a, b) for lo, hi in gaps for a, b in cut(lo, hi)]
-                if not prefetch:
-                    if not counted:  # a later pass loads chunks already counted as hits (their load was lost)
-                        self._c.misses += sum(_overlap(ld, first, stop) for ld in new)
-                else:
-                    self._p.chunks += sum(ld.stop - ld.first for ld in new)
+                if not prefetch and not counted:  # a later pass loads chunks already counted as hits
+                    self._c.misses += sum(_overlap(ld, first, stop) for ld in new)
                 counted = True
                 if not waits and not new:
                     break
@@ -318,6 +315,8 @@ class RunStore:
         else:
             ld.runs, ld.errors = loaded.runs, loaded.errors
             ld.state = LoadState.DONE
+            if prefetch:  # what prefetch decoded: not a load cancelled or failed
+                self._p.chunks += sum(run.stop - run.first for run in ld.runs)
         finally:
             entries = self._xorbs[xorb_hash]  # holds ``ld`` until here, so it was never dropped
             # The runs lie within the load's chunks, in order: they take its place.
