@@ -594,7 +594,7 @@ REQUIRED = {
     "store": {"reads", "bytes"},
     "reads": {"requests", "bytes"},
     "prefetch": {"chunks", "hits"},
-    "errors": {"integrity", "missing", "format"},
+    "errors": {"integrity", "missing", "format", "io"},
     "index": {"files", "terms", "xorbs", "shards", "shards_skipped"},
 }
 

@@ -168,7 +168,7 @@ def test_sixteen_concurrent_readers(basic_store: OracleStore, options: list[str]
         total = sum(f[2] for f in files)
         assert all(r["bytes"] >= total for r in results)  # every reader read every file at least once
         stats = m.stats()
-        assert stats["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0}
+        assert stats["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0, "io": 0}
         if "--direct-io" in options:
             assert stats["cache"]["evictions"] > 0  # the small cache really churned
             assert stats["reads"]["requests"] >= 16 * len(files)
@@ -242,4 +242,4 @@ def test_hundred_thousand_files(many_files: ManyFiles) -> None:
         after_reads = vm_rss(m.proc.pid)
         growth = after_reads - after_find
         assert growth < 50 * MiB, f"daemon RSS grew by {growth / MiB:.1f} MiB while reading 4200 files"
-        assert m.stats()["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0}
+        assert m.stats()["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0, "io": 0}

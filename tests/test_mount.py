@@ -615,7 +615,7 @@ def test_stats_file_changes_after_a_read(basic_store: OracleStore) -> None:
         assert after["reads"]["requests"] > 0
         assert after["decode"]["chunks"] > first["decode"]["chunks"]
         assert after["cache"]["misses"] > first["cache"]["misses"]
-        assert after["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0}
+        assert after["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0, "io": 0}
         assert after["index"]["files"] == len(basic_store.unique())
 
         text = run_xetfs("stats", m.path)

@@ -80,7 +80,7 @@ def test_a_killed_worker_costs_no_read(big_store: OracleStore) -> None:
         assert _sha256(path) == f.sha256
         assert len(re.findall(r"decode worker \d+ stopped", m.log())) == 2
         assert "decoding in the daemon" in m.log()
-        assert m.stats()["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0}
+        assert m.stats()["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0, "io": 0}
 
 
 def test_unmount_ends_the_workers(basic_store: OracleStore) -> None:

@@ -21,7 +21,7 @@ from helpers.writer import FileSpec, StoreBuilder, TermSpec
 
 from xetfs import hashes, index
 from xetfs import loader as loader_module
-from xetfs.errors import IntegrityError, MissingObjectError, XorbFormatError
+from xetfs.errors import IntegrityError, MissingObjectError, ObjectReadError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.index import Index
 from xetfs.pool import DecodePool
@@ -528,3 +528,23 @@ def test_prefetch_counts_the_chunks_it_decoded_and_a_failed_job_no_store_read(tm
         s = reader.statistics()
         assert (s.prefetch.requests, s.prefetch.chunks) == (2, 9)
         assert (s.store.reads, s.decode.runs, s.decode.chunks) == (1, 1, 9)
+
+
+@pytest.mark.parametrize("damage", ["directory", "symlink loop"])
+def test_a_store_file_that_cannot_be_read_is_an_io_error(tmp_path: Path, damage: str) -> None:
+    """Not a missing object, not malformed data: the file is there but cannot be opened or read."""
+    b = StoreBuilder(tmp_path)
+    fh = b.add_file(_content(random.Random(23), 5000), chunk_size=1000)
+    b.finish()
+    (path,) = b.xorb_paths.values()
+    with opened(tmp_path) as (idx, reader):
+        path.chmod(0o644)
+        path.unlink()
+        if damage == "directory":
+            path.mkdir()  # opens, but reading it fails (EISDIR)
+        else:
+            path.symlink_to(path)  # cannot be opened (ELOOP)
+        with pytest.raises(ObjectReadError, match=r"cannot open|failed"):
+            read(idx, reader, fh)
+        e = reader.statistics().errors
+        assert (e.io, e.missing, e.format, e.integrity) == (1, 0, 0, 0)

@@ -253,7 +253,7 @@ def test_bad_shard_is_skipped_with_one_warning(store: OracleStore, damage: Calla
             os.stat(m / victim.hash)
         for f in others:  # d.bin reads c.txt's xorb, which only the damaged shard lists
             assert (m / f.hash).read_bytes() == f.read(), f.name
-        assert m.stats()["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0}
+        assert m.stats()["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0, "io": 0}
 
 
 @fuse
@@ -297,7 +297,7 @@ def test_flipped_payload_byte(store: OracleStore, name: str, scheme: int) -> Non
         check_error_log(m, per_file, xorb, f"chunk {loc.chunk}")
         e = errors_of(m)
         if scheme == 0:  # a raw chunk always decodes: only its hash can tell
-            assert e == {"integrity": failed, "missing": 0, "format": 0, "timeout": 0}
+            assert e == {"integrity": failed, "missing": 0, "format": 0, "timeout": 0, "io": 0}
         else:
             assert e["integrity"] + e["format"] == failed and e["missing"] == e["timeout"] == 0, e
 
@@ -316,7 +316,7 @@ def test_missing_xorb(store: OracleStore, when: str) -> None:
         failed, per_file = check_contained(m, store, locs, lambda x, c: x == xorb)
         assert set(per_file) == {store["c.txt"].hash, store["d.bin"].hash}
         check_error_log(m, per_file, xorb)
-        assert errors_of(m) == {"integrity": 0, "missing": failed, "format": 0, "timeout": 0}
+        assert errors_of(m) == {"integrity": 0, "missing": failed, "format": 0, "timeout": 0, "io": 0}
 
 
 @fuse
@@ -332,7 +332,7 @@ def test_truncated_xorb_before_mount(store: OracleStore) -> None:
         failed, per_file = check_contained(m, store, locs, lambda x, c: x == xorb)
         assert {store["a.bin"].hash, store["b.bin"].hash, store["d.bin"].hash} <= set(per_file)
         check_error_log(m, per_file, xorb, f"chunk {cut.index}")
-        assert errors_of(m) == {"integrity": 0, "missing": 0, "format": failed, "timeout": 0}
+        assert errors_of(m) == {"integrity": 0, "missing": 0, "format": failed, "timeout": 0, "io": 0}
 
 
 @fuse
@@ -350,7 +350,7 @@ def test_xorb_truncated_while_mounted(store: OracleStore) -> None:
         oracle.truncate(path, chunks[first_lost].phys_start + 10)
         failed, per_file = check_contained(m, store, locs, lambda x, c: x == xorb and c >= first_lost)
         assert a.hash in per_file
-        assert errors_of(m) == {"integrity": 0, "missing": 0, "format": failed, "timeout": 0}
+        assert errors_of(m) == {"integrity": 0, "missing": 0, "format": failed, "timeout": 0, "io": 0}
         check_error_log(m, per_file, xorb, "chunk")  # which chunks the failed read needed
 
 
@@ -626,7 +626,7 @@ def test_store_io_errors_are_contained(nested: Nested, tmp_path: Path) -> None:
             assert f2 not in os.listdir(inner / ".xetfs" / "by-hash")
             assert _read_errno(inner / f0) == errno.EIO
             assert read_blocks(inner / f1, data1) == set()
-            assert inner.stats()["errors"]["format"] == 1
+            assert inner.stats()["errors"]["io"] == 1  # the file is there, reading it fails
             (line,) = [e for e in log_lines(inner, "ERROR") if f0 in e]
             assert nested.xorbs[f0] in line, line
             assert read_blocks(inner / f0, data0)  # some blocks fail, and every block that reads is right

@@ -45,7 +45,13 @@ MAX_IN_PLACE_CHUNKS = 256  # two buffers a chunk in one preadv: within IOV_MAX (
 # What a worker may name in an error, mapped back to the class the daemon raises.
 _ERROR_CLASSES: dict[str, type[XetfsError]] = {
     cls.__name__: cls
-    for cls in (errors.XorbFormatError, errors.FormatError, errors.IntegrityError, errors.MissingObjectError)
+    for cls in (
+        errors.XorbFormatError,
+        errors.FormatError,
+        errors.IntegrityError,
+        errors.MissingObjectError,
+        errors.ObjectReadError,
+    )
 }
 
 

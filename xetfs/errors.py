@@ -38,6 +38,10 @@ class MissingObjectError(XetfsError):
     """A reference to a xorb, chunk or file that the store does not hold."""
 
 
+class ObjectReadError(XetfsError):
+    """An object the store holds that could not be opened or read: no permission, a disk I/O error."""
+
+
 class StoreError(XetfsError):
     """The store as a whole cannot be used (missing directory, no shards...)."""
 

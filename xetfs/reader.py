@@ -25,7 +25,14 @@ from typing import NamedTuple
 import trio
 
 from xetfs.cache import LoadingCache
-from xetfs.errors import IntegrityError, MissingObjectError, StoreError, StoreTimeoutError, XetfsError
+from xetfs.errors import (
+    IntegrityError,
+    MissingObjectError,
+    ObjectReadError,
+    StoreError,
+    StoreTimeoutError,
+    XetfsError,
+)
 from xetfs.extents import Extent, Extents
 from xetfs.format.xorb import XorbLayout
 from xetfs.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
@@ -296,6 +303,8 @@ class Reader:
             errors.missing += 1
         elif isinstance(exc, StoreTimeoutError):
             errors.timeout += 1
+        elif isinstance(exc, ObjectReadError):
+            errors.io += 1
         elif isinstance(exc, StoreError):
             self._remote.failed_reads += 1  # the server could not be reached, or refused
         else:

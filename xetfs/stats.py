@@ -93,6 +93,7 @@ class ErrorCounters:
     missing: int = 0
     format: int = 0
     timeout: int = 0
+    io: int = 0
 
 
 @dataclass

@@ -31,7 +31,15 @@ from typing import Protocol
 from cachetools import LRUCache
 
 from xetfs import hashes
-from xetfs.errors import IntegrityError, MissingObjectError, ShardFormatError, StoreError, XetfsError, XorbFormatError
+from xetfs.errors import (
+    IntegrityError,
+    MissingObjectError,
+    ObjectReadError,
+    ShardFormatError,
+    StoreError,
+    XetfsError,
+    XorbFormatError,
+)
 from xetfs.format.shard import MAGIC as SHARD_MAGIC
 from xetfs.format.xorb import HASHES_AT, XorbLayout, decode_run, footer_length, parse_footer, walk_headers_with
 
@@ -216,7 +224,7 @@ class Store:
             try:
                 fd = os.dup(cached)
             except OSError as exc:
-                raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
+                raise ObjectReadError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
         try:
             yield fd
         finally:
@@ -243,19 +251,23 @@ class Store:
 
 
 def open_xorb(path: str | os.PathLike[str], xorb_hash: bytes) -> int:
-    """A read-only descriptor of the xorb file at ``path``; failing to open it means the xorb is missing."""
+    """A read-only descriptor of the xorb file at ``path``: ``MissingObjectError`` if there is no such
+    file, ``ObjectReadError`` if it cannot be opened (no permission, too many open files)."""
     try:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: no such file") from None
     except OSError as exc:
-        raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
+        raise ObjectReadError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
 
 
 def read_range(fd: int, start: int, end: int, *, where: str) -> bytes:
-    """Bytes ``[start, end)`` of an open object file; a failed or short read is a format error."""
+    """Bytes ``[start, end)`` of an open object file; a short read is a format error, a failed one
+    (a disk I/O error) an ``ObjectReadError``."""
     try:
         data = os.pread(fd, end - start, start)
     except OSError as exc:
-        raise XorbFormatError(f"{where}: read of [{start}, {end}) failed: {exc.strerror}") from None
+        raise ObjectReadError(f"{where}: read of [{start}, {end}) failed: {exc.strerror}") from None
     if len(data) != end - start:
         raise XorbFormatError(f"{where}: truncated: wanted bytes [{start}, {end}), file ends at {start + len(data)}")
     return data
