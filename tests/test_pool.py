@@ -554,3 +554,50 @@ def test_a_slot_keeps_in_memory_only_the_run_it_holds() -> None:
         assert resident() == 12 * 1024
     finally:
         pool.close()
+
+
+def test_jobs_left_unsent_when_a_run_ends_are_sent_in_the_next(tmp_path: Path) -> None:
+    """A trio run that ends while job frames wait for a full pipe (its worker stopped): the next
+    run sends them, so those jobs finish and their slots come back."""
+    b = StoreBuilder(tmp_path / "store", max_xorb_chunks=1024)
+    b.add_file(random.Random(1).randbytes(1024 * 200), chunk_size=200)
+    b.finish()
+    store = Store.open(tmp_path / "store")
+    (xorb_hash,) = store.xorb_hashes()
+    layout = store.load_layout(xorb_hash)
+    path = str(store.xorb_path(xorb_hash))
+    chunks = chunk_run(layout, 0, 64, verify=True)
+    size = layout.range_size(0, 64)
+    jobs = 300
+    pool = DecodePool(1, slots=jobs + 10, slot_size=64 * 1024)
+    pool.min_job_bytes = 0
+
+    async def one() -> None:
+        slot = pool.take_slot(size)
+        assert slot is not None
+        await pool.decode(slot, path, xorb_hash, chunks)
+        pool.free_slot(slot)
+
+    async def first_run() -> None:
+        await pool.wait_ready()
+        pool._workers[0].process.send_signal(signal.SIGSTOP)  # its input pipe fills
+        async with trio.open_nursery() as nursery:
+            for _ in range(jobs):
+                nursery.start_soon(one)
+            await trio.testing.wait_all_tasks_blocked()
+            assert pool._workers[0].unsent  # more than the pipe takes
+            nursery.cancel_scope.cancel()  # the run ends; the jobs are abandoned, not lost
+
+    async def second_run() -> None:
+        with trio.fail_after(30):
+            while pool._workers[0].pending:
+                await trio.sleep(0.01)
+
+    try:
+        run_served(pool.start, first_run)
+        pool._workers[0].process.send_signal(signal.SIGCONT)
+        run_served(pool.start, second_run)
+        assert not pool._workers[0].unsent
+        assert pool.statistics().free_slots == pool.statistics().slots  # every abandoned slot came back
+    finally:
+        pool.close()

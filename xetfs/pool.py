@@ -225,6 +225,9 @@ class DecodePool:
             if worker.alive and not worker.collecting:
                 worker.collecting = True
                 nursery.start_soon(self._collect, worker)
+            if worker.alive and worker.unsent and not worker.sending:  # left when an earlier run ended
+                nursery.start_soon(self._flush, worker)
+                worker.sending = True
 
     async def decode(self, slot: int, path: str, xorb_hash: bytes, chunks: ChunkRun) -> Decoded:
         """Read, decode and verify one run of adjacent chunks of the xorb at ``path`` into ``slot``.
@@ -293,8 +296,8 @@ class DecodePool:
                 return
         worker.unsent += frame
         if not worker.sending and self._nursery is not None:
-            worker.sending = True
             self._nursery.start_soon(self._flush, worker)
+            worker.sending = True
 
     async def _flush(self, worker: _Worker) -> None:
         """Write ``worker.unsent`` as its input pipe takes it."""
