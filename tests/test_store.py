@@ -17,6 +17,7 @@ import pytest
 from helpers.writer import StoreBuilder
 
 from xetfs import store as store_module
+from xetfs.errors import ObjectReadError
 from xetfs.store import Store
 
 
@@ -61,3 +62,12 @@ def test_a_slow_read_keeps_its_file_while_other_reads_close_cached_descriptors(
     thread.join(30)
     assert got == [expected]
     store.close()
+
+
+def test_a_failed_read_of_chunks_names_them_and_keeps_its_kind(tmp_path: Path) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY)  # a directory: opens, but reading it fails (EISDIR)
+    try:
+        with pytest.raises(ObjectReadError, match=r"xorb x: read of \[0, 10\) failed: .* \(reading chunks \[3, 5\)\)"):
+            store_module.read_chunk_run(fd, 0, 10, 3, 5, where="xorb x")
+    finally:
+        os.close(fd)

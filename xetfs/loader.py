@@ -141,8 +141,9 @@ class Loader:
         chunks = chunk_run(layout, first, stop, verify=self.verify)
         pool = self._pool
         size = layout.range_size(first, stop)
-        worth_a_slot = pool is not None and pool.min_job_bytes <= size <= pool.slot_size
-        slot = self._take_slot(pool, size) if pool is not None and worth_a_slot else None
+        slot = None
+        if pool is not None and pool.min_job_bytes <= size <= pool.slot_size:
+            slot = self._take_slot(pool, size)
         if pool is None or slot is None:
             data = await self._read(xorb_hash, layout, first, stop)
             decoded = decode_chunks(data, xorb_hash, chunks.specs())

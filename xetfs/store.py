@@ -277,8 +277,8 @@ def read_chunk_run(fd: int, start: int, end: int, first: int, stop: int, *, wher
     """Bytes ``[start, end)`` of a xorb file, its chunks ``[first, stop)``; a failure names the chunks."""
     try:
         return read_range(fd, start, end, where=where)
-    except XorbFormatError as exc:
-        raise XorbFormatError(f"{exc} (reading chunks [{first}, {stop}))") from None
+    except (XorbFormatError, ObjectReadError) as exc:
+        raise type(exc)(f"{exc} (reading chunks [{first}, {stop}))") from None
 
 
 def read_layout(fd: int, xorb_hash: bytes) -> XorbLayout:
