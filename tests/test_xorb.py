@@ -215,21 +215,22 @@ def test_check_in_place_decodes_a_compressed_payload_as_long_as_its_data() -> No
     layout = _parse(built.data)
     run = xorb.chunk_run(layout, 0, 3, verify=True)
     specs = run.specs()
-    assert xorb.stored_raw_sized(specs)
+    assert run.stored_raw_sized()
 
     def placed(data: bytes) -> tuple[bytes, memoryview]:
         headers = b"".join(data[s.phys_start : s.phys_start + 8] for s in specs)
         return headers, memoryview(bytearray(b"".join(data[s.phys_start + 8 : s.phys_end] for s in specs)))
 
     headers, out = placed(built.data)
-    assert xorb.check_in_place(headers, specs, out) and bytes(out) == b"".join(chunks)
+    assert xorb.check_in_place(headers, run, out) and bytes(out) == b"".join(chunks)
     headers, out = placed(built.data)
-    wrong = [s._replace(expected=bytes(32)) if s.chunk == 1 else s for s in specs]
+    assert run.hashes is not None
+    wrong = run._replace(hashes=run.hashes[:32] + bytes(32) + run.hashes[64:])
     assert not xorb.check_in_place(headers, wrong, out)
     short = bytearray(built.data)
     short[specs[2].phys_start : specs[2].phys_start + 8] = writer.chunk_header(999, 0, 999)
     headers, out = placed(bytes(short))
-    assert not xorb.check_in_place(headers, specs, out)
+    assert not xorb.check_in_place(headers, run, out)
 
 
 def test_footerless_xorb_walk() -> None:
@@ -438,3 +439,25 @@ def test_walk_bad_header_in_the_middle() -> None:
     data[built.phys_ends[0] + 4] = 7  # scheme of chunk 1
     with pytest.raises(XorbFormatError, match="scheme 7"):
         walk_headers(bytes(data), where=W)
+
+
+def test_check_in_place_of_raw_chunks_checks_every_hash() -> None:
+    """All raw (the whole-run check): one wrong hash anywhere fails the run; unverified, the headers suffice."""
+    chunks = [bytes([k]) * (500 + k) for k in range(5)]
+    built = writer.pack_xorb(chunks, [0] * 5)
+    run = xorb.chunk_run(_parse(built.data), 0, 5, verify=True)
+    assert run.stored_raw_sized() and run.hashes is not None
+    specs = run.specs()
+    headers = b"".join(built.data[s.phys_start : s.phys_start + 8] for s in specs)
+
+    def out() -> memoryview:
+        return memoryview(bytearray(b"".join(chunks)))
+
+    assert xorb.check_in_place(headers, run, out())
+    for k in range(5):
+        wrong = run._replace(hashes=run.hashes[: 32 * k] + bytes(32) + run.hashes[32 * (k + 1) :])
+        assert not xorb.check_in_place(headers, wrong, out())
+    damaged = out()
+    damaged[700] ^= 1
+    assert not xorb.check_in_place(headers, run, damaged)
+    assert xorb.check_in_place(headers, run._replace(hashes=None), damaged)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from xetfs import errors
 from xetfs.errors import XetfsError
 from xetfs.format.chunk import HEADER_SIZE
-from xetfs.format.xorb import ChunkRun, ChunkSpec, XorbLayout, check_in_place, decode_chunks_into, stored_raw_sized
+from xetfs.format.xorb import ChunkRun, XorbLayout, check_in_place, decode_chunks_into
 from xetfs.hashes import to_hex
 from xetfs.malloc import keep_freed_memory
 from xetfs.store import OpenFiles, read_chunk_run, read_layout
@@ -128,36 +128,37 @@ def _read_exactly(fd: int, n: int) -> bytes | None:
 
 def run_job(files: OpenFiles, out: memoryview, job: DecodeJob) -> Decoded:
     """Decode one run into ``out``."""
-    specs = job.chunks.specs()
-    first, last = specs[0], specs[-1]
+    run = job.chunks
+    count = len(run.phys) - 1
     try:
         fd = files.fd(job.path, job.xorb_hash)
-        if len(specs) <= MAX_IN_PLACE_CHUNKS and stored_raw_sized(specs) and _read_in_place(fd, specs, out):
-            return Decoded(job.job_id, [spec.size for spec in specs], last.phys_end - first.phys_start)
+        if count <= MAX_IN_PLACE_CHUNKS and run.stored_raw_sized() and _read_in_place(fd, run, out):
+            return Decoded(job.job_id, list[int | WorkerError](run.sizes()), run.phys[-1] - run.phys[0])
         where = f"xorb {to_hex(job.xorb_hash)}"
-        data = read_chunk_run(fd, first.phys_start, last.phys_end, first.chunk, last.chunk + 1, where=where)
+        data = read_chunk_run(fd, run.phys[0], run.phys[-1], run.first, run.first + count, where=where)
     except XetfsError as exc:
-        return Decoded(job.job_id, [WorkerError.of(exc)] * len(specs), 0)
+        return Decoded(job.job_id, [WorkerError.of(exc)] * count, 0)
     sizes = [WorkerError.of(s) if isinstance(s, XetfsError) else s
-             for s in decode_chunks_into(data, job.xorb_hash, specs, out)]  # fmt: skip
+             for s in decode_chunks_into(data, job.xorb_hash, run.specs(), out)]  # fmt: skip
     return Decoded(job.job_id, sizes, len(data))
 
 
-def _read_in_place(fd: int, specs: list[ChunkSpec], out: memoryview) -> bool:
+def _read_in_place(fd: int, run: ChunkRun, out: memoryview) -> bool:
     """Read a run of raw-sized chunks with their payloads straight into ``out`` (headers aside), and
     check them there (``check_in_place``): one copy less than reading, then decoding into ``out``.
     False if anything is off; ``run_job`` then decodes the run the usual way, which says what."""
-    headers = memoryview(bytearray(HEADER_SIZE * len(specs)))
+    sizes = run.sizes()
+    headers = memoryview(bytearray(HEADER_SIZE * len(sizes)))
     parts: list[memoryview] = []
     pos = 0
-    for k, spec in enumerate(specs):
-        parts += (headers[k * HEADER_SIZE : (k + 1) * HEADER_SIZE], out[pos : pos + spec.size])
-        pos += spec.size
+    for k, size in enumerate(sizes):
+        parts += (headers[k * HEADER_SIZE : (k + 1) * HEADER_SIZE], out[pos : pos + size])
+        pos += size
     try:
-        read = os.preadv(fd, parts, specs[0].phys_start)
+        read = os.preadv(fd, parts, run.phys[0])
     except OSError:
         return False
-    return read == specs[-1].phys_end - specs[0].phys_start and check_in_place(headers, specs, out)
+    return read == run.phys[-1] - run.phys[0] and check_in_place(headers, run, out)
 
 
 def load_layout(files: OpenFiles, job: LayoutJob) -> LayoutLoaded:
