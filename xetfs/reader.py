@@ -205,8 +205,8 @@ class Reader:
                 last += 1
             chunks = last + 1 - first
         self.runs.hit(run, chunks)
-        if read_through and run.hi <= hi:
-            self.runs.read_through(run)
+        if read_through:
+            self.runs.read_along(run, lo, hi)
         return run.data[lo - run.lo : hi - run.lo]  # the extent lies within the run
 
     async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
@@ -271,8 +271,8 @@ class Reader:
             hi = lo + c.length
             for run in span_runs:
                 parts.append(run.view(lo, hi))
-                if read_through and run.hi <= hi:
-                    self.runs.read_through(run)  # a sequential reader is done with it: no extent
+                if read_through and self.runs.read_along(run, lo, hi):
+                    pass  # the page cache has all of it now: no extent
                 else:
                     a, b = max(run.lo, span.term_lo), min(run.hi, span.term_hi)
                     self._extents.add(entry.file_hash, Extent(a - span.delta, b - span.delta, span.delta, run,

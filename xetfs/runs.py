@@ -57,6 +57,7 @@ class Run:
     prefetched: bool = False  # loaded by prefetch and not read yet
     private: bool = False  # no other term uses its xorb: once read through, nobody will ask for it again
     recent: bool = False  # hit since it took its place in the LRU order: eviction moves it back when it gets there
+    read_along: int = 0  # its bytes sequential reads have had (``read_along``)
 
     @property
     def hi(self) -> int:
@@ -230,6 +231,19 @@ class RunStore:
         for run in runs:
             run.pins -= 1
         self._evict_to(self.capacity)
+
+    def read_along(self, run: Run, lo: int, hi: int) -> bool:
+        """A sequential reader had decoded bytes ``[lo, hi)`` of ``run`` (clipped to it); True once such
+        reads have had all its bytes: the kernel's page cache holds them now (``read_through``).
+
+        A run whose first bytes lie before where the reader started, or past the end of its term,
+        is never read through: the page cache does not hold those bytes.
+        """
+        run.read_along += max(0, min(hi, run.hi) - max(lo, run.lo))
+        if run.read_along < len(run.data):
+            return False
+        self.read_through(run)
+        return True
 
     def read_through(self, run: Run) -> None:
         """A sequential reader has read ``run`` to its end: the page cache serves it now, evict it first."""
