@@ -478,6 +478,33 @@ def test_a_run_counts_as_read_through_only_once_sequential_reads_had_all_of_it(t
         assert reader.statistics().store.reads == reads
 
 
+def test_bytes_read_twice_do_not_make_a_run_read_through(tmp_path: Path) -> None:
+    """A file that repeats the head of a run: sequential reads have its head twice and its tail not at
+    all, and the run must stay in the LRU order, not go first, so that its tail is not decoded again."""
+    rng = random.Random(18)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 4000)
+    f = b.add_file(content, chunk_size=1000, scheme=0)
+    k = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
+    h = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
+    b.flush_shard()
+    x = b.files[f].terms[0].xorb_hash
+    g = b.add_file_from_terms([(x, 0, 2), (x, 0, 4)])  # chunks 0-1, then 0-3
+    b.finish()
+    with opened(tmp_path, cache_size=7000) as (idx, reader):
+        ge = idx.get(g)
+        assert ge is not None
+        read(idx, reader, k)  # the oldest run
+        assert read(idx, reader, f, 0, 4000) == content  # one run of chunks 0-3
+        for offset in range(0, 4000, 1000):  # g's first 4000 bytes: chunks 0-1 twice
+            running(reader, "read", ge, offset, 1000, read_through=True)
+        read(idx, reader, h)  # past the cache's size: one run goes
+        reads = reader.statistics().store.reads
+        tail = running(reader, "read", ge, 4000, 2000, read_through=True)
+        assert bytes(tail) == content[2000:]
+        assert reader.statistics().store.reads == reads  # chunks 2-3 were still held
+
+
 def test_a_read_across_two_held_runs_is_served_from_their_extents(tmp_path: Path) -> None:
     rng = random.Random(22)
     b = StoreBuilder(tmp_path)

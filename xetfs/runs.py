@@ -16,8 +16,8 @@ All decoded bytes count against one limit, ``capacity``.  Eviction is
 least recently used first, as a clock approximates it: reads of held bytes
 only mark their runs (``hit``), and the order catches up when eviction
 reaches them (``_least_used``); reads through ``get``, which load
-something, keep the exact order.  Runs a sequential reader has read through
-(``read_through``: the kernel's page cache serves those bytes now) go
+something, keep the exact order.  Runs a sequential reader has had all of
+(``read_along``: the kernel's page cache serves those bytes now) go
 first; and the slots of such runs whose xorb no other term uses are reused
 before new shared memory is touched (``recycle_slot``), which costs far
 more.  A run a read is using is pinned and never evicted; ``release``
@@ -57,7 +57,7 @@ class Run:
     prefetched: bool = False  # loaded by prefetch and not read yet
     private: bool = False  # no other term uses its xorb: once read through, nobody will ask for it again
     recent: bool = False  # hit since it took its place in the LRU order: eviction moves it back when it gets there
-    read_along: int = 0  # its bytes sequential reads have had (``read_along``)
+    had: list[tuple[int, int]] = field(default_factory=list)  # what sequential reads have had of it (``read_along``)
 
     @property
     def hi(self) -> int:
@@ -234,19 +234,30 @@ class RunStore:
 
     def read_along(self, run: Run, lo: int, hi: int) -> bool:
         """A sequential reader had decoded bytes ``[lo, hi)`` of ``run`` (clipped to it); True once such
-        reads have had all its bytes: the kernel's page cache holds them now (``read_through``).
+        reads, together, have had all its bytes: the kernel's page cache holds them now (``read_through``).
 
-        A run whose first bytes lie before where the reader started, or past the end of its term,
-        is never read through: the page cache does not hold those bytes.
+        The run keeps the ranges they had, merged (``Run.had``, a few at most), so bytes read twice
+        count once and reads may come in any order.  A run whose first bytes lie before where the
+        reader started, or past the end of its term, is never read through unless another sequential
+        read has those bytes: the page cache does not hold them.
         """
-        run.read_along += max(0, min(hi, run.hi) - max(lo, run.lo))
-        if run.read_along < len(run.data):
+        lo, hi = max(lo, run.lo), min(hi, run.hi)
+        if lo >= hi:
+            return False
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted([*run.had, (lo, hi)]):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        run.had = merged
+        if merged != [(run.lo, run.hi)]:
             return False
         self.read_through(run)
         return True
 
     def read_through(self, run: Run) -> None:
-        """A sequential reader has read ``run`` to its end: the page cache serves it now, evict it first."""
+        """Sequential reads have had all of ``run`` (``read_along``): the page cache serves it now, evict it first."""
         if run.held and run not in self._read:
             self._lru.pop(run, None)
             self._read[run] = None
