@@ -335,4 +335,32 @@ def test_a_run_stays_pinned_until_every_waiter_of_its_load_has_it() -> None:
     run(body)
     assert recycled == [False] and got == [expected(0, 4)]
     assert load.calls == [(0, 4)]  # loaded once
-    assert store.recycle_slot() and freed == [0]  # once both are done, it may go
+    # The waiter used the run after it was read through: it is back in the LRU order, no longer first to go.
+    assert not store.recycle_slot() and store.free_a_slot() and freed == [0]
+
+
+def test_a_run_read_through_and_used_again_goes_back_to_the_lru_order() -> None:
+    """A run read through but then used again (a random read, from another file, or where the page cache let
+    go) is not evicted first any more: eviction moves it back into the LRU order, unmarked, and its record of
+    what sequential reads had starts afresh; a ``get`` of it does the same at once."""
+    freed: list[int] = []
+    store, load = RunStore(30 * CHUNK, freed.append), FakeLoader(slots=True)
+
+    async def body() -> None:
+        runs = []
+        for first in (0, 10, 20):  # slots 0-2 fill the store
+            got = await store.get(X, first, first + 10, cut_by(10), load)
+            store.release(got)
+            runs += got
+        assert store.read_along(runs[2], runs[2].lo, runs[2].hi)  # 20-29 read through
+        store.hit(runs[2], 1)  # and read again
+        await read(store, 30, 40, load, n=10)  # evicts the oldest, 0-9, not 20-29
+        assert freed == [0] and store.holds(X, 20) and runs[2].had == []
+        assert store.read_along(runs[1], runs[1].lo, runs[1].hi)  # 10-19 read through
+        again = await store.get(X, 10, 20, cut_by(10), load)  # a read through ``get``: used again at once
+        store.release(again)
+        await read(store, 40, 50, load, n=10)  # evicts the least recently used: 30-39 (20-29 came back after it)
+        assert freed == [0, 3] and store.holds(X, 10) and store.holds(X, 20)
+
+    run(body)
+    assert store.statistics().evicted_read == 0

@@ -269,11 +269,11 @@ class RunStore:
         Its memory is warm, and reusing it costs far less than touching new
         memory; nobody else will read those chunks, and the page cache has them.
         """
-        for run in self._read:
-            if run.private and run.slot is not None and not run.pins:
-                self._evict(run)
-                return True
-        return False
+        run = self._first_read(lambda r: r.private and r.slot is not None and not r.pins)
+        if run is None:
+            return False
+        self._evict(run)
+        return True
 
     def free_a_slot(self) -> bool:
         """Evict the least useful run held in a slot that no read is using; False if there is none."""
@@ -300,6 +300,8 @@ class RunStore:
         run.recent = False
         if run in self._lru:
             self._lru.move_to_end(run)
+        elif run in self._read:
+            self._revive(run)
         return run
 
     def _cover(self, xorb_hash: bytes, first: int, stop: int) -> tuple[list[Entry], list[tuple[int, int]]]:
@@ -385,11 +387,10 @@ class RunStore:
         go to the back, unmarked, and are passed over this time, unless no
         other run is wanted: then the oldest of them that is.
         """
-        for run in self._read:
-            if wanted(run):
-                return run
+        found = self._first_read(wanted)
+        if found is not None:
+            return found
         recent = []
-        found = None
         for run in self._lru:
             if run.recent:
                 recent.append(run)
@@ -402,6 +403,30 @@ class RunStore:
         if found is None:  # all the others were unwanted: the oldest of those moved back
             found = next((run for run in recent if wanted(run)), None)
         return found
+
+    def _first_read(self, wanted: Callable[[Run], bool]) -> Run | None:
+        """The oldest read-through run ``wanted`` accepts.  One a read has used since (``hit``) is
+        used again, from another file or where the page cache let go of it: it goes back to the LRU
+        order instead (``_revive``)."""
+        used = []
+        found = None
+        for run in self._read:
+            if run.recent:
+                used.append(run)
+            elif wanted(run):
+                found = run
+                break
+        for run in used:
+            self._revive(run)
+        return found
+
+    def _revive(self, run: Run) -> None:
+        """A read-through run is used again: back to the end of the LRU order; what sequential reads
+        had of it starts afresh (the new reader's page cache has none of it)."""
+        del self._read[run]
+        run.recent = False
+        run.had = []
+        self._lru[run] = None
 
     def _evict(self, run: Run) -> None:
         c = self._c
