@@ -505,6 +505,36 @@ def test_bytes_read_twice_do_not_make_a_run_read_through(tmp_path: Path) -> None
         assert reader.statistics().store.reads == reads  # chunks 2-3 were still held
 
 
+def test_a_second_file_reading_a_run_read_through_has_its_own_reads_counted(tmp_path: Path) -> None:
+    """File f reads a run through; file g (the same chunks, then more) reads it sequentially too, with an
+    eviction in between: once g has had all of it, it is read through again and goes first."""
+    rng = random.Random(19)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 4000)
+    f = b.add_file(content, chunk_size=1000, scheme=0)
+    k = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
+    h = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
+    b.flush_shard()
+    x = b.files[f].terms[0].xorb_hash
+    g = b.add_file_from_terms([(x, 0, 4), (x, 4, 5)])  # f's bytes, then k's first chunk
+    b.finish()
+    with opened(tmp_path, cache_size=7000) as (idx, reader):
+        fe, ge = idx.get(f), idx.get(g)
+        assert fe is not None and ge is not None
+        read(idx, reader, k, 0, 1000)  # a random reader's run: chunk 4
+        assert read(idx, reader, f, 0, 4000) == content  # one run of chunks 0-3
+        for offset in range(0, 4000, 1000):
+            running(reader, "read", fe, offset, 1000, read_through=True)  # f reads it through
+        running(reader, "read", ge, 0, 1000, read_through=True)  # g starts on it: back in the LRU order
+        read(idx, reader, h)  # past the cache's size: the oldest run (chunk 4) goes, not the one g reads
+        assert reader.statistics().cache.evicted_read == 0
+        for offset in range(1000, 4000, 1000):
+            running(reader, "read", ge, offset, 1000, read_through=True)  # g has had all of it now
+        read(idx, reader, k, 1000, 1000)  # past the cache's size again: the run g read through goes first
+        s = reader.statistics()
+        assert s.cache.evicted_read == 1 and not reader.runs.holds(x, 0) and reader.runs.holds(x, 6)
+
+
 def test_a_read_across_two_held_runs_is_served_from_their_extents(tmp_path: Path) -> None:
     rng = random.Random(22)
     b = StoreBuilder(tmp_path)

@@ -341,8 +341,8 @@ def test_a_run_stays_pinned_until_every_waiter_of_its_load_has_it() -> None:
 
 def test_a_run_read_through_and_used_again_goes_back_to_the_lru_order() -> None:
     """A run read through but then used again (a random read, from another file, or where the page cache let
-    go) is not evicted first any more: eviction moves it back into the LRU order, unmarked, and its record of
-    what sequential reads had starts afresh; a ``get`` of it does the same at once."""
+    go) is not evicted first any more: the read moves it back to the end of the LRU order, and its record of
+    what sequential reads had starts afresh; a read through ``get`` does the same."""
     freed: list[int] = []
     store, load = RunStore(30 * CHUNK, freed.append), FakeLoader(slots=True)
 
@@ -353,14 +353,15 @@ def test_a_run_read_through_and_used_again_goes_back_to_the_lru_order() -> None:
             store.release(got)
             runs += got
         assert store.read_along(runs[2], runs[2].lo, runs[2].hi)  # 20-29 read through
-        store.hit(runs[2], 1)  # and read again
+        store.hit(runs[2], 1)  # and read again: back to the LRU order, after 0-9 and 10-19
+        assert runs[2].had == []
         await read(store, 30, 40, load, n=10)  # evicts the oldest, 0-9, not 20-29
-        assert freed == [0] and store.holds(X, 20) and runs[2].had == []
+        assert freed == [0] and store.holds(X, 20)
         assert store.read_along(runs[1], runs[1].lo, runs[1].hi)  # 10-19 read through
-        again = await store.get(X, 10, 20, cut_by(10), load)  # a read through ``get``: used again at once
+        again = await store.get(X, 10, 20, cut_by(10), load)  # a read through ``get``: back in the order
         store.release(again)
-        await read(store, 40, 50, load, n=10)  # evicts the least recently used: 30-39 (20-29 came back after it)
-        assert freed == [0, 3] and store.holds(X, 10) and store.holds(X, 20)
+        await read(store, 40, 50, load, n=10)  # evicts the least recently used: 20-29
+        assert freed == [0, 2] and store.holds(X, 10) and store.holds(X, 30)
 
     run(body)
     assert store.statistics().evicted_read == 0

@@ -215,12 +215,15 @@ class RunStore:
 
         The run is only marked ``recent``, the least a read of cached bytes
         can do: it moves to the back of the LRU order when eviction reaches it.
+        A read-through run goes back to the LRU order at once (``_revive``).
         """
         self._c.hits += chunks
         if run.prefetched:
             run.prefetched = False
             self._p.hits += run.stop - run.first
         run.recent = True
+        if run in self._read:  # used again (another file, or bytes the page cache let go of)
+            self._revive(run)
 
     def holds(self, xorb_hash: bytes, chunk: int) -> bool:
         """Whether a held run has chunk ``chunk`` of the xorb."""
@@ -261,7 +264,7 @@ class RunStore:
         if run.held and run not in self._read:
             self._lru.pop(run, None)
             self._read[run] = None
-            run.recent = False  # (the read-through runs are evicted oldest first, marked or not)
+            run.recent = False  # (runs read through are never marked: a hit takes one back out)
 
     def recycle_slot(self) -> bool:
         """Evict the oldest private run a sequential reader has read through, if one holds a slot.
@@ -300,8 +303,6 @@ class RunStore:
         run.recent = False
         if run in self._lru:
             self._lru.move_to_end(run)
-        elif run in self._read:
-            self._revive(run)
         return run
 
     def _cover(self, xorb_hash: bytes, first: int, stop: int) -> tuple[list[Entry], list[tuple[int, int]]]:
@@ -405,24 +406,13 @@ class RunStore:
         return found
 
     def _first_read(self, wanted: Callable[[Run], bool]) -> Run | None:
-        """The oldest read-through run ``wanted`` accepts.  One a read has used since (``hit``) is
-        used again, from another file or where the page cache let go of it: it goes back to the LRU
-        order instead (``_revive``)."""
-        used = []
-        found = None
-        for run in self._read:
-            if run.recent:
-                used.append(run)
-            elif wanted(run):
-                found = run
-                break
-        for run in used:
-            self._revive(run)
-        return found
+        """The oldest read-through run ``wanted`` accepts."""
+        return next((run for run in self._read if wanted(run)), None)
 
     def _revive(self, run: Run) -> None:
-        """A read-through run is used again: back to the end of the LRU order; what sequential reads
-        had of it starts afresh (the new reader's page cache has none of it)."""
+        """A read-through run is used again (``hit``): back to the end of the LRU order, before the
+        read that uses it records what it had, so what sequential reads had of it starts afresh with
+        that read (another file's page cache has none of the rest)."""
         del self._read[run]
         run.recent = False
         run.had = []
