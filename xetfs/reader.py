@@ -271,9 +271,7 @@ class Reader:
             hi = lo + c.length
             for run in span_runs:
                 parts.append(run.view(lo, hi))
-                if read_through and self.runs.read_along(run, lo, hi):
-                    pass  # the page cache has all of it now: no extent
-                else:
+                if not (read_through and self.runs.read_along(run, lo, hi)):  # (else the page cache has it all)
                     a, b = max(run.lo, span.term_lo), min(run.hi, span.term_hi)
                     self._extents.add(entry.file_hash, Extent(a - span.delta, b - span.delta, span.delta, run,
                                                               span.layout))  # fmt: skip
