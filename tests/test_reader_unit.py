@@ -23,7 +23,7 @@ from xetfs import hashes, index
 from xetfs import loader as loader_module
 from xetfs.errors import IntegrityError, MissingObjectError, ObjectReadError, XorbFormatError
 from xetfs.format.shard import parse_shard
-from xetfs.index import Index
+from xetfs.index import FileEntry, Index
 from xetfs.pool import DecodePool
 from xetfs.reader import Reader
 from xetfs.store import Store
@@ -432,6 +432,31 @@ def test_chunk_header_disagreeing_with_footer_is_a_xorb_format_error(tmp_path: P
         assert reader.statistics().errors.format == 1
 
 
+def _sequential(reader: Reader, entry: FileEntry, start: int, stop: int) -> bytes:
+    """A sequential reader's reads of ``[start, stop)``, 1000 bytes each (its page cache keeps them)."""
+    return b"".join(
+        bytes(running(reader, "read", entry, offset, 1000, read_through=True)) for offset in range(start, stop, 1000)
+    )
+
+
+def _three_files_in_one_xorb(
+    tmp_path: Path, seed: int, g: list[tuple[int, int]]
+) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes]:
+    """Files f (4000 bytes), k and h (2000 each), chunks of 1000 bytes in one xorb, and g made of that
+    xorb's chunk ranges ``g``: f's content, and the hashes of f, k, h, g and the xorb."""
+    rng = random.Random(seed)
+    b = StoreBuilder(tmp_path)
+    content = _content(rng, 4000)
+    f = b.add_file(content, chunk_size=1000, scheme=0)
+    k = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
+    h = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
+    b.flush_shard()
+    x = b.files[f].terms[0].xorb_hash
+    gh = b.add_file_from_terms([(x, start, stop) for start, stop in g])
+    b.finish()
+    return content, f, k, h, gh, x
+
+
 def test_runs_read_through_are_evicted_first(tmp_path: Path) -> None:
     rng = random.Random(16)
     b = StoreBuilder(tmp_path)
@@ -442,10 +467,7 @@ def test_runs_read_through_are_evicted_first(tmp_path: Path) -> None:
         entry = idx.get(fh)
         assert entry is not None
         assert read(idx, reader, fh, 0, 2000) == content[:2000]  # a run of chunks 0-1, read at random
-        got = b""
-        for offset in range(2000, 10_000, 1000):  # a sequential reader, one chunk per read
-            got += bytes(running(reader, "read", entry, offset, 1000, read_through=True))
-        assert got == content[2000:]
+        assert _sequential(reader, entry, 2000, 10_000) == content[2000:]  # one chunk per read
         s = reader.statistics()
         assert s.cache.bytes <= 4000
         # Chunks 2-7 at least (8 and 9 fit); with workers, also any run read through whose slot a later
@@ -467,10 +489,8 @@ def test_a_run_counts_as_read_through_only_once_sequential_reads_had_all_of_it(t
     with opened(tmp_path, cache_size=4000) as (idx, reader):
         entry = idx.get(fh)
         assert entry is not None
-        got = b""
-        for offset in range(1500, 10_000, 1000):  # starts inside chunk 1: chunks 1-2 are one run
-            got += bytes(running(reader, "read", entry, offset, 1000, read_through=True))
-        assert got == content[1500:]
+        # Starts inside chunk 1: chunks 1-2 are one run.
+        assert _sequential(reader, entry, 1500, 10_000) == content[1500:]
         s = reader.statistics()
         assert s.cache.evicted_read == s.cache.evictions > 0
         reads = s.store.reads
@@ -481,23 +501,13 @@ def test_a_run_counts_as_read_through_only_once_sequential_reads_had_all_of_it(t
 def test_bytes_read_twice_do_not_make_a_run_read_through(tmp_path: Path) -> None:
     """A file that repeats the head of a run: sequential reads have its head twice and its tail not at
     all, and the run must stay in the LRU order, not go first, so that its tail is not decoded again."""
-    rng = random.Random(18)
-    b = StoreBuilder(tmp_path)
-    content = _content(rng, 4000)
-    f = b.add_file(content, chunk_size=1000, scheme=0)
-    k = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
-    h = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
-    b.flush_shard()
-    x = b.files[f].terms[0].xorb_hash
-    g = b.add_file_from_terms([(x, 0, 2), (x, 0, 4)])  # chunks 0-1, then 0-3
-    b.finish()
+    content, f, k, h, g, _ = _three_files_in_one_xorb(tmp_path, 18, [(0, 2), (0, 4)])  # g: chunks 0-1, then 0-3
     with opened(tmp_path, cache_size=7000) as (idx, reader):
         ge = idx.get(g)
         assert ge is not None
         read(idx, reader, k)  # the oldest run
         assert read(idx, reader, f, 0, 4000) == content  # one run of chunks 0-3
-        for offset in range(0, 4000, 1000):  # g's first 4000 bytes: chunks 0-1 twice
-            running(reader, "read", ge, offset, 1000, read_through=True)
+        _sequential(reader, ge, 0, 4000)  # g's first 4000 bytes: chunks 0-1 twice
         read(idx, reader, h)  # past the cache's size: one run goes
         reads = reader.statistics().store.reads
         tail = running(reader, "read", ge, 4000, 2000, read_through=True)
@@ -508,28 +518,17 @@ def test_bytes_read_twice_do_not_make_a_run_read_through(tmp_path: Path) -> None
 def test_a_second_file_reading_a_run_read_through_has_its_own_reads_counted(tmp_path: Path) -> None:
     """File f reads a run through; file g (the same chunks, then more) reads it sequentially too, with an
     eviction in between: once g has had all of it, it is read through again and goes first."""
-    rng = random.Random(19)
-    b = StoreBuilder(tmp_path)
-    content = _content(rng, 4000)
-    f = b.add_file(content, chunk_size=1000, scheme=0)
-    k = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
-    h = b.add_file(_content(rng, 2000), chunk_size=1000, scheme=0)
-    b.flush_shard()
-    x = b.files[f].terms[0].xorb_hash
-    g = b.add_file_from_terms([(x, 0, 4), (x, 4, 5)])  # f's bytes, then k's first chunk
-    b.finish()
+    content, f, k, h, g, x = _three_files_in_one_xorb(tmp_path, 19, [(0, 4), (4, 5)])  # g: f's bytes, then chunk 4
     with opened(tmp_path, cache_size=7000) as (idx, reader):
         fe, ge = idx.get(f), idx.get(g)
         assert fe is not None and ge is not None
         read(idx, reader, k, 0, 1000)  # a random reader's run: chunk 4
         assert read(idx, reader, f, 0, 4000) == content  # one run of chunks 0-3
-        for offset in range(0, 4000, 1000):
-            running(reader, "read", fe, offset, 1000, read_through=True)  # f reads it through
-        running(reader, "read", ge, 0, 1000, read_through=True)  # g starts on it: back in the LRU order
+        _sequential(reader, fe, 0, 4000)  # f reads it through
+        _sequential(reader, ge, 0, 1000)  # g starts on it: back in the LRU order
         read(idx, reader, h)  # past the cache's size: the oldest run (chunk 4) goes, not the one g reads
         assert reader.statistics().cache.evicted_read == 0
-        for offset in range(1000, 4000, 1000):
-            running(reader, "read", ge, offset, 1000, read_through=True)  # g has had all of it now
+        _sequential(reader, ge, 1000, 4000)  # g has had all of it now
         read(idx, reader, k, 1000, 1000)  # past the cache's size again: the run g read through goes first
         s = reader.statistics()
         assert s.cache.evicted_read == 1 and not reader.runs.holds(x, 0) and reader.runs.holds(x, 6)
