@@ -23,7 +23,11 @@ loader; the ceiling daemon and the loader on it (what FUSE costs a loader
 whatever the daemon does).  And the shortest time the xetfs load's CPU
 (daemon, workers and loader together) allows on this machine's cores, with
 every core busy all along: when that is close to the load's time, the load
-is bound by CPU, and only less CPU per GiB makes it faster.
+is bound by CPU, and only less CPU per GiB makes it faster.  Beside each
+time target, the same ratio in CPU: the load's CPU (daemon, workers and
+loader) over hf_xet's (download and loader), and over the cold `dd`'s
+(daemon, workers and `dd`).  Where every one of them is bound by the cores,
+a time ratio gets below its CPU ratio only by keeping the cores busier.
 """
 
 from __future__ import annotations
@@ -65,12 +69,20 @@ CPU_LOAD_PLAIN = Row("cpu_load_plain", "CPU loader on the plain file", "s/GiB")
 LOAD_CPU_BOUND = Row("load_cpu_bound", "xetfs load: its CPU (daemon + workers + loader) / cores", "s", xetfs=True)
 R_LOAD_CPU_BOUND = Row("r_load_cpu_bound", "xetfs load: that CPU bound / hf_xet time", "x",
                        derive=ratio(LOAD_CPU_BOUND, LOAD_PEER), xetfs=True)  # fmt: skip
+CPU_LOAD_ALL = Row("cpu_load_all", "CPU xetfs load: daemon + workers + loader", "s/GiB", xetfs=True)
+R_CPU_LOAD_PEER = Row("r_cpu_load_peer", "CPU xetfs load / CPU hf_xet download + loader", "x",
+                      derive=ratio(CPU_LOAD_ALL, CPU_LOAD_PEER), xetfs=True)  # fmt: skip
+CPU_DD_ALL = Row("cpu_dd_all", "CPU xetfs cold dd: daemon + workers + dd", "s/GiB", xetfs=True)
+CPU_DD_READER = Row("cpu_dd_reader", "CPU dd on xetfs", "s/GiB", xetfs=True)
+R_CPU_LOAD_DD = Row("r_cpu_load_dd", "CPU xetfs load / CPU xetfs cold dd", "x",
+                    derive=ratio(CPU_LOAD_ALL, CPU_DD_ALL), xetfs=True)  # fmt: skip
 R_CPU_LOAD = Row("r_cpu_load", "CPU xetfs (daemon + workers) / (ceiling + parts)", "x",
                  derive=vs_floor(CPU_LOAD_DAEMON, CPU_LOAD_WORKERS, CPU_LOAD_CEILING), xetfs=True)  # fmt: skip
 
 ROWS = (LOAD_XETFS, LOAD_DD, LOAD_PEER, LOAD_CEILING, LOAD_PLAIN, R_LOAD_PLAIN, R_LOAD_PEER, R_LOAD_DD,
         LOAD_AMP, CPU_LOAD_DAEMON, CPU_LOAD_WORKERS, CPU_LOAD_READER, CPU_LOAD_PEER, CPU_LOAD_CEILING,
-        CPU_LOAD_CEILING_READER, CPU_LOAD_PLAIN, R_CPU_LOAD, LOAD_CPU_BOUND, R_LOAD_CPU_BOUND)  # fmt: skip
+        CPU_LOAD_CEILING_READER, CPU_LOAD_PLAIN, R_CPU_LOAD, LOAD_CPU_BOUND, R_LOAD_CPU_BOUND, CPU_LOAD_ALL,
+        R_CPU_LOAD_PEER, CPU_DD_ALL, CPU_DD_READER, R_CPU_LOAD_DD)  # fmt: skip
 
 SECTIONS = (
     Section(
@@ -152,6 +164,7 @@ def t_xetfs(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
     r.r.add(CPU_LOAD_WORKERS, COLUMN, rnd, per_gib(ds.main.size, cpu.workers), variant)
     r.r.add(CPU_LOAD_READER, COLUMN, rnd, per_gib(ds.main.size, res["cpu"]), variant)
     r.r.add(LOAD_CPU_BOUND, COLUMN, rnd, (cpu.daemon + cpu.workers + res["cpu"]) / CORES, variant)
+    r.r.add(CPU_LOAD_ALL, COLUMN, rnd, per_gib(ds.main.size, cpu.daemon + cpu.workers + res["cpu"]), variant)
 
 
 def t_dd(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
@@ -159,8 +172,11 @@ def t_dd(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
     cat_to_null(ds.xorbs)
     with r.primed(now=False) as go, r.mounts.xetfs(ds.store, variant=r.variant(variant)) as x:
         go()
-        secs = dd(x.mountpoint / ds.main.hash, ds.main.size, r.timeout_for(ds.main.size))
+        with r.cpu(x) as cpu:
+            secs = dd(x.mountpoint / ds.main.hash, ds.main.size, r.timeout_for(ds.main.size))
     r.r.add(LOAD_DD, COLUMN, rnd, secs, variant)
+    r.r.add(CPU_DD_ALL, COLUMN, rnd, per_gib(ds.main.size, cpu.daemon + cpu.workers + cpu.reader), variant)
+    r.r.add(CPU_DD_READER, COLUMN, rnd, per_gib(ds.main.size, cpu.reader), variant)
 
 
 def t_peer(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
