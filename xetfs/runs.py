@@ -12,15 +12,12 @@ A gap is loaded once: the range is cut into pieces (the caller's ``cut``),
 each registered as a ``Load`` before it starts, and readers that need the
 same chunks wait for that load.
 
-All decoded bytes count against one limit, ``capacity``.  Eviction is
-least recently used first, as a clock approximates it: reads of held bytes
-only mark their runs (``hit``), and the order catches up when eviction
-reaches them (``_least_used``); reads through ``get``, which load
-something, keep the exact order.  Runs a sequential reader has had all of
-(``read_along``: the kernel's page cache serves those bytes now) go
-first; and the slots of such runs whose xorb no other term uses are reused
-before new shared memory is touched (``recycle_slot``), which costs far
-more.  A run a read is using is pinned and never evicted; ``release``
+All decoded bytes count against one limit, ``capacity``.  Which run goes
+first is ``order.EvictionOrder``'s: runs a sequential reader has had all
+of (``read_along``: the kernel's page cache serves those bytes now), then
+the least recently used.  The slots of read-through runs whose xorb no
+other term uses are reused before new shared memory is touched
+(``recycle_slot``), which costs far more.  A run a read is using is pinned and never evicted; ``release``
 unpins it.  An evicted run gives its slot back at once (``free_slot``);
 nothing waits for the garbage collector.
 
@@ -31,7 +28,6 @@ from __future__ import annotations
 
 import bisect
 import enum
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -39,6 +35,7 @@ from operator import attrgetter
 import trio
 
 from xetfs.errors import XetfsError
+from xetfs.order import EvictionOrder
 from xetfs.stats import CacheCounters, PrefetchCounters
 
 
@@ -56,7 +53,7 @@ class Run:
     pins: int = 0  # reads using it now
     prefetched: bool = False  # loaded by prefetch and not read yet
     private: bool = False  # no other term uses its xorb: once read through, nobody will ask for it again
-    recent: bool = False  # hit since it took its place in the LRU order: eviction moves it back when it gets there
+    recent: bool = False  # hit since it took its place in the LRU order (``EvictionOrder.mark``)
     had: list[tuple[int, int]] = field(default_factory=list)  # what sequential reads have had of it (``read_along``)
 
     @property
@@ -113,8 +110,7 @@ class RunStore:
         self._free_slot = free_slot
         self._on_evict = on_evict
         self._xorbs: dict[bytes, list[Entry]] = {}  # per xorb, by first chunk, never overlapping
-        self._lru: OrderedDict[Run, None] = OrderedDict()  # held runs, least recently used first
-        self._read: OrderedDict[Run, None] = OrderedDict()  # held runs read through: evicted before the rest
+        self._order = EvictionOrder()  # every held run
         self._c = CacheCounters(capacity_bytes=self.capacity)
         self._p = PrefetchCounters()
 
@@ -211,19 +207,12 @@ class RunStore:
             self.hit(run, _overlap(run, first, stop))
 
     def hit(self, run: Run, chunks: int) -> None:
-        """A read served ``chunks`` chunks from ``run``, held, before its next await.
-
-        The run is only marked ``recent``, the least a read of cached bytes
-        can do: it moves to the back of the LRU order when eviction reaches it.
-        A read-through run goes back to the LRU order at once (``_revive``).
-        """
+        """A read served ``chunks`` chunks from ``run``, held, before its next await (``EvictionOrder.mark``)."""
         self._c.hits += chunks
         if run.prefetched:
             run.prefetched = False
             self._p.hits += run.stop - run.first
-        run.recent = True
-        if run in self._read:  # used again (another file, or bytes the page cache let go of)
-            self._revive(run)
+        self._order.mark(run)
 
     def holds(self, xorb_hash: bytes, chunk: int) -> bool:
         """Whether a held run has chunk ``chunk`` of the xorb."""
@@ -236,35 +225,13 @@ class RunStore:
         self._evict_to(self.capacity)
 
     def read_along(self, run: Run, lo: int, hi: int) -> bool:
-        """A sequential reader had decoded bytes ``[lo, hi)`` of ``run`` (clipped to it); True once such
-        reads, together, have had all its bytes: the kernel's page cache holds them now (``read_through``).
-
-        The run keeps the ranges they had, merged (``Run.had``, a few at most), so bytes read twice
-        count once and reads may come in any order.  A run whose first bytes lie before where the
-        reader started, or past the end of its term, is never read through unless another sequential
-        read has those bytes: the page cache does not hold them.
-        """
-        lo, hi = max(lo, run.lo), min(hi, run.hi)
-        if lo >= hi:
-            return False
-        merged: list[tuple[int, int]] = []
-        for a, b in sorted([*run.had, (lo, hi)]):
-            if merged and a <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-            else:
-                merged.append((a, b))
-        run.had = merged
-        if merged != [(run.lo, run.hi)]:
-            return False
-        self.read_through(run)
-        return True
+        """A sequential reader had decoded bytes ``[lo, hi)`` of ``run``; True once such reads have had
+        all of it, and it is evicted first (``EvictionOrder.read_along``)."""
+        return self._order.read_along(run, lo, hi)
 
     def read_through(self, run: Run) -> None:
-        """Sequential reads have had all of ``run`` (``read_along``): the page cache serves it now, evict it first."""
-        if run.held and run not in self._read:
-            self._lru.pop(run, None)
-            self._read[run] = None
-            run.recent = False  # (runs read through are never marked: a hit takes one back out)
+        """The page cache serves all of ``run`` now: evict it first."""
+        self._order.read_through(run)
 
     def recycle_slot(self) -> bool:
         """Evict the oldest private run a sequential reader has read through, if one holds a slot.
@@ -272,7 +239,7 @@ class RunStore:
         Its memory is warm, and reusing it costs far less than touching new
         memory; nobody else will read those chunks, and the page cache has them.
         """
-        run = self._first_read(lambda r: r.private and r.slot is not None and not r.pins)
+        run = self._order.first_read(lambda r: r.private and r.slot is not None and not r.pins)
         if run is None:
             return False
         self._evict(run)
@@ -280,7 +247,7 @@ class RunStore:
 
     def free_a_slot(self) -> bool:
         """Evict the least useful run held in a slot that no read is using; False if there is none."""
-        run = self._least_used(lambda r: r.slot is not None and not r.pins)
+        run = self._order.least_used(lambda r: r.slot is not None and not r.pins)
         if run is None:
             return False
         self._evict(run)
@@ -288,9 +255,8 @@ class RunStore:
 
     def clear(self) -> None:
         """Evict every run (before the slots go away)."""
-        for queue in (self._read, self._lru):
-            for run in list(queue):
-                self._evict(run)
+        for run in self._order:
+            self._evict(run)
 
     # -- internals ----------------------------------------------------------
 
@@ -299,10 +265,7 @@ class RunStore:
             return run
         run.pins += 1
         self.hit(run, 0 if counted else _overlap(run, first, stop))
-        # A read through ``get`` pays for far more than this: its run goes to the back of the order now.
-        run.recent = False
-        if run in self._lru:
-            self._lru.move_to_end(run)
+        self._order.touch(run)
         return run
 
     def _cover(self, xorb_hash: bytes, first: int, stop: int) -> tuple[list[Entry], list[tuple[int, int]]]:
@@ -365,7 +328,7 @@ class RunStore:
             self.release(ld.runs)
 
     def _hold(self, run: Run) -> None:
-        self._lru[run] = None
+        self._order.add(run)
         c = self._c
         c.bytes += len(run.data)
         c.shared_bytes += len(run.data) if run.slot is not None else 0
@@ -375,57 +338,16 @@ class RunStore:
     def _evict_to(self, limit: int) -> None:
         """Evict unpinned runs (read-through ones first, then least recently used) until ``limit`` bytes are held."""
         while self._c.bytes > limit:
-            victim = self._least_used(lambda r: not r.pins)
+            victim = self._order.least_used(lambda r: not r.pins)
             if victim is None:
                 return  # the rest is in use
             self._evict(victim)
 
-    def _least_used(self, wanted: Callable[[Run], bool]) -> Run | None:
-        """The first run ``wanted`` accepts: read-through runs first, then the least recently used.
-
-        Reads of held bytes only mark their runs ``recent`` (``hit``); the
-        LRU order catches up here, as in a clock: marked runs met on the way
-        go to the back, unmarked, and are passed over this time, unless no
-        other run is wanted: then the oldest of them that is.
-        """
-        found = self._first_read(wanted)
-        if found is not None:
-            return found
-        recent = []
-        for run in self._lru:
-            if run.recent:
-                recent.append(run)
-            elif wanted(run):
-                found = run
-                break
-        for run in recent:
-            run.recent = False
-            self._lru.move_to_end(run)
-        if found is None:  # all the others were unwanted: the oldest of those moved back
-            found = next((run for run in recent if wanted(run)), None)
-        return found
-
-    def _first_read(self, wanted: Callable[[Run], bool]) -> Run | None:
-        """The oldest read-through run ``wanted`` accepts."""
-        return next((run for run in self._read if wanted(run)), None)
-
-    def _revive(self, run: Run) -> None:
-        """A read-through run is used again (``hit``): back to the end of the LRU order, before the
-        read that uses it records what it had, so what sequential reads had of it starts afresh with
-        that read (another file's page cache has none of the rest)."""
-        del self._read[run]
-        run.recent = False
-        run.had = []
-        self._lru[run] = None
-
     def _evict(self, run: Run) -> None:
         c = self._c
         c.evictions += 1
-        if run in self._read:
+        if self._order.remove(run):
             c.evicted_read += 1
-            del self._read[run]
-        else:
-            del self._lru[run]
         c.bytes -= len(run.data)
         if run.slot is not None:
             c.shared_bytes -= len(run.data)
