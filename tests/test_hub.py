@@ -28,8 +28,11 @@ import pytest
 from mounting import force_unmount, is_mounted, mounted
 from oracle import REPO_ROOT, hf_xet_env
 
+from xetfs import hashes
 from xetfs.catalogue import CATALOGUE_NAME, load_catalogue, locked
 from xetfs.errors import CatalogueError
+from xetfs.indexer import load_index
+from xetfs.store import Store
 
 fuse = pytest.mark.fuse
 HERE = Path(__file__).resolve().parent
@@ -220,6 +223,9 @@ def test_bad_input_is_named_and_the_rest_imports(imported: Imported, tmp_path: P
         "skipped 4 (1 blobs whose content does not match their name, 1 broken symlinks, 1 partial downloads, "
         "1 refs without a snapshot)"
     )
+    # The tampered blob was caught before its upload: none of its bytes went into the store.
+    tampered = hashes.file_hash([(hashes.chunk_hash(b"# tampered\n"), 11)])
+    assert tampered not in load_index(Store.open(tmp_path / "store")).index.files
     with mounted(tmp_path / "store") as mnt:
         out = diff(cache, mnt.path).splitlines()
         model = mnt.path / "models--acme--tiny-bert"

@@ -8,15 +8,18 @@ from pathlib import Path
 import hub_cache
 import pytest
 
-from xetfs.catalogue import Content
+from xetfs.catalogue import Catalogue, Content
 from xetfs.hubcache import (
+    CachedFile,
+    CachedRepo,
+    CachedRevision,
     default_cache_dir,
     digest_file,
     is_lfs_path,
     parse_repo_folder,
     scan_cache,
 )
-from xetfs.hubpack import Job, _check, _rounds, derive_commit
+from xetfs.hubpack import Job, Stored, _catalogue, _check, _rounds, derive_commit
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +127,9 @@ def test_checks_after_upload(tmp_path: Path) -> None:
     assert by_rule is not None and by_rule.blob == d.sha256
     assert _check(Job(f, "0" * 40), stamp, d, d.sha256, content, warnings.append) is None
     assert _check(Job(f, "0" * 64), stamp, None, d.sha256, content, warnings.append) is None
-    assert warnings[-2:] == [f"skipping {f}: its content does not match its name (sha {d.git_sha1})",
-                             f"skipping {f}: its content does not match its name (sha {d.sha256})"]  # fmt: skip
+    stored = "; its bytes are in the store, named by no file"
+    assert warnings[-2:] == [f"skipping {f}: its content does not match its name (sha {d.git_sha1}){stored}",
+                             f"skipping {f}: its content does not match its name (sha {d.sha256}){stored}"]  # fmt: skip
     # Our read and hf_xet's saw different bytes, or the file's stat changed in between.
     assert _check(Job(f, d.git_sha1), stamp, d, "1" * 64, content, warnings.append) is None
     f.write_bytes(b"hello, changed\n")
@@ -138,3 +142,25 @@ def test_versions_of_one_file_go_into_separate_rounds() -> None:
     files = [("model.safetensors", big), ("config.json", 10), ("model.safetensors", big),
              ("other.bin", big), ("model.safetensors", big), ("", big)]  # fmt: skip
     assert _rounds(files) == [0, 0, 1, 0, 2, 0]
+
+
+def test_a_revision_or_repo_with_nothing_imported_is_left_out_with_a_warning(tmp_path: Path) -> None:
+    blob = "a" * 40
+    good, bad = "1" * 40, "2" * 40
+    kept = CachedRepo("model", "acme/kept", tmp_path, {"main": good, "old": bad}, {
+        good: CachedRevision(good, [CachedFile("config.json", blob, tmp_path / "c")]),
+        bad: CachedRevision(bad, [CachedFile("README.md", "b" * 40, tmp_path / "r")]),
+    }, {blob: tmp_path / "c", "b" * 40: tmp_path / "r"})  # fmt: skip
+    gone = CachedRepo("dataset", "acme/gone", tmp_path, {"main": bad}, {
+        bad: CachedRevision(bad, [CachedFile("data.csv", "c" * 40, tmp_path / "d")]),
+    }, {"c" * 40: tmp_path / "d"})  # fmt: skip
+    stored = {tmp_path / "c": Stored(blob, Content("e" * 64, 3))}  # the other two blobs failed their checks
+    warnings: list[str] = []
+    new = _catalogue([kept, gone], Catalogue(), stored, warnings.append)
+    assert [r.id for r in new.repos] == ["acme/kept"]
+    assert set(new.repos[0].revisions) == {good} and new.repos[0].refs == {"main": good}
+    assert warnings == [
+        f"model acme/kept: skipping revision {bad}: none of its files was imported",
+        f"dataset acme/gone: skipping revision {bad}: none of its files was imported",
+        "dataset acme/gone: not imported: no revision has a file that was",
+    ]

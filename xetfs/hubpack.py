@@ -53,6 +53,8 @@ class Skips:
         ("no snapshot", "refs without a snapshot"),
         ("changed while being read", "files changed while read"),
         ("does not match its name", "blobs whose content does not match their name"),
+        ("none of its files was imported", "revisions with no file imported"),
+        ("no revision has a file", "repos with no revision imported"),
     )
 
     def __init__(self, warn: Warn) -> None:
@@ -111,9 +113,14 @@ def upload_checked(jobs: Sequence[Job], store_dir: Path, *, progress: bool, warn
         try:
             stamp = _stamp(job.local)
             needs_sha1 = (job.blob is not None and len(job.blob) == 40) or (job.blob is None and not job.lfs)
-            ready.append((i, stamp, digest_file(job.local) if needs_sha1 else None))
+            digests = digest_file(job.local) if needs_sha1 else None
         except OSError as exc:
             warn(f"skipping {job.local}: unreadable: {exc}")
+            continue
+        if digests is not None and job.blob is not None and digests.git_sha1 != job.blob:
+            warn(_mismatch(job, digests.git_sha1))  # before it is uploaded: nothing of it goes into the store
+            continue
+        ready.append((i, stamp, digests))
     rounds = _rounds([(jobs[i].family, stamp[0]) for i, stamp, _ in ready])
     paths = [jobs[i].local for i, _, _ in ready]
     uploaded = upload(paths, store_dir, progress=progress, rounds=rounds) if ready else []
@@ -158,12 +165,16 @@ def _check(job: Job, stamp: tuple[int, int, int], digests: Digests | None, sha25
         name = job.blob
         actual = sha256 if len(name) == 64 else (digests.git_sha1 if digests else None)
         if actual != name:
-            warn(f"skipping {job.local}: its content does not match its name (sha {actual})")
+            warn(_mismatch(job, actual) + "; its bytes are in the store, named by no file")
             return None
     if name is None:
         warn(f"skipping {job.local}: hf_xet reported no sha256")
         return None
     return Stored(name, content)
+
+
+def _mismatch(job: Job, actual: str | None) -> str:
+    return f"skipping {job.local}: its content does not match its name (sha {actual})"
 
 
 def store_bytes(store_dir: Path) -> int:
@@ -193,7 +204,7 @@ class HubPackResult:
     skipped: str
 
     def line(self, store: Path) -> str:
-        ratio = f"{self.cache_bytes / self.store_bytes:.2f}x" if self.store_bytes else "n/a"
+        ratio = f"{self.cache_bytes / self.store_bytes:.2f}x" if self.store_bytes and self.cache_bytes else "n/a"
         return (
             f"imported {self.repos} repos, {self.revisions} revisions, {self.files} files into {store}: "
             f"{self.uploaded} new files, {self.cache_bytes} cache bytes -> {self.store_bytes} store bytes added "
@@ -249,7 +260,7 @@ def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Seq
         before = store_bytes(store_dir)
         stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
         by_local = {job.local: s for job, s in zip(jobs, stored, strict=True) if s is not None}
-        new = _catalogue(scanned, old, by_local)
+        new = _catalogue(scanned, old, by_local, skips)
         update_catalogue(store_dir, new)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
@@ -286,8 +297,12 @@ def _plan_jobs(scanned: Sequence[CachedRepo], old: Catalogue) -> list[Job]:
     return jobs
 
 
-def _catalogue(scanned: Sequence[CachedRepo], old: Catalogue, by_local: dict[Path, Stored]) -> Catalogue:
-    """The catalogue of what this import holds: every file whose bytes are in the store (uploaded or known)."""
+def _catalogue(scanned: Sequence[CachedRepo], old: Catalogue, by_local: dict[Path, Stored], warn: Warn) -> Catalogue:
+    """The catalogue of what this import holds: every file whose bytes are in the store (uploaded or known).
+
+    A revision none of whose files got there is left out, and a repo left
+    with no revision; each with a warning (its files' own warnings said why).
+    """
     contents = old.blob_index()
     contents.update({s.blob: s.content for s in by_local.values()})
     repos = []
@@ -308,9 +323,13 @@ def _catalogue(scanned: Sequence[CachedRepo], old: Catalogue, by_local: dict[Pat
             no_exist = tuple(sorted(set(rev.no_exist) - set(files)))
             if files or no_exist:
                 revisions[commit] = Revision(files, no_exist, tree)
+            elif rev.files:
+                warn(f"{repo.type} {repo.id}: skipping revision {commit}: none of its files was imported")
         refs = {ref: commit for ref, commit in repo.refs.items() if commit in revisions}
         if revisions:
             repos.append(Repo(repo.type, repo.id, refs, blobs, revisions))
+        elif repo.revisions:
+            warn(f"{repo.type} {repo.id}: not imported: no revision has a file that was")
     return Catalogue(tuple(sorted(repos, key=lambda r: r.key)))
 
 
