@@ -34,8 +34,11 @@ run dd if="$mnt/data/random.bin" of=/dev/null bs=1M
 run xetfs stats "$mnt"
 printf '\n(to unmount a mount of your own: xetfs umount MOUNTPOINT)\n'
 run xetfs umount "$mnt"
-if found=$(PATH=$user_path command -v xetfs); then
+ours=$PWD/.venv/bin/xetfs
+if ! found=$(PATH=$user_path command -v xetfs); then
+    printf '\nxetfs is not on your PATH: run it as %s\n' "$ours"
+elif [[ $(readlink -f "$found") == $(readlink -f "$ours") ]]; then
     printf '\nxetfs is on your PATH (%s): try xetfs --help\n' "$found"
 else
-    printf '\nxetfs is not on your PATH: run it as %s\n' "$PWD/.venv/bin/xetfs"
+    printf '\nthe xetfs on your PATH (%s) is not this checkout'"'"'s: run this one as %s\n' "$found" "$ours"
 fi
