@@ -420,3 +420,24 @@ def test_catalogue_warnings_reach_the_mounting_terminal(imported: Imported, tmp_
         if is_mounted(mnt):
             force_unmount(mnt)
     assert not is_mounted(mnt)
+
+
+@fuse
+def test_layout_names_on_a_store_without_a_manifest_says_so_on_the_terminal(imported: Imported, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    proc = xetfs(tmp_path, "mount", imported.store, mnt, "--layout", "names", "--log-file", tmp_path / "daemon.log")
+    try:
+        lines = proc.stderr.splitlines()
+        assert any(
+            "--layout names:" in line
+            and "has no xetfs-manifest.json: files are shown by hash" in line
+            and f"its {CATALOGUE_NAME} names them: --layout hub" in line
+            for line in lines
+        ), lines
+        assert all(re.fullmatch(r"[0-9a-f]{64}", name) for name in os.listdir(mnt))
+    finally:
+        xetfs(tmp_path, "umount", mnt, check=False)
+        if is_mounted(mnt):
+            force_unmount(mnt)
+    assert not is_mounted(mnt)

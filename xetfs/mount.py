@@ -36,7 +36,7 @@ from xetfs.loader import RUN_BYTES, inline_io, threaded_io
 from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import Manifest
 from xetfs.objects import is_url
-from xetfs.pack import load_manifest, store_manifest
+from xetfs.pack import MANIFEST_NAME, load_manifest, store_manifest
 from xetfs.policy import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
 from xetfs.pool import DecodePool, default_workers, slots_for
 from xetfs.reader import Reader
@@ -147,6 +147,10 @@ def _build_tree(config: MountConfig, store: StoreLike, index: Index) -> Tree:
         manifest = _load_manifest(config, store) if layout == "names" else None
         for warning in manifest.warnings if manifest else ():
             log.warning("names: %s", warning)
+        if config.layout == "names" and manifest is None:
+            hub = not is_url(os.fspath(config.store)) and find_catalogue(Path(config.store)) is not None
+            log.warning("--layout names: %s has no %s: files are shown by hash%s", store.location, MANIFEST_NAME,
+                        f" (its {CATALOGUE_NAME} names them: --layout hub)" if hub else "")  # fmt: skip
         tree, warnings = build_tree(index, manifest)
     for warning in warnings:
         log.warning("names: %s", warning)
