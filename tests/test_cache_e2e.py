@@ -654,3 +654,12 @@ def test_stats_command_shows_required_keys(multi_store: OracleStore, cli: CliRun
                 assert table[group][key] == f"{doc[group][key]:,}", (group, key, table[group])
         ratio = cache["hits"] / (cache["hits"] + cache["misses"])
         assert table["cache"]["hit ratio"] == f"{ratio:.1%}"
+
+
+def test_stats_names_what_is_wrong_with_its_argument(cli: CliRunner, tmp_path: Path) -> None:
+    missing = cli("stats", tmp_path / "nope")
+    assert missing.returncode == 1
+    assert missing.stderr == f"xetfs: error: {tmp_path / 'nope'}: no such directory\n"
+    plain = cli("stats", tmp_path)
+    assert plain.returncode == 1
+    assert plain.stderr == f"xetfs: error: {tmp_path}: not a xetfs mount (no .xetfs/stats)\n"

@@ -187,6 +187,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     try:
         doc = json.loads(path.read_bytes())
     except FileNotFoundError:
+        if not Path(args.mountpoint).is_dir():
+            raise XetfsError(f"{args.mountpoint}: no such directory") from None
         raise XetfsError(f"{args.mountpoint}: not a xetfs mount (no {STATS_PATH})") from None
     if args.json:
         json.dump(doc, sys.stdout, indent=2)

@@ -439,7 +439,8 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
         raise MountError(f"{mountpoint}: not mounted")
     device, kind = found
     if kind != XETFS_FS_TYPE and not force:
-        raise MountError(f"{mountpoint}: not a xetfs mount (it is {kind}); use --force to unmount it anyway")
+        hint = "; use --force to unmount it anyway" if kind.split(".")[0] == "fuse" else ""
+        raise MountError(f"{mountpoint}: not a xetfs mount (it is {kind}){hint}")
     if force:
         if kind.split(".")[0] == "fuse":
             _abort_connection(device)
