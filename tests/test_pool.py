@@ -272,7 +272,7 @@ def test_integrity_errors_keep_their_class(tmp_path: Path, pool: DecodePool) -> 
     chunks = chunk_run(layout, 0, 5, verify=True)._replace(hashes=b"\x01" * 32 * 5)
     _, got = _decode(pool, str(store.xorb_path(xorb_hash)), xorb_hash, chunks)
     assert all(isinstance(c, IntegrityError) for c in got)
-    assert "chunk 0 at offset 0" in str(got[0]) and "footer says 0101" in str(got[0])
+    assert "chunk 0 at byte 0 of the xorb" in str(got[0]) and "footer says 0101" in str(got[0])
 
 
 @pytest.mark.parametrize("xorb_footer", [True, False], ids=["footer", "footerless"])

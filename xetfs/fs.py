@@ -24,6 +24,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 import trio
+from cachetools import TTLCache
 
 from xetfs.errors import XetfsError
 from xetfs.index import FileEntry
@@ -41,6 +42,7 @@ BLOCK_SIZE = 1024 * 1024  # st_blksize: tells tools to read in large pieces
 ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
 XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
 MIN_CACHE_FOR_PREFETCH = 64 * 1024 * 1024
+REPEATS_QUIET = 10.0  # seconds a failed read is not logged again (same file, same failure)
 PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
 
 
@@ -169,6 +171,7 @@ class XetFS(_ReadOnly):
         self._handles: dict[int, _Handle] = {}
         self._reading: dict[int, _Reading] = {}  # inode -> how it is read, while a handle is open on it
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
+        self._failures_logged: TTLCache[str, None] = TTLCache(maxsize=256, ttl=REPEATS_QUIET)
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store never changes
         self._next_fh = 1
         self._stats_open = 0  # open handles of .xetfs/stats
@@ -384,13 +387,20 @@ class XetFS(_ReadOnly):
                 try:
                     data = await self.reader.read_uncached(entry, off, size, read_through=read_through)
                 except XetfsError as exc:
-                    log.error("read of %s at offset %d (%d bytes) failed: %s", self._describe(handle.node), off,
-                              size, exc)  # fmt: skip
+                    self._log_failed_read(handle.node, off, size, exc)
                     raise pyfuse3.FUSEError(errno.EIO) from None
             self._reads.bytes += len(data)
             return data
         except Exception as exc:
             raise _fuse_error("read", exc) from None
+
+    def _log_failed_read(self, node: Node, off: int, size: int, exc: XetfsError) -> None:
+        """Log a failed read, once in ``REPEATS_QUIET`` seconds for the same file and failure: the kernel
+        tries a failed read again page by page, and readers retry (each one is counted in ``errors``)."""
+        what = f"{self._describe(node)}: {exc}"
+        if what not in self._failures_logged:
+            self._failures_logged[what] = None
+            log.error("read of %s at file offset %d (%d bytes) failed: %s", self._describe(node), off, size, exc)
 
     def _describe(self, node: Node) -> str:
         """``path (file <hex>)`` for messages, or ``file <hex>`` when the file has no other name."""

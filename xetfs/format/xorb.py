@@ -375,6 +375,6 @@ def _check_hash(decoded: Buffer, spec: ChunkSpec, where: str) -> None:
         found = chunk_hash(decoded)
         if found != spec.expected:
             raise IntegrityError(
-                f"{where} at offset {spec.phys_start}: decoded bytes hash to {to_hex(found)}, "
+                f"{where} at byte {spec.phys_start} of the xorb: decoded bytes hash to {to_hex(found)}, "
                 f"footer says {to_hex(spec.expected)}"
             )
