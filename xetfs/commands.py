@@ -38,7 +38,8 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--gid", type=int, help="group shown for every file (default: yours)")
     p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
     p.add_argument("--cache-size", type=parse_size, default="512M",
-                   help="decoded-chunk cache, e.g. 512M, 2G; 0 disables it (default 512M)")  # fmt: skip
+                   help="decoded chunks kept, shared memory included, e.g. 512M, 2G; 0 keeps nothing "
+                        "beyond the reads in progress (default 512M)")  # fmt: skip
     p.add_argument("--read-ahead", type=parse_size, default="1M",
                    help="kernel read-ahead for the mount (default 1M; needs root)")  # fmt: skip
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="no readahead of chunks")
