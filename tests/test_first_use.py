@@ -464,3 +464,23 @@ def _check_stats_while_open(packed_mount: Path) -> None:
         os.close(fd)
     fresh = json.loads((packed_mount / ".xetfs/stats").read_bytes())  # a new open: a new document
     assert fresh["reads"]["bytes"] > json.loads(first)["reads"]["bytes"]
+
+
+@pytest.mark.fuse
+def test_mount_shows_the_store_as_the_source(packed: Path, tmp_path: Path) -> None:
+    from mounting import mounted
+
+    odd = tmp_path / "a store, with a comma"
+    shutil.copytree(packed, odd)
+    with mounted(odd) as m:
+        table = subprocess.run(["findmnt", "-n", "-o", "SOURCE,FSTYPE", str(m.path)], capture_output=True,
+                               text=True, check=True).stdout.split()  # fmt: skip
+    assert " ".join(table[:-1]) == str(odd) and table[-1] == "fuse.xetfs"
+
+
+def test_a_url_store_is_shown_without_its_password() -> None:
+    from xetfs.mount import MountConfig, fuse_options
+
+    opts = fuse_options(MountConfig("http://me:secret@127.0.0.1:8080/store?token=x", Path("/mnt")))
+    assert "fsname=http://me@127.0.0.1:8080/store" not in opts  # a user with a password is dropped too
+    assert "fsname=http://127.0.0.1:8080/store" in opts and not any("secret" in o or "token" in o for o in opts)

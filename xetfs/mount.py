@@ -35,7 +35,7 @@ from xetfs.indexer import load_index
 from xetfs.loader import RUN_BYTES, inline_io, threaded_io
 from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import Manifest
-from xetfs.objects import is_url
+from xetfs.objects import is_url, public_url
 from xetfs.pack import MANIFEST_NAME, load_manifest, store_manifest
 from xetfs.policy import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
 from xetfs.pool import DecodePool, default_workers, slots_for
@@ -239,7 +239,11 @@ def choose_io_mode(mode: str, store_root: Path) -> str:
 
 
 def fuse_options(config: MountConfig) -> set[str]:
-    opts = set(pyfuse3.default_options) | {"ro", "fsname=xetfs", "subtype=xetfs"}
+    """FUSE mount options: read-only, type ``fuse.xetfs``, and the store as the source ``mount`` shows."""
+    location = os.fspath(config.store)
+    source = public_url(location) if is_url(location) else os.path.abspath(location)
+    source = source.replace("\\", "\\\\").replace(",", "\\,")  # (libfuse splits options at commas)
+    opts = set(pyfuse3.default_options) | {"ro", f"fsname={source}", "subtype=xetfs"}
     opts |= config.options & {"allow_other", "allow_root"}
     return opts
 
