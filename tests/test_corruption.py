@@ -230,4 +230,5 @@ def test_verify_names_only_the_files_that_touch_the_damaged_chunk(tmp_path: Path
     assert re.search(rf"chunk {chunk}\b", out), out
     unchecked = [line for line in out.splitlines() if "content not checked" in line]
     assert len(unchecked) == 1, out  # one file uses that chunk; the other five are read and hashed
+    assert re.match(r"PROBLEM: model/model\.safetensors \(file [0-9a-f]{64}\): content not checked", unchecked[0]), out
     assert "6 files" in out.splitlines()[-1]

@@ -8,6 +8,7 @@ stderr and a non-zero exit status; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import logging
@@ -296,6 +297,22 @@ def _stdout_writer() -> Callable[[bytes | memoryview], None]:
     return write_all
 
 
+def _file_names(location: str, store: StoreLike, catalogue: Catalogue | None) -> dict[bytes, str]:
+    """A path for each file the store's names manifest or Hub catalogue names, for ``verify``'s messages."""
+    from xetfs.pack import store_manifest
+
+    names: dict[bytes, str] = {}
+    with contextlib.suppress(XetfsError):  # (a broken manifest only costs the names)
+        for f in manifest.files if (manifest := store_manifest(location, store)) else ():
+            names.setdefault(f.xet_hash, f.name)
+    for repo in catalogue.repos if catalogue else ():
+        for commit, rev in sorted(repo.revisions.items()):
+            for path, blob in sorted(rev.files.items()):
+                if (content := repo.blobs.get(blob)) is not None:
+                    names.setdefault(hashes.from_hex(content.xet_hash), f"{repo.id}@{commit[:12]}/{path}")
+    return names
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     from xetfs.catalogue import find_catalogue, load_catalogue
     from xetfs.remoteargs import open_location
@@ -305,11 +322,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() and not args.no_progress
     from tqdm import tqdm
 
+    catalogue_path = None if is_url(args.store) else find_catalogue(Path(args.store))
+    catalogue = load_catalogue(catalogue_path) if catalogue_path is not None else None
+    names = _file_names(args.store, store, catalogue)
     with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not show, desc="verify") as bar:
-        report = trio.run(audit, store, bar)
-    catalogue = None if is_url(args.store) else find_catalogue(Path(args.store))
+        report = trio.run(audit, store, bar, names)
     if catalogue is not None:
-        report.problems += audit_catalogue(load_catalogue(catalogue), load_index(store).index)
+        report.problems += audit_catalogue(catalogue, load_index(store).index)
     status = EXIT_OK if report.ok else EXIT_PROBLEMS
     try:
         for problem in report.problems:

@@ -22,6 +22,7 @@ versus found:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -72,6 +73,7 @@ class Report:
 class _Audit:
     store: StoreLike
     progress: Progress
+    names: Mapping[bytes, str]
     report: Report = field(default_factory=Report)
     layouts: dict[bytes, XorbLayout] = field(default_factory=dict)
     bad_xorbs: set[bytes] = field(default_factory=set)  # unreadable as a whole
@@ -81,9 +83,12 @@ class _Audit:
         self.report.problems.append(message)
 
 
-async def audit(store: StoreLike, progress: Progress | None = None) -> Report:
-    """Check everything in ``store``; progress counts xorb bytes scanned plus file bytes read."""
-    a = _Audit(store, progress or _NoProgress())
+async def audit(store: StoreLike, progress: Progress | None = None, names: Mapping[bytes, str] | None = None) -> Report:
+    """Check everything in ``store``; progress counts xorb bytes scanned plus file bytes read.
+
+    ``names``: a path for some files (by file hash), for the messages about them.
+    """
+    a = _Audit(store, progress or _NoProgress(), names or {})
     shards = _check_shards(a)
     xorb_bytes = sum(store.xorb_size(x) for x in store.xorb_hashes())
     file_bytes = {r.file_hash: r.size for shard in shards for r in shard.files if r.sha256 is not None}
@@ -190,6 +195,8 @@ def _check_cas(a: _Audit, cas: CasRecord) -> None:
 
 async def _check_file(a: _Audit, index: Index, reader: Reader, record: FileRecord) -> None:
     name = f"file {hashes.to_hex(record.file_hash)}"
+    if record.file_hash in a.names:
+        name = f"{a.names[record.file_hash]} ({name})"
     pairs: list[tuple[bytes, int]] = []
     for t, term in enumerate(record.terms):
         where = f"{name} term {t} (xorb {hashes.to_hex(term.xorb_hash)} chunks [{term.start}, {term.end}))"
