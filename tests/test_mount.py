@@ -357,7 +357,7 @@ def test_df(named: Mount, basic_store: OracleStore) -> None:
     proc = run("df", named.path)
     assert proc.returncode == 0, proc.stderr
     last = proc.stdout.decode().splitlines()[-1].split()
-    assert last[0] == "xetfs" and last[-1] == str(named.path)
+    assert last[0] == str(basic_store.path) and last[-1] == str(named.path)  # the store is the source
     st = os.statvfs(named.path)
     total = sum(f.size for f in basic_store.unique())
     assert total <= st.f_blocks * st.f_frsize < total + st.f_frsize
@@ -817,5 +817,6 @@ def test_a_failing_read_is_logged_with_the_files_name(multi_store: OracleStore, 
         failures = m.stats()["errors"]["integrity"]
         log = m.log()
     errors = [line for line in log.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and f"read of weights/a.bin (file {victim.hash}) at file offset 0" in errors[0], errors
-    assert failures >= 3
+    assert errors and all(f"read of weights/a.bin (file {victim.hash}) at file offset 0" in line for line in errors), errors
+    messages = [line.split(" ERROR ", 1)[1] for line in errors]
+    assert len(set(messages)) == len(messages) < failures  # the same failed read is logged once

@@ -42,7 +42,7 @@ BLOCK_SIZE = 1024 * 1024  # st_blksize: tells tools to read in large pieces
 ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
 XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
 MIN_CACHE_FOR_PREFETCH = 64 * 1024 * 1024
-REPEATS_QUIET = 10.0  # seconds a failed read is not logged again (same file, same failure)
+REPEATS_QUIET = 10.0  # seconds the same failed read is not logged again
 PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
 
 
@@ -395,12 +395,12 @@ class XetFS(_ReadOnly):
             raise _fuse_error("read", exc) from None
 
     def _log_failed_read(self, node: Node, off: int, size: int, exc: XetfsError) -> None:
-        """Log a failed read, once in ``REPEATS_QUIET`` seconds for the same file and failure: the kernel
-        tries a failed read again page by page, and readers retry (each one is counted in ``errors``)."""
-        what = f"{self._describe(node)}: {exc}"
-        if what not in self._failures_logged:
-            self._failures_logged[what] = None
-            log.error("read of %s at file offset %d (%d bytes) failed: %s", self._describe(node), off, size, exc)
+        """Log a failed read, once in ``REPEATS_QUIET`` seconds for the same read and failure: the kernel
+        and readers try a failed read again (each try is counted in ``errors``)."""
+        message = f"read of {self._describe(node)} at file offset {off} ({size} bytes) failed: {exc}"
+        if message not in self._failures_logged:
+            self._failures_logged[message] = None
+            log.error("%s", message)
 
     def _describe(self, node: Node) -> str:
         """``path (file <hex>)`` for messages, or ``file <hex>`` when the file has no other name."""
