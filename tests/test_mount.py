@@ -817,6 +817,7 @@ def test_a_failing_read_is_logged_with_the_files_name(multi_store: OracleStore, 
         failures = m.stats()["errors"]["integrity"]
         log = m.log()
     errors = [line for line in log.splitlines() if " ERROR " in line]
-    assert errors and all(f"read of weights/a.bin (file {victim.hash}) at file offset 0" in line for line in errors), errors
+    named = f"read of weights/a.bin (file {victim.hash}) at file offset 0"
+    assert errors and all(named in line for line in errors), errors
     messages = [line.split(" ERROR ", 1)[1] for line in errors]
     assert len(set(messages)) == len(messages) < failures  # the same failed read is logged once
