@@ -24,7 +24,7 @@ from xetfs import loader as loader_module
 from xetfs.errors import IntegrityError, MissingObjectError, ObjectReadError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.index import FileEntry, Index
-from xetfs.pool import DecodePool
+from xetfs.pool import DecodePool, slots_for
 from xetfs.reader import Reader
 from xetfs.store import Store
 
@@ -628,3 +628,28 @@ def test_a_store_file_that_cannot_be_read_is_an_io_error(tmp_path: Path, damage:
             read(idx, reader, fh)
         e = reader.statistics().errors
         assert (e.io, e.missing, e.format, e.integrity) == (1, 0, 0, 0)
+
+
+def test_random_reads_of_runs_shorter_than_a_slot_keep_the_whole_cache(tmp_path: Path) -> None:
+    """Runs of 256 KiB (the shortest a worker gets) in 2 MiB slots: there are slots enough for the
+    cache to fill with them, so nothing is evicted while it fits (and each piece is decoded once)."""
+    cache, piece = 8 << 20, 256 << 10
+    content = random.Random(1).randbytes(20 * piece)  # 5 MiB: fits
+    b = StoreBuilder(tmp_path)
+    fh = b.add_file(content, chunk_size=64 << 10)
+    b.finish()
+    pool = DecodePool(1, slots=slots_for(cache, 1))  # never started: the daemon decodes into the slots
+    order = list(range(20))
+    random.Random(2).shuffle(order)
+    store = Store.open(tmp_path)
+    try:
+        idx = index.build([parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()])
+        reader = Reader(idx, store, cache_size=cache, pool=pool)
+        for k in order * 2:
+            assert read(idx, reader, fh, k * piece, piece) == content[k * piece : (k + 1) * piece]
+        s = reader.statistics()
+        reader.runs.clear()
+        assert (s.store.reads, s.cache.evictions, s.cache.shared_bytes) == (20, 0, 20 * piece)
+    finally:
+        pool.close()
+        store.close()

@@ -62,8 +62,14 @@ def default_workers() -> int:
 
 
 def slots_for(cache_size: int, workers: int) -> int:
-    """Slots for a cache of ``cache_size`` bytes: as many as it can fill, and the jobs in flight."""
-    return max(0, cache_size) // SLOT_SIZE + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
+    """Slots for a cache of ``cache_size`` bytes, and the jobs in flight.
+
+    As many as runs of the shortest a worker decodes (``MIN_JOB_BYTES``) can fill: with a slot per
+    run, fewer would evict held runs while the cache is far from full.  A slot's pages are touched
+    only as far as the runs it held reached (``take_slot``), so unused slots and the unused tails of
+    slots cost address space, not memory.
+    """
+    return max(0, cache_size) // MIN_JOB_BYTES + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
 
 
 class WorkerLost(Exception):
