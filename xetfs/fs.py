@@ -179,6 +179,10 @@ class XetFS(_ReadOnly):
         self._nursery: trio.Nursery | None = None
         self._prefetch = self.options.prefetch and reader.runs.capacity >= MIN_CACHE_FOR_PREFETCH
         self._prefetch_tasks = 0  # prefetch tasks a file may have running (none until start_background)
+        # Over all files, a new window starts only while those being decoded add up to less than this:
+        # what prefetch pins beyond --cache-size stays within a few windows however many files are read.
+        self._prefetch_room = PREFETCH_TASKS * self.options.prefetch_max
+        self._prefetch_bytes = 0  # of the windows being decoded
         self._keep_cache = not self.options.direct_io  # the kernel's page cache keeps what was read
         if self.options.prefetch and not self._prefetch:
             log.info("prefetch off: the cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
@@ -376,9 +380,11 @@ class XetFS(_ReadOnly):
                 if data is None:
                     policy.on_read(off, size, entry.size)
             else:
-                decision = policy.on_read(off, size, entry.size, reading.prefetching >= self._prefetch_tasks)
+                busy = reading.prefetching >= self._prefetch_tasks or self._prefetch_bytes >= self._prefetch_room
+                decision = policy.on_read(off, size, entry.size, busy)
                 if decision.prefetch is not None and self._nursery is not None:
                     reading.prefetching += 1
+                    self._prefetch_bytes += decision.prefetch[1]
                     self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)
                 # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
                 read_through = decision.sequential and self._keep_cache
@@ -421,6 +427,7 @@ class XetFS(_ReadOnly):
             log.exception("prefetch of %s failed", self._describe(node))
         finally:
             reading.prefetching -= 1
+            self._prefetch_bytes -= length
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)

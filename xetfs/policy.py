@@ -99,7 +99,8 @@ class ReadPolicy:
     _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
 
     def on_read(self, offset: int, length: int, file_size: int, busy: bool = False) -> Decision:
-        """Record a read; ``busy`` says the file has enough prefetches running (ask for nothing now)."""
+        """Record a read; ``busy`` says enough prefetches are running, for the file or over all files
+        (ask for nothing now)."""
         if not length:
             return RANDOM
         end = offset + length
