@@ -653,3 +653,37 @@ def test_random_reads_of_runs_shorter_than_a_slot_keep_the_whole_cache(tmp_path:
     finally:
         pool.close()
         store.close()
+
+
+def test_a_layout_that_fails_its_check_is_not_checked_again_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A footer-less xorb with a damaged chunk: its layout (read and hash every chunk) fails, and the
+    kernel's retries and the reader's own fail at once, without reading the xorb again."""
+    rng = random.Random(4)
+    b = StoreBuilder(tmp_path)
+    bad = b.add_file(rng.randbytes(1 << 20), chunk_size=64 * 1024)
+    b.seal_xorb(footer=False)
+    good_content = rng.randbytes(1 << 20)
+    good = b.add_file(good_content, chunk_size=64 * 1024)
+    b.finish()
+    path = b.xorb_paths[next(h for h, x in b.xorbs.items() if not x.has_footer)]
+    path.chmod(0o644)
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 1  # in the last chunk's payload
+    path.write_bytes(bytes(data))
+    calls = []
+    layout = loader_module.Loader.layout
+
+    async def counting(self: loader_module.Loader, xorb_hash: bytes) -> object:
+        calls.append(xorb_hash)
+        return await layout(self, xorb_hash)
+
+    monkeypatch.setattr(loader_module.Loader, "layout", counting)
+    with opened(tmp_path) as (idx, reader):
+        for _ in range(3):
+            with pytest.raises(IntegrityError):
+                read(idx, reader, bad, 0, 4096)
+        assert read(idx, reader, good) == good_content  # other xorbs are not affected
+        assert reader.statistics().errors.integrity == 3
+    assert len([c for c in calls if c != b.files[good].terms[0].xorb_hash]) == 1

@@ -23,9 +23,11 @@ from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import trio
+from cachetools import TTLCache
 
 from xetfs.cache import LoadingCache
 from xetfs.errors import (
+    FormatError,
     IntegrityError,
     MissingObjectError,
     ObjectReadError,
@@ -53,6 +55,7 @@ from xetfs.store import StoreLike
 
 DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
 LAYOUT_CACHE_SIZE = 32 * 1024 * 1024
+BAD_LAYOUT_SECONDS = 30.0  # a layout that failed its check is not checked again for this long
 
 
 class Span(NamedTuple):
@@ -104,6 +107,7 @@ class Reader:
         self._loader = Loader(store, self.runs, shared=index.shared, verify=verify, io=io, pool=pool,
                               run_bytes=run_bytes, fetch_width=fetch_width)  # fmt: skip
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE)
+        self._bad_layouts: TTLCache[bytes, XetfsError] = TTLCache(maxsize=1024, ttl=BAD_LAYOUT_SECONDS)
         self._errors = ErrorCounters()
         self._prefetch_requests = 0
 
@@ -309,9 +313,19 @@ class Reader:
             errors.format += 1
 
     async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
+        """Layouts for ``keys``.  A xorb whose layout failed its check fails again at once for
+        ``BAD_LAYOUT_SECONDS``: the kernel and readers retry failed reads, and checking a xorb
+        without a footer means reading and hashing all of it."""
         out = {}
         for xorb_hash in keys:
-            out[xorb_hash] = _Sized(await self._loader.layout(xorb_hash))
+            bad = self._bad_layouts.get(xorb_hash)
+            if bad is not None:
+                raise bad.with_traceback(None)
+            try:
+                out[xorb_hash] = _Sized(await self._loader.layout(xorb_hash))
+            except (FormatError, IntegrityError) as exc:
+                self._bad_layouts[xorb_hash] = exc
+                raise
         return out
 
 
