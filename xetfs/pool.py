@@ -51,7 +51,9 @@ log = logging.getLogger(__name__)
 # fifth; at 4 MiB the decode workers slowed again.
 SLOT_SIZE = 2 * 1024 * 1024
 SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones queued behind it
-KEEP_FREE_SLOTS = 4  # free slots (8 MiB) beyond the jobs in flight that keep their pages; the rest are returned
+# Free slots keep their pages, up to as many as a full set of jobs in flight needs plus this many (8 MiB);
+# the pages of the rest are returned.
+KEEP_FREE_SLOTS = 4
 MIN_JOB_BYTES = 256 * 1024  # smaller runs are decoded in the daemon
 MAX_WORKERS = 8
 
