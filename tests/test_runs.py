@@ -176,7 +176,7 @@ def test_lru_with_runs_read_through_evicted_first_and_slots_freed_at_once() -> N
         for first in (0, 10, 20, 30):  # four runs of 10 chunks fill the store
             await read(store, first, first + 10, load, n=10)
         runs = await store.get(X, 10, 20, cut_by(10), load)
-        store.read_through(runs[0])  # the page cache serves these now
+        store.read_along(runs[0], runs[0].lo, runs[0].hi)  # the page cache serves these now
         store.release(runs)
         await read(store, 0, 10, load, n=10)  # 0-9 are the most recently used now
         await read(store, 40, 50, load, n=10)  # evicts 10-19 (read through) before 20-29 (oldest)
@@ -229,7 +229,7 @@ def test_eviction_never_takes_a_pinned_run_marked_or_read_through() -> None:
         assert store.free_a_slot() and freed == [1] and a[0].held
         c = await store.get(X, 20, 30, cut_by(10), load)
         store.release(c)
-        store.read_through(a[0])  # read through, and still pinned
+        store.read_along(a[0], a[0].lo, a[0].hi)  # read through, and still pinned
         assert store.free_a_slot() and freed == [1, 2] and a[0].held
         assert not store.free_a_slot()
         store.release(a)
@@ -296,8 +296,8 @@ def test_recycle_slot_takes_only_private_runs_read_through() -> None:
             runs.append(run)
         runs[0].private = runs[1].private = True
         assert not store.recycle_slot()  # nothing read through yet
-        store.read_through(runs[0])
-        store.read_through(runs[2])  # read through, but its xorb is used by other terms too
+        store.read_along(runs[0], runs[0].lo, runs[0].hi)
+        store.read_along(runs[2], runs[2].lo, runs[2].hi)  # read through, but its xorb is used by other terms too
         store.release(runs)
         assert store.recycle_slot() and freed == [0]
         assert not store.recycle_slot()  # runs[1] was not read through, runs[2] is not private
@@ -318,7 +318,7 @@ def test_a_run_stays_pinned_until_every_waiter_of_its_load_has_it() -> None:
         async def first_reader() -> None:
             runs = await store.get(X, 0, 4, cut_by(4), load)
             runs[0].private = True
-            store.read_through(runs[0])
+            store.read_along(runs[0], runs[0].lo, runs[0].hi)
             store.release(runs)
             recycled.append(store.recycle_slot())  # the waiter has not run yet
 

@@ -138,11 +138,6 @@ class DecodePool:
         """Jobs can be sent: a worker is ready, alive, and its results are being collected."""
         return any(self._takes_jobs(w) for w in self._workers)
 
-    @property
-    def starting(self) -> bool:
-        """No worker takes jobs yet, but one that is alive may soon."""
-        return not self.usable and any(w.alive and not w.ready for w in self._workers)
-
     @staticmethod
     def _takes_jobs(worker: _Worker) -> bool:
         return worker.alive and worker.collecting and worker.ready

@@ -141,8 +141,9 @@ class Reader:
         ``read_through`` (a sequential reader whose bytes the kernel keeps in
         its page cache), runs read to their end are evicted before others.
 
-        Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError`` or
-        ``StoreTimeoutError``; each is counted in the ``errors`` statistics.
+        Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError``,
+        ``ObjectReadError``, ``StoreTimeoutError`` or (a remote store's server)
+        ``StoreError``; each is counted (``errors``, ``remote.failed_reads``).
         """
         data = self.read_now(entry, offset, size, read_through)
         if data is not None:

@@ -229,10 +229,6 @@ class RunStore:
         all of it, and it is evicted first (``EvictionOrder.read_along``)."""
         return self._order.read_along(run, lo, hi)
 
-    def read_through(self, run: Run) -> None:
-        """The page cache serves all of ``run`` now: evict it first."""
-        self._order.read_through(run)
-
     def recycle_slot(self) -> bool:
         """Evict the oldest private run a sequential reader has read through, if one holds a slot.
 
