@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def pool() -> Iterator[DecodePool]:
     p = DecodePool(2, slots=12, slot_size=64 * 1024)
-    p.min_job_bytes = 0
+    p.min_job_bytes = p.min_slot_run = 0
     run_served(p.start, p.wait_ready)
     assert p.usable is False  # nobody collects results outside a trio run
     yield p
@@ -341,7 +341,7 @@ def test_runs_held_in_shared_memory_never_block_or_corrupt_reads(tmp_path: Path)
     entry = idx.get(file_hash)
     assert entry is not None
     pool = DecodePool(1, slots=4, slot_size=16 * 1024)
-    pool.min_job_bytes = 0
+    pool.min_job_bytes = pool.min_slot_run = 0
     slots = pool.statistics().slots
     reader = Reader(idx, store, pool=pool, cache_size=1 << 30)
     ranges = [(o, rng.randrange(1, 120_000)) for o in (rng.randrange(len(content)) for _ in range(60))]
@@ -415,7 +415,7 @@ def test_without_a_ready_worker_the_daemon_decodes_into_slots(tmp_path: Path, co
         path.write_bytes(bytes(data))
         store = Store.open(tmp_path)
     pool = DecodePool(1, slots=6, slot_size=64 * 1024)  # never started: no worker will be ready
-    pool.min_job_bytes = 0
+    pool.min_job_bytes = pool.min_slot_run = 0
     reader = Reader(idx, store, pool=pool, cache_size=1 << 20)
 
     async def body() -> None:
@@ -449,7 +449,7 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
     path = str(store.xorb_path(xorb_hash))
     chunks = chunk_run(store.load_layout(xorb_hash), 0, 4, verify=True)
     pool = DecodePool(1, slots=8, slot_size=64 * 1024)
-    pool.min_job_bytes = 0
+    pool.min_job_bytes = pool.min_slot_run = 0
 
     async def body() -> _Pending:
         await pool.wait_ready()
@@ -484,7 +484,7 @@ store = Store.open(sys.argv[1])
 xorbs = sorted(store.xorb_hashes())
 layouts = {x: store.load_layout(x) for x in xorbs}
 pool = DecodePool(1, slots=80, slot_size=64 * 1024)
-pool.min_job_bytes = 0
+pool.min_job_bytes = pool.min_slot_run = 0
 
 async def main() -> None:
     async with trio.open_nursery() as nursery:
@@ -570,7 +570,7 @@ def test_jobs_left_unsent_when_a_run_ends_are_sent_in_the_next(tmp_path: Path) -
     size = layout.range_size(0, 64)
     jobs = 300
     pool = DecodePool(1, slots=jobs + 10, slot_size=64 * 1024)
-    pool.min_job_bytes = 0
+    pool.min_job_bytes = pool.min_slot_run = 0
 
     async def one() -> None:
         slot = pool.take_slot(size)

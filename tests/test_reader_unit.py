@@ -34,7 +34,7 @@ _pool: DecodePool | None = None  # set by the ``decoding`` fixture
 @pytest.fixture(scope="module")
 def shared_pool() -> Iterator[DecodePool]:
     pool = DecodePool(2)
-    pool.min_job_bytes = 0  # every run goes to a worker
+    pool.min_job_bytes = pool.min_slot_run = 0  # every run goes to a worker, and stays in its slot
     run_served(pool.start, pool.wait_ready)
     yield pool
     pool.close()
@@ -630,16 +630,19 @@ def test_a_store_file_that_cannot_be_read_is_an_io_error(tmp_path: Path, damage:
         assert (e.io, e.missing, e.format, e.integrity) == (1, 0, 0, 0)
 
 
-def test_random_reads_of_runs_shorter_than_a_slot_keep_the_whole_cache(tmp_path: Path) -> None:
-    """Runs of 256 KiB (the shortest a worker gets) in 2 MiB slots: there are slots enough for the
-    cache to fill with them, so nothing is evicted while it fits (and each piece is decoded once)."""
-    cache, piece = 8 << 20, 256 << 10
-    content = random.Random(1).randbytes(20 * piece)  # 5 MiB: fits
+@pytest.mark.parametrize(("piece", "pieces", "cache"), [(256 << 10, 20, 8 << 20), (1088 << 10, 58, 64 << 20)])
+def test_random_reads_of_runs_shorter_than_a_slot_keep_the_whole_cache(
+    tmp_path: Path, piece: int, pieces: int, cache: int
+) -> None:
+    """Runs shorter than a 2 MiB slot: runs under half a slot move to the daemon's memory, longer ones
+    keep their slots, and there are slots enough for the cache to fill with them.  So nothing is
+    evicted while the data fits, and each piece is decoded once."""
+    content = random.Random(1).randbytes(pieces * piece)  # fits in the cache
     b = StoreBuilder(tmp_path)
     fh = b.add_file(content, chunk_size=64 << 10)
     b.finish()
     pool = DecodePool(1, slots=slots_for(cache, 1))  # never started: the daemon decodes into the slots
-    order = list(range(20))
+    order = list(range(pieces))
     random.Random(2).shuffle(order)
     store = Store.open(tmp_path)
     try:
@@ -649,7 +652,13 @@ def test_random_reads_of_runs_shorter_than_a_slot_keep_the_whole_cache(tmp_path:
             assert read(idx, reader, fh, k * piece, piece) == content[k * piece : (k + 1) * piece]
         s = reader.statistics()
         reader.runs.clear()
-        assert (s.store.reads, s.cache.evictions, s.cache.shared_bytes) == (20, 0, 20 * piece)
+        in_slots = pieces * piece if piece >= pool.slot_size // 2 else 0
+        assert (s.store.reads, s.cache.evictions, s.cache.bytes, s.cache.shared_bytes) == (
+            pieces,
+            0,
+            pieces * piece,
+            in_slots,
+        )
     finally:
         pool.close()
         store.close()

@@ -136,7 +136,9 @@ class Loader:
         A range worth a slot is decoded into one even here (no worker ready yet, or one was
         lost), so the daemon's memory does not grow with runs that workers would have held;
         with every slot in use (runs that reads are using, jobs in flight), it is decoded into
-        the daemon's memory rather than wait.
+        the daemon's memory rather than wait.  A run shorter than half a slot is copied out of
+        its slot into the daemon's memory once decoded: held runs never leave most of a slot
+        unused (``pool.slots_for``).
         """
         chunks = chunk_run(layout, first, stop, verify=self.verify)
         pool = self._pool
@@ -159,6 +161,10 @@ class Loader:
                 raise
             self._count(len(data), sizes)
         if all(isinstance(s, int) for s in sizes):
+            if size < pool.min_slot_run:  # a short run would hold a whole slot: it moves to the daemon
+                data = bytes(pool.view(slot, size))
+                pool.free_slot(slot)
+                return Loaded([Run(xorb_hash, first, stop, layout.unpacked_start(first), memoryview(data))], {})
             run = Run(xorb_hash, first, stop, layout.unpacked_start(first), pool.view(slot, size), slot)
             run.private = not self._shared(xorb_hash)
             return Loaded([run], {})

@@ -66,12 +66,12 @@ def default_workers() -> int:
 def slots_for(cache_size: int, workers: int) -> int:
     """Slots for a cache of ``cache_size`` bytes, and the jobs in flight.
 
-    As many as runs of the shortest a worker decodes (``MIN_JOB_BYTES``) can fill: with a slot per
-    run, fewer would evict held runs while the cache is far from full.  A slot's pages are touched
-    only as far as the runs it held reached (``take_slot``), so unused slots and the unused tails of
-    slots cost address space, not memory.
+    A run held in a slot fills at least half of it (``Loader.load`` copies shorter ones out:
+    ``DecodePool.min_slot_run``), so
+    the cache can fill with them before the slots run out.  Each process maps every slot: twice the
+    cache in address space, touched only as far as runs reach.
     """
-    return max(0, cache_size) // MIN_JOB_BYTES + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
+    return max(0, cache_size) // (SLOT_SIZE // 2) + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
 
 
 class WorkerLost(Exception):
@@ -107,6 +107,7 @@ class DecodePool:
             raise ValueError("a decode pool needs at least one worker")
         self.slot_size = slot_size
         self.min_job_bytes = MIN_JOB_BYTES
+        self.min_slot_run = slot_size // 2  # a run decoded into a slot stays there only from this long on
         self.capacity = workers * SLOTS_PER_WORKER  # jobs worth keeping in flight
         self._slot_count = slots = max(slots or 0, self.capacity + KEEP_FREE_SLOTS)
         self._memfd = os.memfd_create("xetfs-decode", os.MFD_CLOEXEC)
