@@ -181,7 +181,9 @@ class XetFS(_ReadOnly):
         self._prefetch_tasks = 0  # prefetch tasks a file may have running (none until start_background)
         # Over all files, a new window starts only while those being decoded add up to less than this:
         # what prefetch pins beyond --cache-size stays within a few windows however many files are read.
-        self._prefetch_room = PREFETCH_TASKS * self.options.prefetch_max
+        # Twice what one file may have, so that a file whose windows stall (a store that hangs until
+        # --io-timeout) does not stop the others' prefetch.
+        self._prefetch_room = 2 * PREFETCH_TASKS * self.options.prefetch_max
         self._prefetch_bytes = 0  # of the windows being decoded
         self._keep_cache = not self.options.direct_io  # the kernel's page cache keeps what was read
         if self.options.prefetch and not self._prefetch:
