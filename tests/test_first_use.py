@@ -484,3 +484,17 @@ def test_a_url_store_is_shown_without_its_password() -> None:
     opts = fuse_options(MountConfig("http://me:secret@127.0.0.1:8080/store?token=x", Path("/mnt")))
     assert "fsname=http://me@127.0.0.1:8080/store" not in opts  # a user with a password is dropped too
     assert "fsname=http://127.0.0.1:8080/store" in opts and not any("secret" in o or "token" in o for o in opts)
+    assert "fsname=http://[::1]:8080/mod%C3%A8le" in fuse_options(MountConfig("http://[::1]:8080/modèle", Path("/m")))
+
+
+@pytest.mark.fuse
+def test_a_store_whose_path_is_not_ascii_mounts(packed: Path, tmp_path: Path) -> None:
+    from mounting import mounted
+
+    odd = tmp_path / "café"
+    shutil.copytree(packed, odd)
+    with mounted(odd) as m:
+        source = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(m.path)], capture_output=True, text=True,
+                                check=True).stdout.strip()  # fmt: skip
+        assert (m.path / "README.md").read_bytes() == TREE["README.md"]
+    assert source == str(tmp_path / "caf%C3%A9")

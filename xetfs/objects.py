@@ -150,6 +150,8 @@ def public_url(url: str) -> str:
     """
     parts = urllib.parse.urlsplit(url)
     host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
     if parts.port:
         host += f":{parts.port}"
     if parts.username and parts.password is None:
