@@ -309,3 +309,16 @@ def test_a_read_it_does_not_watch_gets_no_decision() -> None:
             d = p.on_read(off, length, SIZE)
             if not watched:
                 assert d.prefetch is None and not d.sequential, (off, length)
+
+
+def test_a_small_read_made_again_is_remembered_as_the_latest() -> None:
+    p = policy()
+    first = 100 * MiB
+    p.on_read(first, 4096, SIZE)
+    for k in range(1, p.max_singles):  # the remembered reads are full
+        p.on_read(k * 7 * MiB + 12345, 4096, SIZE)
+    p.on_read(first, 4096, SIZE)  # the first again: now the latest
+    p.on_read(999 * MiB, 4096, SIZE)  # one more: the oldest other read goes, not the first
+    assert not p.streams
+    p.on_read(first + 4096, 4096, SIZE)  # it continues the first: the two are a stream
+    assert [(s.start, s.front) for s in p.streams] == [(first, first + 8192)]

@@ -112,6 +112,7 @@ class ReadPolicy:
             start = singles.pop(offset, None)
             if start is None:
                 if length < self.small:
+                    singles.pop(end, None)  # (a read made again is the latest)
                     singles[end] = offset
                     if len(singles) > self.max_singles:
                         del singles[next(iter(singles))]  # the oldest
