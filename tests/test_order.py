@@ -14,11 +14,17 @@ def anything(_: Run) -> bool:
     return True
 
 
-def test_least_used_passes_over_a_marked_run_once_and_moves_it_back() -> None:
+def ordered(count: int) -> tuple[EvictionOrder, list[Run]]:
+    """An order of ``count`` runs (of 100 bytes each, one after another), added oldest first."""
     order = EvictionOrder()
-    a, b, c = run(0), run(1), run(2)
-    for r in (a, b, c):
+    runs = [run(k) for k in range(count)]
+    for r in runs:
         order.add(r)
+    return order, runs
+
+
+def test_least_used_passes_over_a_marked_run_once_and_moves_it_back() -> None:
+    order, (a, b, c) = ordered(3)
     order.mark(a)  # a read of held bytes: a is only marked
     assert order.least_used(anything) is b
     assert not a.recent  # and moved behind c
@@ -28,28 +34,19 @@ def test_least_used_passes_over_a_marked_run_once_and_moves_it_back() -> None:
 
 
 def test_a_marked_run_is_taken_when_no_other_is_wanted() -> None:
-    order = EvictionOrder()
-    a, b = run(0), run(1)
-    order.add(a)
-    order.add(b)
+    order, (a, _) = ordered(2)
     order.mark(a)
     assert order.least_used(lambda r: r is a) is a
 
 
 def test_touch_moves_a_run_to_the_back_at_once() -> None:
-    order = EvictionOrder()
-    a, b = run(0), run(1)
-    order.add(a)
-    order.add(b)
+    order, (a, b) = ordered(2)
     order.touch(a)
     assert list(order) == [b, a]
 
 
 def test_read_along_merges_what_reads_had_in_any_order() -> None:
-    order = EvictionOrder()
-    a, b = run(0), run(1)  # a holds decoded bytes [0, 100)
-    order.add(a)
-    order.add(b)
+    order, (a, _) = ordered(2)  # a holds decoded bytes [0, 100)
     assert not order.read_along(a, 50, 100)
     assert not order.read_along(a, 0, 30)
     assert not order.read_along(a, 0, 30)  # bytes had twice count once
@@ -60,18 +57,13 @@ def test_read_along_merges_what_reads_had_in_any_order() -> None:
 
 
 def test_read_along_clips_to_the_run() -> None:
-    order = EvictionOrder()
-    a = run(1)  # bytes [100, 200)
-    order.add(a)
+    order, (_, a) = ordered(2)  # a holds bytes [100, 200)
     assert not order.read_along(a, 0, 100)  # none of its bytes
     assert order.read_along(a, 50, 250)
 
 
 def test_a_read_through_run_used_again_goes_back_to_the_lru_order_and_starts_afresh() -> None:
-    order = EvictionOrder()
-    a, b = run(0), run(1)
-    order.add(a)
-    order.add(b)
+    order, (a, b) = ordered(2)
     order.read_through(a)
     a.had = [(0, 100)]
     order.mark(a)  # another file's read uses it
@@ -82,9 +74,7 @@ def test_a_read_through_run_used_again_goes_back_to_the_lru_order_and_starts_afr
 
 
 def test_an_evicted_run_is_never_read_through() -> None:
-    order = EvictionOrder()
-    a = run(0)
-    order.add(a)
+    order, (a,) = ordered(1)
     order.remove(a)
     a.held = False
     order.read_through(a)

@@ -18,6 +18,7 @@ from helpers.writer import StoreBuilder
 
 from xetfs import fs as fs_module
 from xetfs import hashes
+from xetfs.fs import XetFS
 from xetfs.index import FileEntry
 from xetfs.mount import MountConfig, build_fs
 from xetfs.runs import Run, RunStore
@@ -28,6 +29,19 @@ CACHE = 8 * MiB  # prefetch windows of a quarter of it: 2 MiB
 FILES = 32
 FILE_SIZE = 4 * MiB
 BLOCK = 128 * 1024
+
+
+async def read_from_start(fs: XetFS, file_hash: bytes, size: int) -> bytes:
+    """The first ``size`` bytes of a file, read as a sequential reader does, ``BLOCK`` at a time, with a
+    checkpoint after each read so that prefetch tasks and other readers run."""
+    attrs = await fs.lookup(BY_HASH_INODE, hashes.to_hex(file_hash).encode())
+    handle = await fs.open(attrs.st_ino, os.O_RDONLY, None)
+    got = bytearray()
+    while len(got) < size and (data := await fs.read(handle.fh, len(got), min(BLOCK, size - len(got)))):
+        got += data
+        await trio.sleep(0)
+    await fs.release(handle.fh)
+    return bytes(got)
 
 
 def test_prefetch_in_flight_is_bounded_over_all_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,13 +68,7 @@ def test_prefetch_in_flight_is_bounded_over_all_files(tmp_path: Path, monkeypatc
     assert window == 2 * MiB
 
     async def read_file(file_hash: bytes) -> None:
-        attrs = await fs.lookup(BY_HASH_INODE, hashes.to_hex(file_hash).encode())
-        handle = await fs.open(attrs.st_ino, os.O_RDONLY, None)
-        got = bytearray()
-        while data := await fs.read(handle.fh, len(got), BLOCK):
-            got += data
-        await fs.release(handle.fh)
-        assert bytes(got) == contents[file_hash]
+        assert await read_from_start(fs, file_hash, FILE_SIZE) == contents[file_hash]
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -105,20 +113,13 @@ def test_a_file_whose_prefetch_stalls_leaves_room_for_the_others(
 
     monkeypatch.setattr(fs.reader, "prefetch", stalling)
 
-    async def read_some(file_hash: bytes, size: int) -> None:
-        attrs = await fs.lookup(BY_HASH_INODE, hashes.to_hex(file_hash).encode())
-        handle = await fs.open(attrs.st_ino, os.O_RDONLY, None)
-        for offset in range(0, size, BLOCK):
-            await fs.read(handle.fh, offset, BLOCK)
-            await trio.sleep(0)
-
     async def main() -> None:
         async with trio.open_nursery() as nursery:
             fs.start_background(nursery)
-            await read_some(stuck, 6 * MiB)
+            await read_from_start(fs, stuck, 6 * MiB)
             stalled = [size for file_hash, size in asked[-fs_module.PREFETCH_TASKS :] if file_hash == stuck]
             assert len(stalled) == fs_module.PREFETCH_TASKS and fs._prefetch_bytes == sum(stalled)  # both stuck
-            await read_some(other, 4 * MiB)
+            await read_from_start(fs, other, 4 * MiB)
             nursery.cancel_scope.cancel()
 
     try:
