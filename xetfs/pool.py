@@ -67,9 +67,8 @@ def slots_for(cache_size: int, workers: int) -> int:
     """Slots for a cache of ``cache_size`` bytes, and the jobs in flight.
 
     A run held in a slot fills at least half of it (``Loader.load`` copies shorter ones out:
-    ``DecodePool.min_slot_run``), so
-    the cache can fill with them before the slots run out.  Each process maps every slot: twice the
-    cache in address space, touched only as far as runs reach.
+    ``DecodePool.min_slot_run``), so the cache can fill with them before the slots run out.  Each
+    process maps every slot: twice the cache in address space, touched only as far as runs reach.
     """
     return max(0, cache_size) // (SLOT_SIZE // 2) + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
 

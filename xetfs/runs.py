@@ -17,9 +17,9 @@ first is ``order.EvictionOrder``'s: runs a sequential reader has had all
 of (``read_along``: the kernel's page cache serves those bytes now), then
 the least recently used.  The slots of read-through runs whose xorb no
 other term uses are reused before new shared memory is touched
-(``recycle_slot``), which costs far more.  A run a read is using is pinned and never evicted; ``release``
-unpins it.  An evicted run gives its slot back at once (``free_slot``);
-nothing waits for the garbage collector.
+(``recycle_slot``), which costs far more.  A run a read is using is pinned
+and never evicted; ``release`` unpins it.  An evicted run gives its slot
+back at once (``free_slot``); nothing waits for the garbage collector.
 
 Single-threaded: call only from the trio thread that owns it.
 """
