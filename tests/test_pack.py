@@ -202,7 +202,7 @@ def test_load_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / MANIFEST_NAME
     path.write_text("[1]")
     assert len(load_manifest(path).warnings) == 1
-    monkeypatch.setattr("xetfs.pack.MAX_MANIFEST_BYTES", 2)
+    monkeypatch.setattr("xetfs.manifest.MAX_MANIFEST_BYTES", 2)
     with pytest.raises(ManifestError, match="3 bytes, the limit is 2"):
         load_manifest(path)
     with pytest.raises(FileNotFoundError):

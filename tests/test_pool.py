@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,13 @@ from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
 from xetfs import index
-from xetfs.decode_worker import DecodeJob, encode_frame
+from xetfs.decode_worker import DecodeJob, Part, WorkerError, encode_frame
 from xetfs.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
 from xetfs.pool import DecodePool, WorkerLost, _Pending
 from xetfs.reader import Reader
-from xetfs.store import Store
+from xetfs.store import ChunkSource, Store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -59,6 +60,21 @@ def _store(
     return Store.open(root), file_hash, xorb_hash
 
 
+@dataclass(frozen=True)
+class OneDecoded:
+    """``Decoded`` of a job of one part: its chunks' sizes or errors, and the bytes read."""
+
+    sizes: list[int | WorkerError]
+    read_bytes: int
+
+
+async def decode_one(pool: DecodePool, slot: int, path: str, xorb_hash: bytes, chunks: ChunkRun) -> OneDecoded:
+    """``pool.decode`` of one run of the local xorb file at ``path`` into ``slot``."""
+    done = await pool.decode(ChunkSource("", path), xorb_hash, [(slot, chunks)])
+    (sizes,) = done.sizes
+    return OneDecoded(sizes, done.read_bytes)
+
+
 def _run(pool: DecodePool, body: Callable[[], Awaitable[Any]]) -> Any:
     return run_served(pool.start, body)
 
@@ -71,7 +87,7 @@ def _decode(pool: DecodePool, path: str, xorb_hash: bytes, chunks: ChunkRun) -> 
         slot = pool.take_slot(chunks.unpacked[-1] - chunks.unpacked[0])
         assert slot is not None
         try:
-            done = await pool.decode(slot, path, xorb_hash, chunks)
+            done = await decode_one(pool, slot, path, xorb_hash, chunks)
             at, got = 0, []
             for size in done.sizes:
                 if isinstance(size, int):
@@ -180,7 +196,7 @@ def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodeP
     async def decode_and_keep() -> None:
         slot = pool.take_slot(chunks.unpacked[-1] - chunks.unpacked[0])
         assert slot is not None
-        await pool.decode(slot, path, xorb_hash, chunks)  # cancelled before it returns: no free_slot here
+        await decode_one(pool, slot, path, xorb_hash, chunks)  # cancelled before it returns: no free_slot here
         pool.free_slot(slot)
 
     async def body() -> None:
@@ -229,7 +245,7 @@ def test_a_dead_worker_costs_speed_not_reads(tmp_path: Path, pool: DecodePool) -
     assert not pool.usable
     chunks = chunk_run(store.load_layout(xorb_hash), 0, 1, verify=True)
     with pytest.raises(WorkerLost):
-        _run(pool, lambda: pool.decode(0, str(store.xorb_path(xorb_hash)), xorb_hash, chunks))
+        _run(pool, lambda: decode_one(pool, 0, str(store.xorb_path(xorb_hash)), xorb_hash, chunks))
     reader.runs.clear()
     assert _free_slots(pool) == pool.statistics().slots  # no slot kept by the jobs that met dead workers
 
@@ -286,7 +302,7 @@ def test_workers_check_layouts_as_the_daemon_does(tmp_path: Path, pool: DecodePo
 
 def _daemon_error(store: Store, xorb_hash: bytes) -> XetfsError:
     with pytest.raises(XetfsError) as caught:
-        Store(store.root).load_layout(xorb_hash)  # a new Store: no descriptor opened before the damage
+        Store.open(store.location).load_layout(xorb_hash)  # a new Store: no descriptor opened before the damage
     return caught.value
 
 
@@ -455,14 +471,15 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
         await pool.wait_ready()
         (worker,) = pool._workers
         # A job sent with no checkpoint until its result is in the pipe: the collector cannot have read it.
-        first = _Pending(pool.take_slot(4000))
+        first = _Pending((pool.take_slot(4000) or 0,))
         worker.pending[999] = first
-        pool._send(worker, encode_frame(DecodeJob(999, first.slot or 0, path, xorb_hash, chunks)))
+        job = DecodeJob(999, ChunkSource("", path), xorb_hash, (Part(first.slots[0], chunks),))
+        pool._send(worker, encode_frame(job))
         assert select.select([worker.results_fd], [], [], 10)[0]
         worker.process.send_signal(signal.SIGKILL)
         worker.process.wait()
         with pytest.raises(WorkerLost):  # the next job meets the closed pipe: the worker is lost
-            await pool.decode(pool.take_slot(4000) or 1, path, xorb_hash, chunks)
+            await decode_one(pool, pool.take_slot(4000) or 1, path, xorb_hash, chunks)
         await trio.sleep(0.2)  # the collector reads the leftover result: nothing may fail
         return first
 
@@ -478,7 +495,7 @@ WRITE_STORM = """
 import sys, trio
 from xetfs.format.xorb import chunk_run
 from xetfs.pool import DecodePool
-from xetfs.store import Store
+from xetfs.store import ChunkSource, Store
 
 store = Store.open(sys.argv[1])
 xorbs = sorted(store.xorb_hashes())
@@ -496,7 +513,8 @@ async def main() -> None:
             first = (k * 32) % (layouts[x].num_chunks - 32)
             slot = pool.take_slot(64 * 1024)
             assert slot is not None
-            await pool.decode(slot, str(store.xorb_path(x)), x, chunk_run(layouts[x], first, first + 32, verify=True))
+            chunks = chunk_run(layouts[x], first, first + 32, verify=True)
+            await pool.decode(ChunkSource("", str(store.xorb_path(x))), x, [(slot, chunks)])
             pool.free_slot(slot)
 
         async with trio.open_nursery() as jobs:
@@ -575,7 +593,7 @@ def test_jobs_left_unsent_when_a_run_ends_are_sent_in_the_next(tmp_path: Path) -
     async def one() -> None:
         slot = pool.take_slot(size)
         assert slot is not None
-        await pool.decode(slot, path, xorb_hash, chunks)
+        await decode_one(pool, slot, path, xorb_hash, chunks)
         pool.free_slot(slot)
 
     async def first_run() -> None:

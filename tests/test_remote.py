@@ -30,8 +30,9 @@ from xetfs.errors import StoreError
 from xetfs.indexer import load_index
 from xetfs.objects import RemoteOptions, redact
 from xetfs.reader import Reader
-from xetfs.remote import LISTING_NAME, RemoteStore
+from xetfs.remote import open_remote
 from xetfs.stats import RemoteCounters
+from xetfs.store import LISTING_NAME
 
 pytestmark = pytest.mark.fuse
 
@@ -217,7 +218,7 @@ def test_corrupt_cache_entries_are_dropped_and_fetched_again(
     cache = tmp_path / "cache"
     with mounted(web.url, "--cache-dir", str(cache)) as m:
         _check_tree(m.path, packed)
-    entries = sorted(p for p in (cache / "v1").rglob("*") if p.is_file())
+    entries = sorted(p for kind in ("meta", "chunks") for p in (cache / kind).rglob("*") if p.is_file())
     assert len(entries) > 3
     for i, path in enumerate(entries):
         if i % 3 == 0:
@@ -286,7 +287,7 @@ def test_disk_cache_bound_holds_for_two_writers(tmp_path: Path) -> None:
     a, b = DiskCache(tmp_path, 20_000), DiskCache(tmp_path, 20_000)
     for i in range(30):
         (a if i % 2 else b).put(f"k{i}", bytes([i]) * 1500)
-    on_disk = sum(p.stat().st_size for p in (tmp_path / "v1").rglob("*") if p.is_file())
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "meta").rglob("*") if p.is_file())
     assert on_disk <= 20_000, on_disk
     assert a.counters.disk_evictions + b.counters.disk_evictions > 0
 
@@ -317,37 +318,22 @@ class CountingSource:
         return None
 
 
-def test_cached_source_fetches_missing_blocks_in_merged_ranges(tmp_path: Path) -> None:
-    data = oracle.random_bytes(5500, 9)
-    fake = CountingSource({"x": data})
-    cached = CachedSource(fake, DiskCache(tmp_path, 1 << 20), block=1000)
-    cached.sizes["x"] = len(data)
-    assert cached.read_range("x", 1500, 3500) == data[1500:3500]
-    assert fake.calls == [("range", "x", 1000, 4000)]  # three blocks, one request
-    fake.calls.clear()
-    assert cached.read_range("x", 1999, 3001) == data[1999:3001]
-    assert fake.calls == []
-    assert cached.read_range("x", 0, 5500) == data
-    assert fake.calls == [("range", "x", 0, 1000), ("range", "x", 4000, 5500)]  # only the gaps
-
-
-def test_cached_source_drops_corrupt_entries_and_falls_back_when_down(tmp_path: Path) -> None:
-    data = oracle.random_bytes(3000, 10)
-    fake = CountingSource({"x": data, "listing": b"v1"})
+def test_cached_source_keeps_whole_objects_and_falls_back_when_down(tmp_path: Path) -> None:
+    fake = CountingSource({"shard": b"S" * 3000, "listing": b"v1"})
     cache = DiskCache(tmp_path, 1 << 20)
-    cached = CachedSource(fake, cache, block=1000)
-    cached.sizes["x"] = len(data)
-    assert cached.read_range("x", 0, 3000) == data
+    cached = CachedSource(fake, cache)
+    assert cached.read("shard", limit=10_000) == b"S" * 3000
     assert cached.read("listing", limit=100, fresh=True) == b"v1"
-    for path in (tmp_path / "v1").rglob("*"):
+    fake.calls.clear()
+    assert cached.read("shard", limit=10_000) == b"S" * 3000  # from the cache
+    assert fake.calls == []
+    for path in (tmp_path / "meta").rglob("*"):
         if path.is_file() and path.stat().st_size > 1000:
             oracle.flip_byte(path, path.stat().st_size - 1)
-    fake.calls.clear()
-    assert cached.read_range("x", 0, 3000) == data  # every block failed its check: fetched again
-    assert fake.calls == [("range", "x", 0, 3000)]
-    assert cache.counters.disk_corrupt == 3
+    assert cached.read("shard", limit=10_000) == b"S" * 3000  # failed its check: fetched again
+    assert fake.calls == [("read", "shard")]
+    assert cache.counters.disk_corrupt == 1
     fake.down = True
-    assert cached.read_range("x", 500, 2500) == data[500:2500]  # from the cache
     assert cached.read("listing", limit=100, fresh=True) == b"v1"  # the server is down: the cached copy
     with pytest.raises(StoreError):
         cached.read("other", limit=100, fresh=True)
@@ -427,7 +413,7 @@ def test_s3_store_mounts_as_copied(
 
 def _read_all(url: str, packed: Packed, counters: RemoteCounters, timeout: float = 10) -> dict[str, bytes]:
     options = RemoteOptions(deadline=timeout, request_timeout=timeout / 3)
-    store = RemoteStore.open(url, options, counters=counters)
+    store = open_remote(url, options, counters=counters)
     index = load_index(store).index
     reader = Reader(index, store, cache_size=0)
     out = {}

@@ -37,7 +37,7 @@ from typing import Any
 from xetfs import hashes
 from xetfs.errors import CatalogueError
 from xetfs.manifest import WarningLog, parse_json, path_problem
-from xetfs.store import find_beside, replace_file
+from xetfs.store import Store, find_beside, replace_file
 
 CATALOGUE_NAME = "xetfs-hub.json"
 LOCK_NAME = ".xetfs-hub.lock"
@@ -288,6 +288,15 @@ def dump_catalogue(catalogue: Catalogue) -> bytes:
 
 
 # -- the file beside the store ---------------------------------------------------------
+
+
+def store_catalogue(store: Store) -> Catalogue | None:
+    """The Hub catalogue the store keeps beside its objects (``Store.read_meta``), or None.
+
+    For every store: a directory, a web server or a bucket.  Raises ``CatalogueError``.
+    """
+    data = store.read_meta(CATALOGUE_NAME, limit=MAX_CATALOGUE_BYTES)
+    return None if data is None else parse_catalogue(data, source=f"{store.location}/{CATALOGUE_NAME}")
 
 
 def find_catalogue(store_dir: Path) -> Path | None:

@@ -16,7 +16,6 @@ import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -27,9 +26,8 @@ from xetfs.errors import XetfsError, describe
 from xetfs.index import FileEntry, Index
 from xetfs.indexer import load_index
 from xetfs.manifest import format_mtime
-from xetfs.objects import is_url
 from xetfs.reader import Reader
-from xetfs.store import Store, StoreLike
+from xetfs.store import Store
 
 log = logging.getLogger("xetfs")
 
@@ -143,7 +141,7 @@ def _silence_stdout() -> None:
 # -- store helpers -------------------------------------------------------------
 
 
-def open_index(args: argparse.Namespace) -> tuple[StoreLike, Index]:
+def open_index(args: argparse.Namespace) -> tuple[Store, Index]:
     from xetfs.remoteargs import open_location
 
     store = open_location(args)
@@ -177,15 +175,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
     columns can join without breaking readers of ``--json``; the text form
     prints its values in order, the path last.
     """
-    from xetfs.catalogue import find_catalogue, load_catalogue
-    from xetfs.pack import store_manifest
+    from xetfs.catalogue import store_catalogue
+    from xetfs.manifest import store_manifest
+    from xetfs.remoteargs import open_location
 
-    path = None if args.files or is_url(args.store) else find_catalogue(Path(args.store))
-    if path is not None:
-        Store.open(args.store)
-        return _ls_catalogue(load_catalogue(path), as_json=args.json)
-    store, index = open_index(args)
-    manifest = store_manifest(args.store, store)
+    store = open_location(args)
+    catalogue = None if args.files else store_catalogue(store)
+    if catalogue is not None:
+        return _ls_catalogue(catalogue, as_json=args.json)
+    index = load_index(store).index
+    manifest = store_manifest(store)
     rows: list[dict[str, Any]] = []
     if manifest is None:
         rows = [_ls_row(e) for e in sorted(index, key=lambda e: e.hex)]
@@ -297,13 +296,13 @@ def _stdout_writer() -> Callable[[bytes | memoryview], None]:
     return write_all
 
 
-def _file_names(location: str, store: StoreLike, catalogue: Catalogue | None) -> dict[bytes, str]:
+def _file_names(store: Store, catalogue: Catalogue | None) -> dict[bytes, str]:
     """A path for each file the store's names manifest or Hub catalogue names, for ``verify``'s messages."""
-    from xetfs.pack import store_manifest
+    from xetfs.manifest import store_manifest
 
     names: dict[bytes, str] = {}
     with contextlib.suppress(XetfsError):  # (a broken manifest only costs the names)
-        for f in manifest.files if (manifest := store_manifest(location, store)) else ():
+        for f in manifest.files if (manifest := store_manifest(store)) else ():
             names.setdefault(f.xet_hash, f.name)
     for repo in catalogue.repos if catalogue else ():
         for commit, rev in sorted(repo.revisions.items()):
@@ -314,7 +313,7 @@ def _file_names(location: str, store: StoreLike, catalogue: Catalogue | None) ->
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from xetfs.catalogue import find_catalogue, load_catalogue
+    from xetfs.catalogue import store_catalogue
     from xetfs.remoteargs import open_location
     from xetfs.verify import audit, audit_catalogue
 
@@ -322,9 +321,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() and not args.no_progress
     from tqdm import tqdm
 
-    catalogue_path = None if is_url(args.store) else find_catalogue(Path(args.store))
-    catalogue = load_catalogue(catalogue_path) if catalogue_path is not None else None
-    names = _file_names(args.store, store, catalogue)
+    catalogue = store_catalogue(store)
+    names = _file_names(store, catalogue)
     with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not show, desc="verify") as bar:
         report = trio.run(audit, store, bar, names)
     if catalogue is not None:

@@ -135,9 +135,8 @@ def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from xetfs.catalogue import load_catalogue
+    from xetfs.manifest import load_manifest
     from xetfs.mount import check_mountpoint, choose_layout, default_log_file, run_daemon, spawn_daemon
-    from xetfs.pack import load_manifest
 
     config = _config(args)
     if args.foreground:
@@ -151,11 +150,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from xetfs.remoteargs import headers_env
 
     if not is_url(str(config.store)):
-        Store.open(config.store)
-    _, catalogue = choose_layout(config)
-    if catalogue is not None:
-        load_catalogue(catalogue)
-    elif config.names is not None:
+        choose_layout(config, Store.open(config.store))  # (reads and checks the catalogue, if it shows one)
+    if config.names is not None:
         load_manifest(config.names)
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()

@@ -1,14 +1,20 @@
-"""The shared on-disk cache of remote stores' bytes, and the object source that uses it.
+"""The shared on-disk cache of remote stores, and the object source that uses it for small objects.
 
-``DiskCache`` keeps entries (shards, listings, blocks of xorbs) as files in
-one directory, bounded by bytes with least-recently-used eviction.  Several
-mounts (processes) may share it, and it survives restarts:
+``DiskCache`` is a directory, bounded by bytes with least-recently-used
+eviction over everything in it, that several mounts (processes) may share
+and that survives restarts.  It holds two kinds of entries:
+
+* ranges of xorb chunks, raw, as ``chunkcache.ChunkCache`` writes them:
+  checked by the chunk hashes every decode verifies;
+* whole small objects (shards, listings, manifests, catalogues) under
+  ``meta/``, which chunk hashes do not cover: each carries the blake3 hash
+  of its key and of its bytes, checked on every read, so a torn or
+  corrupted entry is deleted, counts as a miss and is fetched again.
+
+For both:
 
 * an entry is written to a temporary file and renamed into place, so a
   reader sees a whole entry or none;
-* every entry carries the blake3 hash of its key and of its bytes, checked
-  on every read: a torn, truncated or corrupted entry is deleted and counts
-  as a miss, so it is fetched again and never served;
 * a hit touches the entry's mtime, and eviction (under an ``flock`` of the
   cache, so two mounts do not evict at once) deletes the oldest entries
   until the cache is back below 90 % of its size; each mount counts the
@@ -18,13 +24,13 @@ mounts (processes) may share it, and it survives restarts:
   tenth of the cache is deleted to make room; the fetched bytes are still
   served.
 
-The bytes of an entry are checked again above the cache like any other
-(chunk hashes, Merkle roots): the entry hash only decides whether to use it.
+Entries of an older format (a ``v1/`` directory of 1 MiB byte blocks) are
+removed when the cache is opened, with one message.
 
-``CachedSource`` wraps an ``objects.ObjectSource``: xorb bytes are cached
-in aligned blocks of ``BLOCK`` bytes, whole objects (shards) by name, and
-``fresh`` objects (listings, manifests) are asked of the server first and
-served from the cache only when it cannot answer.
+``CachedSource`` wraps an ``objects.ObjectSource``: whole objects (shards)
+are cached by name, and ``fresh`` objects (listings, manifests) are asked of
+the server first and served from the cache only when it cannot answer.
+Byte ranges pass through: the read path caches chunk ranges itself.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import struct
 import threading
 import time
@@ -43,12 +50,11 @@ from pathlib import Path
 import blake3
 
 from xetfs.errors import MissingObjectError, StoreError, StoreTimeoutError
-from xetfs.objects import ObjectSource
+from xetfs.objects import ObjectSource, RemoteOptions
 from xetfs.stats import RemoteCounters
 
 log = logging.getLogger(__name__)
 
-BLOCK = 1024 * 1024
 DEFAULT_SIZE = 10 * 1024**3
 _MAGIC = b"XETFSC1\n"
 _HEADER = struct.Struct("<8sQ32s32s")  # magic, payload length, blake3(key), blake3(payload)
@@ -67,16 +73,20 @@ class DiskCache:
         self.directory = directory
         self.capacity = capacity
         self.counters = counters or RemoteCounters()
-        self._entries = directory / "v1"
-        self._tmp = directory / "tmp"
+        self._entries = directory / "meta"
+        self._chunks = directory / "chunks"
+        self.tmp = directory / "tmp"
+        self.generation = 0  # counts evictions: what a process knows of the entries may be stale after one
         self._lock = threading.Lock()
         self._warned = False
         self._since_scan = 0  # bytes this process wrote since it last counted the whole cache
         try:
             self._entries.mkdir(parents=True, exist_ok=True)
-            self._tmp.mkdir(exist_ok=True)
+            self._chunks.mkdir(exist_ok=True)
+            self.tmp.mkdir(exist_ok=True)
         except OSError as exc:
             raise StoreError(f"disk cache {directory}: cannot create it: {exc.strerror}") from None
+        self._remove_old_format()
         self._clean_tmp()
         self._total = sum(size for _, size, _ in self._scan())
         self.counters.disk_bytes = self._total
@@ -90,18 +100,18 @@ class DiskCache:
             with open(path, "rb") as f:
                 blob = f.read()
         except OSError:
-            self._count(misses=1)
+            self.count(misses=1)
             return None
         data = self._check(blob, key)
         if data is None:
             log.warning("disk cache: entry %s failed its check; dropped, fetching again", path.name)
             with contextlib.suppress(OSError):
                 path.unlink()
-            self._count(misses=1, corrupt=1)
+            self.count(misses=1, corrupt=1)
             return None
         with contextlib.suppress(OSError):
             os.utime(path)  # least recently used goes first
-        self._count(hits=1)
+        self.count(hits=1)
         return data
 
     def put(self, key: str, data: bytes) -> None:
@@ -110,7 +120,7 @@ class DiskCache:
             return
         header = _HEADER.pack(_MAGIC, len(data), _key_hash(key), blake3.blake3(data).digest())
         path = self._path(key)
-        tmp = self._tmp / f"{os.getpid()}-{threading.get_ident()}-{path.name}"
+        tmp = self.tmp / f"{os.getpid()}-{threading.get_ident()}-{path.name}"
         try:
             path.parent.mkdir(exist_ok=True)
             with open(tmp, "wb") as f:
@@ -120,16 +130,23 @@ class DiskCache:
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-            with self._lock:
-                self.counters.disk_write_errors += 1
-                warned, self._warned = self._warned, True
-            if not warned:
-                log.warning("disk cache %s: cannot write entries (%s); serving without caching", self.directory,
-                            exc.strerror)  # fmt: skip
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                self.evict(shrink=True)  # a full disk: make room for the next ones (not for EACCES or EROFS)
+            self.write_failed(exc)
             return
-        size = len(header) + len(data)
+        self.account(len(header) + len(data))
+
+    def write_failed(self, exc: OSError) -> None:
+        """An entry could not be written: count it, say so once, and make room if the disk is full."""
+        with self._lock:
+            self.counters.disk_write_errors += 1
+            warned, self._warned = self._warned, True
+        if not warned:
+            log.warning("disk cache %s: cannot write entries (%s); serving without caching", self.directory,
+                        exc.strerror)  # fmt: skip
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.evict(shrink=True)  # a full disk: make room for the next ones (not for EACCES or EROFS)
+
+    def account(self, size: int) -> None:
+        """An entry of ``size`` bytes was written (by this process or a decode worker of its own)."""
         with self._lock:
             self._total += size
             self._since_scan += size
@@ -168,6 +185,7 @@ class DiskCache:
                 self._since_scan = 0
                 self.counters.disk_bytes = total
                 self.counters.disk_evictions += evicted
+                self.generation += evicted > 0
         finally:
             os.close(lock)
 
@@ -188,26 +206,34 @@ class DiskCache:
         return data if blake3.blake3(data).digest() == data_hash else None
 
     def _scan(self) -> list[tuple[Path, int, float]]:
-        """``(path, size, mtime)`` of every entry."""
+        """``(path, size, mtime)`` of every entry (each lies in a subdirectory of ``meta/`` or ``chunks/``)."""
         out = []
-        with contextlib.suppress(OSError):
-            for sub in os.scandir(self._entries):
-                with contextlib.suppress(OSError):
-                    for entry in os.scandir(sub.path):
-                        with contextlib.suppress(OSError):
-                            st = entry.stat()
-                            out.append((Path(entry.path), st.st_size, st.st_mtime))
+        for top in (self._entries, self._chunks):
+            with contextlib.suppress(OSError):
+                for sub in os.scandir(top):
+                    with contextlib.suppress(OSError):
+                        for entry in os.scandir(sub.path):
+                            with contextlib.suppress(OSError):
+                                st = entry.stat()
+                                out.append((Path(entry.path), st.st_size, st.st_mtime))
         return out
+
+    def _remove_old_format(self) -> None:
+        old = self.directory / "v1"
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+            log.warning("disk cache %s: removed the entries of an older format (v1/); they are fetched again",
+                        self.directory)  # fmt: skip
 
     def _clean_tmp(self) -> None:
         now = time.time()
         with contextlib.suppress(OSError):
-            for entry in os.scandir(self._tmp):
+            for entry in os.scandir(self.tmp):
                 with contextlib.suppress(OSError):
                     if now - entry.stat().st_mtime > _STALE_TMP:
                         os.unlink(entry.path)
 
-    def _count(self, *, hits: int = 0, misses: int = 0, corrupt: int = 0) -> None:
+    def count(self, *, hits: int = 0, misses: int = 0, corrupt: int = 0) -> None:
         with self._lock:
             self.counters.disk_hits += hits
             self.counters.disk_misses += misses
@@ -219,19 +245,16 @@ def _key_hash(key: str) -> bytes:
 
 
 class CachedSource:
-    """An ``ObjectSource`` that keeps what it fetches from ``inner`` in a ``DiskCache``.
+    """An ``ObjectSource`` that keeps the whole objects it fetches from ``inner`` in a ``DiskCache``.
 
-    ``sizes`` (object name -> size, filled by the store from its listing)
-    lets xorb ranges be cached as whole aligned blocks; ranges of objects of
-    unknown size pass through uncached.
+    Byte ranges pass through uncached (the read path keeps chunk ranges in a
+    ``chunkcache.ChunkCache`` of the same cache).
     """
 
-    def __init__(self, inner: ObjectSource, cache: DiskCache, block: int = BLOCK) -> None:
+    def __init__(self, inner: ObjectSource, cache: DiskCache) -> None:
         self.inner = inner
         self.cache = cache
-        self.block = block
         self.location = inner.location
-        self.sizes: dict[str, int] = {}
 
     def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
         key = f"{self.location}\0object\0{name}"
@@ -255,29 +278,14 @@ class CachedSource:
         self.cache.put(key, data)
         return data
 
-    def read_range(self, name: str, start: int, end: int) -> bytes:
-        size = self.sizes.get(name)
-        if size is None or end > size or start >= end:
-            return self.inner.read_range(name, start, end)
-        first, last = start // self.block, (end - 1) // self.block
-        blocks: dict[int, bytes] = {}
-        missing = []
-        for b in range(first, last + 1):
-            data = self.cache.get(self._block_key(name, b))
-            if data is not None and len(data) == self._block_size(b, size):
-                blocks[b] = data
-            else:
-                missing.append(b)
-        for lo, hi in _spans(missing):  # adjacent missing blocks: one request
-            at = lo * self.block
-            data = self.inner.read_range(name, at, min(size, (hi + 1) * self.block))
-            for b in range(lo, hi + 1):
-                piece = data[(b - lo) * self.block : (b - lo + 1) * self.block]
-                blocks[b] = piece
-                self.cache.put(self._block_key(name, b), piece)
-        joined = b"".join(blocks[b] for b in range(first, last + 1))
-        skip = start - first * self.block
-        return joined[skip : skip + end - start]
+    def read_range(self, name: str, start: int, end: int) -> bytes | memoryview:
+        return self.inner.read_range(name, start, end)
+
+    def local_path(self, name: str) -> str | None:
+        return None
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
+        return self.inner.worker_setup()
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         key = f"{self.location}\0list\0{prefix}"
@@ -292,20 +300,3 @@ class CachedSource:
         if names is not None:
             self.cache.put(key, json.dumps(names).encode())
         return names
-
-    def _block_key(self, name: str, block: int) -> str:
-        return f"{self.location}\0block{self.block}\0{name}\0{block}"
-
-    def _block_size(self, block: int, size: int) -> int:
-        return min(self.block, size - block * self.block)
-
-
-def _spans(blocks: list[int]) -> list[tuple[int, int]]:
-    """Runs of consecutive numbers in sorted ``blocks``, as ``(first, last)``."""
-    spans: list[tuple[int, int]] = []
-    for b in blocks:
-        if spans and spans[-1][1] == b - 1:
-            spans[-1] = (spans[-1][0], b)
-        else:
-            spans.append((b, b))
-    return spans

@@ -17,7 +17,7 @@ from xetfs.errors import FormatError, StoreError
 from xetfs.format.shard import parse_shard
 from xetfs.index import Index
 from xetfs.stats import IndexCounters
-from xetfs.store import StoreLike
+from xetfs.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class LoadResult:
         )
 
 
-def load_index(store: StoreLike, *, strict: bool = False) -> LoadResult:
+def load_index(store: Store, *, strict: bool = False) -> LoadResult:
     """Index every shard of ``store``.
 
     Raises ``StoreError`` when the store has xorbs but no shards, when every
@@ -66,7 +66,7 @@ def load_index(store: StoreLike, *, strict: bool = False) -> LoadResult:
     return result
 
 
-def shards_missing(store: StoreLike, shards: int) -> str | None:
+def shards_missing(store: Store, shards: int) -> str | None:
     """Why a store with ``shards`` shards is damaged as a whole, or None.
 
     A store with neither shards nor xorbs is empty, which is fine; xorbs

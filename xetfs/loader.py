@@ -1,20 +1,21 @@
-"""Chunks of a xorb as verified runs: the one place xorb bytes are read and decoded.
+"""Chunks of a xorb as verified runs: where xorb bytes are read and decoded for the read path.
 
 ``Loader.load(xorb, layout, first, stop)`` reads chunks ``[first, stop)`` of
 a xorb, decodes them and checks every chunk against its hash from the xorb
 footer (itself tied to the xorb's name) before it becomes part of a run
-(``runs.Run``).  Ranges worth a process round trip are read, decoded and
-verified into a slot of shared memory (``pool.DecodePool``) by a decode
-worker, or by the daemon while no worker can take them (starting, or lost),
-so that the daemon's memory does not fill with runs a worker would have
-held; small ones, and any when every slot is in use, into the daemon's
-memory.  The daemon decodes from one read of the serialized chunks
-(``Store.read_chunks``, the I/O seam).  ``Loader.layout`` reads and checks
-a xorb's layout the same way, and ``Loader.run_stop`` says where a run
-ends: one slot (2 MiB) at most, or ``run_bytes`` without decode workers.
+(``runs.Run``).  Where the bytes come from is the store's answer
+(``Store.chunk_source``): a local file (the xorb, or a disk-cache entry of a
+remote store) or a fetch from the store's source, the same for every store.
+Ranges worth a process round trip are read, decoded and verified into slots
+of shared memory (``pool.DecodePool``) by a decode worker, or by the daemon
+while no worker can take them (starting, or lost); small ones, and any
+when every slot is in use, into the daemon's memory.  ``Loader.layout``
+reads and checks a xorb's layout, and ``Loader.run_stop`` says where a run
+ends.
 
-Blocking store reads go through ``io``, which may run them inline (fastest)
-or in a worker thread with a time bound.  Runs on one trio thread.
+Blocking store reads in the daemon go through ``io``, which may run them
+inline (fastest) or in a worker thread with a time bound.  Runs on one trio
+thread.
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ from typing import Any, TypeVar
 import trio
 
 from xetfs import hashes
+from xetfs.decode_worker import Fetched
 from xetfs.errors import StoreTimeoutError, XetfsError
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_chunks_into
 from xetfs.pool import DecodePool, WorkerLost
 from xetfs.runs import Loaded, Run, RunStore
-from xetfs.stats import DecodeCounters, StoreCounters, WorkerCounters
-from xetfs.store import StoreLike
+from xetfs.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
+from xetfs.store import ChunkSource, Store
 
 T = TypeVar("T")
 Io = Callable[..., Awaitable[Any]]
@@ -70,7 +72,7 @@ class Loader:
 
     def __init__(
         self,
-        store: StoreLike,
+        store: Store,
         runs: RunStore,
         *,
         shared: Callable[[bytes], bool],
@@ -79,18 +81,22 @@ class Loader:
         pool: DecodePool | None = None,
         run_bytes: int = RUN_BYTES,
         fetch_width: int | None = None,
+        remote: RemoteCounters | None = None,
     ) -> None:
         """``runs``: the store of runs, whose slots may be taken back for a job; ``shared``: whether
-        other terms use a xorb; ``run_bytes``: decoded bytes per run without decode workers (with
-        them, a slot); ``fetch_width``: store reads in flight at most (None: no bound)."""
+        other terms use a xorb; ``run_bytes``: decoded bytes per store read (with decode workers
+        and a local store, a slot: a local read costs the same in any size); ``fetch_width``:
+        the daemon's own store reads in flight at most (None: no bound); ``remote``: a remote
+        store's counters, to which the workers' fetches are added."""
         self.store = store
         self.verify = verify
         self._runs = runs
         self._shared = shared
         self._io = io
         self._pool = pool
-        self._run_bytes = pool.slot_size if pool else run_bytes
+        self._run_bytes = pool.slot_size if pool is not None and store.local else run_bytes
         self._fetches = trio.CapacityLimiter(fetch_width) if fetch_width else None
+        self._remote = remote or RemoteCounters()
         self._decode = DecodeCounters()
         self._store = StoreCounters()
 
@@ -119,8 +125,10 @@ class Loader:
         return self._pool if self._pool is not None and self._pool.usable else None
 
     def run_stop(self, layout: XorbLayout, start: int, limit: int) -> int:
-        """Where a run from chunk ``start`` ends: before ``limit``, one store read of at most
-        ``MAX_RUN_BYTES``, decoding to at most a run's bytes (at least one chunk)."""
+        """Where a run from chunk ``start`` ends: before ``limit``, within one disk-cache entry or none,
+        one store read of at most ``MAX_RUN_BYTES``, decoding to at most a run's bytes (at least one chunk)."""
+        if layout.xorb_hash is not None:
+            limit = self.store.chunk_limit(layout.xorb_hash, start, limit)
         stop = start + 1
         while (
             stop < limit
@@ -131,41 +139,96 @@ class Loader:
         return stop
 
     async def load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
-        """Read, decode and verify chunks ``[first, stop)``: in a worker if worth it, else here.
+        """Read, decode and verify chunks ``[first, stop)`` (one store read): in a worker if worth it, else here.
 
-        A range worth a slot is decoded into one even here (no worker ready yet, or one was
-        lost), so the daemon's memory does not grow with runs that workers would have held;
-        with every slot in use (runs that reads are using, jobs in flight), it is decoded into
-        the daemon's memory rather than wait.  A run shorter than half a slot is copied out of
-        its slot into the daemon's memory once decoded: held runs never leave most of a slot
-        unused (``pool.slots_for``).
+        The bytes come from where the store says (``Store.chunk_source``): a
+        local file, a disk-cache entry, or a fetch, kept in the disk cache once
+        verified.  A disk-cache entry whose chunks fail their check is dropped,
+        and the chunks are fetched again.
         """
-        chunks = chunk_run(layout, first, stop, verify=self.verify)
-        pool = self._pool
-        size = layout.range_size(first, stop)
-        slot = None
-        if pool is not None and pool.min_job_bytes <= size <= pool.slot_size:
-            slot = self._take_slot(pool, size)
-        if pool is None or slot is None:
-            data = await self._read(xorb_hash, layout, first, stop)
-            decoded = decode_chunks(data, xorb_hash, chunks.specs())
-            self._count(len(data), decoded)
-            return _runs(xorb_hash, layout, first, decoded)
-        sizes = await self._in_worker(pool, slot, xorb_hash, chunks) if pool.usable else None
-        if sizes is None:  # no worker ready yet, or it was lost: decode here, into the slot
-            try:
-                data = await self._read(xorb_hash, layout, first, stop)
-                sizes = decode_chunks_into(data, xorb_hash, chunks.specs(), pool.view(slot, size))
-            except BaseException:
-                pool.free_slot(slot)
+        src = self.store.chunk_source(xorb_hash, layout, first, stop)
+        try:
+            loaded = await self._load_from(src, xorb_hash, layout, first, stop)
+        except XetfsError as exc:
+            if src.entry is None:
                 raise
-            self._count(len(data), sizes)
+            reason = str(exc)
+        else:
+            if src.entry is None or not loaded.errors:
+                return loaded
+            reason = str(next(iter(loaded.errors.values())))
+            self._free(loaded.runs)
+        assert self.store.chunks is not None
+        self.store.chunks.drop(xorb_hash, src.entry, reason)
+        src = self.store.chunk_source(xorb_hash, layout, first, stop)
+        return await self._load_from(src, xorb_hash, layout, first, stop)
+
+    async def _load_from(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
+        """``load`` from ``src``.
+
+        A range worth a process round trip is decoded into slots (one per
+        slot's worth of its chunks), by a worker, or here when no worker is
+        ready yet or one was lost, so that the daemon's memory does not grow
+        with runs that workers would have held; with every slot in use (runs
+        that reads are using, jobs in flight), it is decoded into the daemon's
+        memory rather than wait.  A run shorter than half a slot is copied out
+        of its slot into the daemon's memory once decoded: held runs never
+        leave most of a slot unused (``pool.slots_for``).
+        """
+        pool = self._pool
+        parts = self._parts(layout, first, stop)
+        slots = None
+        if pool is not None and layout.range_size(first, stop) >= pool.min_job_bytes:
+            slots = self._take_slots(pool, [layout.range_size(a, b) for a, b in parts])
+        if pool is None or slots is None:
+            return await self._here(src, xorb_hash, layout, first, stop)
+        jobs = [(slot, chunk_run(layout, a, b, verify=self.verify)) for slot, (a, b) in zip(slots, parts, strict=True)]
+        try:
+            sizes = await self._in_worker(pool, src, xorb_hash, first, stop, jobs) if pool.usable else None
+        except WorkerLost:  # stopped while it might still write into the slots (fenced): decode elsewhere
+            return await self._here(src, xorb_hash, layout, first, stop)
+        if sizes is None:  # no worker ready yet, or it was lost: decode here, into the slots
+            try:
+                data = await self._read(src, xorb_hash, layout, first, stop)
+                base, view = layout.phys_start(first), memoryview(data)
+                sizes = [decode_chunks_into(view[run.phys[0] - base : run.phys[-1] - base], xorb_hash, run.specs(),
+                                            pool.view(slot, run.unpacked[-1] - run.unpacked[0]))
+                         for slot, run in jobs]  # fmt: skip
+            except BaseException:
+                for slot in slots:
+                    pool.free_slot(slot)
+                raise
+            self._count(len(view), [s for part in sizes for s in part])
+            if all(isinstance(s, int) for part in sizes for s in part):
+                self._keep(src, xorb_hash, first, stop, data)
+        out = Loaded([], {})
+        for slot, (a, b), part in zip(slots, parts, sizes, strict=True):
+            loaded = self._slot_runs(pool, slot, xorb_hash, layout, a, b, part)
+            out.runs += loaded.runs
+            out.errors.update(loaded.errors)
+        return out
+
+    async def _here(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
+        """Read and decode chunks ``[first, stop)`` into the daemon's memory."""
+        data = await self._read(src, xorb_hash, layout, first, stop)
+        decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=self.verify).specs())
+        self._count(len(memoryview(data)), decoded)
+        if all(not isinstance(c, XetfsError) for c in decoded):
+            self._keep(src, xorb_hash, first, stop, data)
+        return _runs(xorb_hash, layout, first, decoded)
+
+    def _slot_runs(
+        self, pool: DecodePool, slot: int, xorb_hash: bytes, layout: XorbLayout, a: int, b: int,
+        sizes: Sequence[int | XetfsError],
+    ) -> Loaded:  # fmt: skip
+        """What chunks ``[a, b)``, decoded into ``slot`` (``sizes``: per chunk its size or error), make."""
+        size = layout.range_size(a, b)
         if all(isinstance(s, int) for s in sizes):
             if size < pool.min_slot_run:  # a short run would hold a whole slot: it moves to the daemon
                 data = bytes(pool.view(slot, size))
                 pool.free_slot(slot)
-                return Loaded([Run(xorb_hash, first, stop, layout.unpacked_start(first), memoryview(data))], {})
-            run = Run(xorb_hash, first, stop, layout.unpacked_start(first), pool.view(slot, size), slot)
+                return Loaded([Run(xorb_hash, a, b, layout.unpacked_start(a), memoryview(data))], {})
+            run = Run(xorb_hash, a, b, layout.unpacked_start(a), pool.view(slot, size), slot)
             run.private = not self._shared(xorb_hash)
             return Loaded([run], {})
         # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
@@ -175,37 +238,83 @@ class Loader:
             pieces.append(bytes(pool.view(slot, at + s)[at:]) if isinstance(s, int) else s)
             at += s if isinstance(s, int) else 0
         pool.free_slot(slot)
-        return _runs(xorb_hash, layout, first, pieces)
+        return _runs(xorb_hash, layout, a, pieces)
+
+    def _parts(self, layout: XorbLayout, first: int, stop: int) -> list[tuple[int, int]]:
+        """Chunks ``[first, stop)`` cut into pieces of a slot at most (at least a chunk each)."""
+        if self._pool is None:
+            return [(first, stop)]
+        parts = []
+        while first < stop:
+            end = first + 1
+            while end < stop and layout.range_size(first, end + 1) <= self._pool.slot_size:
+                end += 1
+            parts.append((first, end))
+            first = end
+        return parts
+
+    def _take_slots(self, pool: DecodePool, sizes: list[int]) -> list[int] | None:
+        """A slot for each size, or None (and none taken) if not enough are free."""
+        slots: list[int] = []
+        for size in sizes:
+            slot = self._take_slot(pool, size)
+            if slot is None:
+                for taken in slots:
+                    pool.free_slot(taken)
+                return None
+            slots.append(slot)
+        return slots
+
+    def _free(self, runs: Sequence[Run]) -> None:
+        """Give back the slots of runs that were loaded but will not be kept."""
+        for run in runs:
+            if run.slot is not None and self._pool is not None:
+                self._pool.free_slot(run.slot)
+
+    def _keep(self, src: ChunkSource, xorb_hash: bytes, first: int, stop: int, data: Buffer) -> None:
+        """Keep fetched bytes whose chunks all verified in the disk cache, where ``src`` says."""
+        if src.cache_to is not None and self.store.chunks is not None:
+            self.store.chunks.put(xorb_hash, first, stop, data)
 
     async def _in_worker(
-        self, pool: DecodePool, slot: int, xorb_hash: bytes, chunks: ChunkRun
-    ) -> list[int | XetfsError] | None:
-        """Decode in a worker into ``slot``: per chunk its size or error; None if the worker was lost
-        (the slot is still the caller's).  If cancelled, the pool frees the slot once the worker is
-        done; if the xorb is missing, it is freed here."""
+        self, pool: DecodePool, src: ChunkSource, xorb_hash: bytes, first: int, stop: int,
+        jobs: list[tuple[int, ChunkRun]],
+    ) -> list[list[int | XetfsError]] | None:  # fmt: skip
+        """Decode in a worker into the jobs' slots: per part and chunk its size or error; None if the worker
+        was lost (the slots are still the caller's).  Raises ``WorkerLost`` if the slots were fenced (the
+        caller decodes elsewhere).  If cancelled, the pool frees the slots once the worker is done."""
         try:
-            path = str(self.store.xorb_path(xorb_hash))
-        except XetfsError:
-            pool.free_slot(slot)
-            raise
-        try:
-            decoded = await pool.decode(slot, path, xorb_hash, chunks)
-        except WorkerLost:
+            decoded = await pool.decode(src, xorb_hash, jobs)
+        except WorkerLost as lost:
             self._decode.worker_fallbacks += 1
+            if lost.fenced:
+                raise
             return None
-        sizes = [s if isinstance(s, int) else s.error() for s in decoded.sizes]
-        self._decode.in_workers += sum(isinstance(s, int) for s in sizes)
-        self._count(decoded.read_bytes, sizes)
+        sizes = [[s if isinstance(s, int) else s.error() for s in part] for part in decoded.sizes]
+        self._decode.in_workers += sum(isinstance(s, int) for part in sizes for s in part)
+        self._count(decoded.read_bytes, [s for part in sizes for s in part])
+        self._add_fetched(decoded.fetched)
+        if decoded.cached and self.store.chunks is not None:
+            cached = decoded.cached
+            self.store.chunks.added(xorb_hash, first, stop, cached if isinstance(cached, int) else OSError(cached))
         return sizes
 
-    async def _read(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:
-        """The serialized chunks ``[first, stop)`` of a xorb, from the store (``io``, within ``fetch_width``)."""
+    def _add_fetched(self, fetched: Fetched) -> None:
+        """Count what a worker's fetches from a remote store cost with the daemon's own."""
+        r = self._remote
+        r.requests += fetched.requests
+        r.bytes += fetched.bytes
+        r.retries += fetched.retries
+        r.errors += fetched.errors
+
+    async def _read(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:
+        """The serialized chunks ``[first, stop)`` of a xorb, from ``src`` (``io``, within ``fetch_width``)."""
         phys = (layout.phys_start(first), layout.phys_ends[stop - 1])
         if self._fetches is None:
-            data: Buffer = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
+            data: Buffer = await self._io(self.store.read_source, xorb_hash, src, *phys, first, stop)
             return data
         async with self._fetches:
-            fetched: Buffer = await self._io(self.store.read_chunks, xorb_hash, *phys, first, stop)
+            fetched: Buffer = await self._io(self.store.read_source, xorb_hash, src, *phys, first, stop)
             return fetched
 
     def _take_slot(self, pool: DecodePool, size: int) -> int | None:
@@ -240,9 +349,10 @@ class Loader:
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """Read and check a xorb's layout, in a decode worker when one is ready (it takes milliseconds)."""
         pool = self._ready_pool()
-        if pool is not None:
+        path = self.store.xorb_file(xorb_hash)
+        if pool is not None and path is not None:  # (a remote xorb's layout: one fetch of its tail, in a thread)
             try:
-                layout = await pool.layout(str(self.store.xorb_path(xorb_hash)), xorb_hash)
+                layout = await pool.layout(path, xorb_hash)
             except WorkerLost:
                 self._decode.worker_fallbacks += 1
             else:

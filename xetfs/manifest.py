@@ -36,11 +36,16 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from xetfs import hashes
 from xetfs.errors import FormatError, ManifestError
 
+if TYPE_CHECKING:
+    from xetfs.store import Store
+
+MANIFEST_NAME = "xetfs-manifest.json"  # where a store keeps its names (``pack`` writes it)
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
 MAX_PATH_BYTES = 4096  # PATH_MAX: longer paths are unusable by ordinary tools
@@ -352,3 +357,20 @@ def _checked(parts: PathParts) -> str:
     if problem is not None:
         raise ManifestError(f"cannot write manifest entry {_show(parts)}: {problem}")
     return path
+
+
+def store_manifest(store: Store) -> Manifest | None:
+    """The names manifest the store keeps beside its objects (``Store.read_meta``), or None."""
+    data = store.read_meta(MANIFEST_NAME, limit=MAX_MANIFEST_BYTES)
+    return None if data is None else parse_manifest(data, source=f"{store.location}/{MANIFEST_NAME}")
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and parse a manifest file; refuses one over ``MAX_MANIFEST_BYTES`` before reading it.
+
+    Raises ``ManifestError`` (unusable content) or ``OSError``.
+    """
+    size = path.stat().st_size
+    if size > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"manifest {path}: {size} bytes, the limit is {MAX_MANIFEST_BYTES}")
+    return parse_manifest(path.read_bytes(), source=str(path))

@@ -26,7 +26,8 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from xetfs.catalogue import CATALOGUE_NAME, find_catalogue, load_catalogue
+from xetfs.catalogue import CATALOGUE_NAME, Catalogue, store_catalogue
+from xetfs.decode_worker import Setup
 from xetfs.diskcache import DEFAULT_SIZE as DEFAULT_DISK_CACHE
 from xetfs.errors import XetfsError, describe
 from xetfs.fs import FsOptions, XetFS
@@ -35,15 +36,14 @@ from xetfs.index import Index
 from xetfs.indexer import load_index
 from xetfs.loader import RUN_BYTES, inline_io, threaded_io
 from xetfs.malloc import keep_freed_memory
-from xetfs.manifest import Manifest
+from xetfs.manifest import MANIFEST_NAME, Manifest, load_manifest, store_manifest
 from xetfs.objects import is_url, public_url
-from xetfs.pack import MANIFEST_NAME, load_manifest, store_manifest
 from xetfs.policy import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
 from xetfs.pool import DecodePool, default_workers, slots_for
 from xetfs.reader import Reader
-from xetfs.remote import RemoteStore, open_store
+from xetfs.remote import open_store
 from xetfs.stats import RemoteCounters
-from xetfs.store import StoreLike
+from xetfs.store import Store
 from xetfs.tree import Tree, build_tree
 
 log = logging.getLogger(__name__)
@@ -115,32 +115,28 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
 LAYOUTS = ("auto", "hub", "names", "hash")
 
 
-def choose_layout(config: MountConfig) -> tuple[str, Path | None]:
+def choose_layout(config: MountConfig, store: Store) -> tuple[str, Catalogue | None]:
     """The layout to show, and the catalogue it comes from for ``hub``.
 
     ``auto``: the Hub cache layout when the store has a catalogue and no
     ``--names`` was given, else the named tree (``names``: by hash when there
-    is no manifest).  Catalogues are read from local stores only.  Raises
-    ``MountError`` for ``hub`` without a catalogue.
+    is no manifest).  Raises ``MountError`` for ``hub`` without a catalogue.
     """
-    location = os.fspath(config.store)
     wanted = config.layout == "hub" or (config.layout == "auto" and config.names is None)
-    catalogue = find_catalogue(Path(location)) if wanted and not is_url(location) else None
+    catalogue = store_catalogue(store) if wanted else None
     if config.layout == "hub" and catalogue is None:
         raise MountError(
-            f"--layout hub: {location} has no {CATALOGUE_NAME} (import with xetfs pack --hub-cache; "
-            "catalogues are read from local stores only)"
+            f"--layout hub: {store.location} has no {CATALOGUE_NAME} (import with xetfs pack --hub-cache)"
         )
     if catalogue is not None:
         return "hub", catalogue
     return ("hash" if config.layout == "hash" else "names"), None
 
 
-def _build_tree(config: MountConfig, store: StoreLike, index: Index) -> Tree:
-    layout, catalogue_path = choose_layout(config)
-    log.info("layout: %s%s", layout, f" from {catalogue_path}" if catalogue_path else "")
-    if catalogue_path is not None:
-        catalogue = load_catalogue(catalogue_path)
+def _build_tree(config: MountConfig, store: Store, index: Index) -> Tree:
+    layout, catalogue = choose_layout(config, store)
+    log.info("layout: %s", layout)
+    if catalogue is not None:
         for warning in catalogue.warnings:
             log.warning("catalogue: %s", warning)
         tree, warnings = build_hub_tree(index, catalogue)
@@ -149,7 +145,7 @@ def _build_tree(config: MountConfig, store: StoreLike, index: Index) -> Tree:
         for warning in manifest.warnings if manifest else ():
             log.warning("names: %s", warning)
         if config.layout == "names" and manifest is None:
-            hub = not is_url(os.fspath(config.store)) and find_catalogue(Path(config.store)) is not None
+            hub = store.meta_path(CATALOGUE_NAME) is not None
             log.warning("--layout names: %s has no %s: files are shown by hash%s", store.location, MANIFEST_NAME,
                         f" (its {CATALOGUE_NAME} names them: --layout hub)" if hub else "")  # fmt: skip
         tree, warnings = build_tree(index, manifest)
@@ -158,10 +154,10 @@ def _build_tree(config: MountConfig, store: StoreLike, index: Index) -> Tree:
     return tree
 
 
-def _load_manifest(config: MountConfig, store: StoreLike) -> Manifest | None:
+def _load_manifest(config: MountConfig, store: Store) -> Manifest | None:
     if config.names is not None:
         return load_manifest(config.names)
-    return store_manifest(config.store, store)
+    return store_manifest(store)
 
 
 def build_fs(config: MountConfig) -> XetFS:
@@ -170,14 +166,14 @@ def build_fs(config: MountConfig) -> XetFS:
     store = open_store(os.fspath(config.store), io_timeout=config.io_timeout, headers=config.headers,
                        cache_dir=config.cache_dir, disk_cache_size=config.disk_cache_size,
                        counters=remote_counters)  # fmt: skip
-    remote = isinstance(store, RemoteStore)
+    remote = not store.local
     loaded = load_index(store, strict=config.strict)
     tree = _build_tree(config, store, loaded.index)
     # A remote store is read in the daemon's threads (obstore releases the GIL), many requests at once.
     threaded = remote or choose_io_mode(config.io_mode, Path(config.store)) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
-    pool = _decode_pool(config, threaded)
+    pool = _decode_pool(config, store)
     reader = Reader(
         loaded.index, store, cache_size=config.cache_size, io=io, pool=pool, remote=remote_counters,
         fetch_width=REMOTE_FETCH_WIDTH if remote else None, run_bytes=REMOTE_RUN_BYTES if remote else RUN_BYTES,
@@ -201,18 +197,25 @@ def build_fs(config: MountConfig) -> XetFS:
     return XetFS(tree, reader, options, counters)
 
 
-def _decode_pool(config: MountConfig, threaded: bool) -> DecodePool | None:
-    """Worker processes for decoding, unless asked for none or the store needs bounded reads.
+def _decode_pool(config: MountConfig, store: Store) -> DecodePool | None:
+    """Worker processes for decoding, for every store, unless asked for none.
 
-    Store reads that may stall (``threaded``) stay in the daemon, where each
-    one is bounded by ``--io-timeout``.
+    Workers read a local store's files themselves, and fetch from a remote
+    store's source (its URL and options reach them over their input).  Where
+    reads may stall (``threaded``: a remote store, a network filesystem), a
+    worker whose job takes longer than ``--io-timeout`` is stopped and
+    replaced, and the read fails.
     """
     workers = default_workers() if config.workers is None else config.workers
-    if workers <= 0 or threaded:
+    if workers <= 0:
         log.info("decoding in the daemon")
         return None
     log.info("decoding in %d worker processes", workers)
-    return DecodePool(workers, slots=slots_for(config.cache_size, workers))
+    chunks = store.chunks
+    setup = Setup(store.source.worker_setup(), str(chunks.tmp) if chunks is not None else None)
+    # (a job may wait for the fetch of the one before it: twice the bound of one read, and a little)
+    timeout = 2 * config.io_timeout + 5
+    return DecodePool(workers, slots=slots_for(config.cache_size, workers), setup=setup, job_timeout=timeout)
 
 
 # Filesystems whose reads can stall indefinitely (network, FUSE, cluster).

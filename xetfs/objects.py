@@ -76,12 +76,21 @@ class ObjectSource(Protocol):
         """
         ...
 
-    def read_range(self, name: str, start: int, end: int) -> bytes:
+    def read_range(self, name: str, start: int, end: int) -> bytes | memoryview:
         """Bytes ``[start, end)`` of object ``name``: exactly that many, or an error."""
         ...
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         """``(name, size, mtime)`` of every object under ``prefix``, or None where the service cannot list."""
+        ...
+
+    def local_path(self, name: str) -> str | None:
+        """The object's file on this machine, for readers that read it themselves; None where it has none."""
+        ...
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
+        """How a decode worker opens the same source for itself: a URL and options (secrets included:
+        hand them over a pipe, never a command line), or None where workers read local files."""
         ...
 
 
@@ -173,6 +182,7 @@ class ObstoreSource:
 
     def __init__(self, url: str, options: RemoteOptions, counters: RemoteCounters | None = None) -> None:
         self.location = public_url(url)
+        self._url = url
         self.options = options
         self.counters = counters or RemoteCounters()
         self._secrets = options.secrets()
@@ -199,11 +209,11 @@ class ObstoreSource:
         self._count(len(data))
         return data
 
-    def read_range(self, name: str, start: int, end: int) -> bytes:
+    def read_range(self, name: str, start: int, end: int) -> memoryview:
         import obstore
 
-        def get() -> bytes:
-            data = bytes(obstore.get_range(self._store, name, start=start, end=end))
+        def get() -> memoryview:
+            data = memoryview(obstore.get_range(self._store, name, start=start, end=end))  # (no copy)
             if len(data) != end - start:
                 raise _Transient(f"short body: {len(data)} of {end - start} bytes")
             return data
@@ -211,6 +221,12 @@ class ObstoreSource:
         data = self._call(f"{name} bytes [{start}, {end})", get, name=name)
         self._count(len(data))
         return data
+
+    def local_path(self, name: str) -> str | None:
+        return None
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
+        return self._url, self.options
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         if not self.lists:

@@ -30,23 +30,22 @@ from pathlib import Path
 from typing import Any
 
 from xetfs import hashes
-from xetfs.errors import ManifestError, XetfsError
+from xetfs.errors import XetfsError
 from xetfs.index import EMPTY_SHA256
 from xetfs.manifest import (
-    MAX_MANIFEST_BYTES,
+    MANIFEST_NAME,
     Entry,
     Manifest,
     ManifestFile,
     PathParts,
     combine,
     dump_manifest,
-    parse_manifest,
+    load_manifest,
     path_problem,
 )
-from xetfs.remote import RemoteStore, publish
-from xetfs.store import StoreLike, find_beside, replace_file
+from xetfs.remote import publish
+from xetfs.store import find_beside, replace_file
 
-MANIFEST_NAME = "xetfs-manifest.json"
 REDB_INDEX = "global_dedup_lookup.redb"  # hf_xet's own lookup table in xet/xorbs/, not read by xetfs
 
 Warn = Callable[[str], None]
@@ -62,30 +61,6 @@ def _print_warning(message: str) -> None:
 def find_manifest(store_dir: Path) -> Path | None:
     """The manifest of the store given as ``store_dir`` (``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``), or None."""
     return find_beside(store_dir, MANIFEST_NAME)
-
-
-def store_manifest(location: str | os.PathLike[str], store: StoreLike) -> Manifest | None:
-    """The names manifest of ``store`` (opened from ``location``), or None.
-
-    Beside a store directory (``find_manifest``), or at the top of a remote
-    store, read through it (``RemoteStore.read_meta``).
-    """
-    if isinstance(store, RemoteStore):
-        data = store.read_meta(MANIFEST_NAME)
-        return None if data is None else parse_manifest(data, source=f"{store.location}/{MANIFEST_NAME}")
-    path = find_manifest(Path(location).resolve())
-    return None if path is None else load_manifest(path)
-
-
-def load_manifest(path: Path) -> Manifest:
-    """Read and parse a manifest file; refuses one over ``MAX_MANIFEST_BYTES`` before reading it.
-
-    Raises ``ManifestError`` (unusable content) or ``OSError``.
-    """
-    size = path.stat().st_size
-    if size > MAX_MANIFEST_BYTES:
-        raise ManifestError(f"manifest {path}: {size} bytes, the limit is {MAX_MANIFEST_BYTES}")
-    return parse_manifest(path.read_bytes(), source=str(path))
 
 
 # -- planning ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import mmap
 import os
 import pickle
@@ -37,12 +38,16 @@ from xetfs.decode_worker import (
     Job,
     LayoutJob,
     LayoutLoaded,
+    Part,
     Ready,
     Result,
+    Setup,
     encode_frame,
 )
+from xetfs.errors import StoreTimeoutError
 from xetfs.format.xorb import ChunkRun, XorbLayout
 from xetfs.stats import WorkerCounters
+from xetfs.store import ChunkSource
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +79,24 @@ def slots_for(cache_size: int, workers: int) -> int:
 
 
 class WorkerLost(Exception):
-    """The worker holding a job exited; the caller should decode it itself."""
+    """The worker holding a job exited, or was stopped; the caller should decode it itself.
+
+    ``fenced``: the worker was killed while it might still write into the
+    job's slots, which are never used again: the caller decodes elsewhere.
+    """
+
+    def __init__(self, message: str, *, fenced: bool = False) -> None:
+        super().__init__(message)
+        self.fenced = fenced
 
 
 @dataclass(eq=False)
 class _Pending:
-    slot: int | None  # None: a layout job, which needs no shared memory
+    slots: tuple[int, ...]  # empty: a layout job, which needs no shared memory
     done: trio.Event = field(default_factory=trio.Event)
     result: Result | None = None  # None if the worker was lost
-    abandoned: bool = False  # the caller was cancelled: the slot is freed when the worker is done with it
+    abandoned: bool = False  # the caller was cancelled: the slots are freed when the worker is done with them
+    fenced: bool = False  # the worker was killed: the slots are never used again
 
 
 @dataclass(eq=False)
@@ -101,9 +115,22 @@ class _Worker:
 
 
 class DecodePool:
-    def __init__(self, workers: int, *, slots: int | None = None, slot_size: int = SLOT_SIZE) -> None:
+    def __init__(
+        self,
+        workers: int,
+        *,
+        slots: int | None = None,
+        slot_size: int = SLOT_SIZE,
+        setup: Setup | None = None,
+        job_timeout: float | None = None,
+    ) -> None:
+        """``setup``: how workers reach the store's source (a remote store's URL and options: secrets go
+        over the workers' input, never their command line); ``job_timeout``: seconds after which a job's
+        worker is taken for hung, stopped and replaced, and the job fails (``StoreTimeoutError``)."""
         if workers < 1:
             raise ValueError("a decode pool needs at least one worker")
+        self._setup = setup or Setup(None, None)
+        self.job_timeout = job_timeout
         self.slot_size = slot_size
         self.min_job_bytes = MIN_JOB_BYTES
         self.min_slot_run = slot_size // 2  # a run decoded into a slot stays there only from this long on
@@ -120,6 +147,7 @@ class DecodePool:
         self._spare_used = 0  # their sum
         self.spare_bytes = KEEP_FREE_SLOTS * slot_size  # what that sum may reach
         self._next_id = 0
+        self._fenced: set[int] = set()  # slots a killed worker may still write into: never used again
         self._count = workers
         self._workers: list[_Worker] = []
         self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
@@ -211,7 +239,9 @@ class DecodePool:
         process.stdout.close()
         os.set_blocking(results_fd, False)
         os.set_blocking(jobs_fd, False)  # a full pipe must not stop the daemon: see ``_send``
-        return _Worker(number, process, jobs_fd, results_fd)
+        worker = _Worker(number, process, jobs_fd, results_fd)
+        self._send(worker, encode_frame(self._setup))
+        return worker
 
     def start(self, nursery: trio.Nursery) -> None:
         """Start the workers (the first time) and collect their results in ``nursery``.
@@ -232,16 +262,21 @@ class DecodePool:
                 nursery.start_soon(self._flush, worker)
                 worker.sending = True
 
-    async def decode(self, slot: int, path: str, xorb_hash: bytes, chunks: ChunkRun) -> Decoded:
-        """Read, decode and verify one run of adjacent chunks of the xorb at ``path`` into ``slot``.
+    async def decode(self, source: ChunkSource, xorb_hash: bytes, parts: list[tuple[int, ChunkRun]]) -> Decoded:
+        """Read, decode and verify adjacent runs of chunks of a xorb from ``source``, each into its slot.
 
-        The run must decode to at most ``slot_size`` bytes.  Returns, per
-        chunk, its decoded size or its error; the bytes lie back to back from
-        the slot's start.  Raises ``WorkerLost`` if no worker could finish
-        the job (the slot is still the caller's).  If the caller is
-        cancelled, the slot is freed once the worker is done with it.
+        ``parts``: ``(slot, chunks)``, adjacent and in order, one read (one
+        fetch of a remote store) for all.  Each must decode to at most
+        ``slot_size`` bytes.  Returns, per part and chunk, its decoded size or
+        its error; each part's bytes lie back to back from its slot's start.
+        Raises ``WorkerLost`` if no worker could finish the job (the slots are
+        still the caller's, unless ``fenced``), ``StoreTimeoutError`` if it took
+        longer than ``job_timeout``.  If the caller is cancelled, the slots
+        are freed once the worker is done with them.
         """
-        result = await self._submit(_Pending(slot), lambda job_id: DecodeJob(job_id, slot, path, xorb_hash, chunks))
+        slots = tuple(slot for slot, _ in parts)
+        job = lambda job_id: DecodeJob(job_id, source, xorb_hash, tuple(Part(s, c) for s, c in parts))  # noqa: E731
+        result = await self._submit(_Pending(slots), job)
         assert isinstance(result, Decoded)
         self._counters.jobs += 1
         return result
@@ -251,7 +286,7 @@ class DecodePool:
 
         Raises what ``read_layout`` would raise, or ``WorkerLost``.
         """
-        result = await self._submit(_Pending(None), lambda job_id: LayoutJob(job_id, path, xorb_hash))
+        result = await self._submit(_Pending(()), lambda job_id: LayoutJob(job_id, path, xorb_hash))
         assert isinstance(result, LayoutLoaded)
         self._counters.layout_jobs += 1
         if isinstance(result.layout, XorbLayout):
@@ -268,16 +303,57 @@ class DecodePool:
         worker.pending[job_id] = pending
         self._send(worker, encode_frame(job(job_id)))
         try:
-            await pending.done.wait()
+            with trio.move_on_after(self.job_timeout if self.job_timeout is not None else math.inf):
+                await pending.done.wait()
+            if not pending.done.is_set():
+                self._stop_hung(worker)
+                raise StoreTimeoutError(
+                    f"decode worker {worker.number} did not finish a read within {self.job_timeout:g} s "
+                    "(a store read hung?); it was stopped and replaced"
+                )
         except BaseException:
             if not pending.done.is_set():
-                pending.abandoned = True  # the worker may still write into the slot: it is freed when done
-            elif pending.slot is not None:
-                self.free_slot(pending.slot)  # done already: nobody else will
+                pending.abandoned = True  # the worker may still write into the slots: freed when done
+            elif not pending.fenced:
+                for slot in pending.slots:
+                    self.free_slot(slot)  # done already: nobody else will
             raise
         if pending.result is None:
-            raise WorkerLost(f"decode worker {worker.number} exited")
+            raise WorkerLost(f"decode worker {worker.number} exited", fenced=pending.fenced)
         return pending.result
+
+    def _stop_hung(self, worker: _Worker) -> None:
+        """Kill a worker whose job ran out of time, and start another in its place.
+
+        Its jobs' slots are fenced: a process stuck in a read the kernel
+        cannot interrupt may still write into them later.  They are given
+        back once the process is seen to be gone.
+        """
+        log.error("decode worker %d did not answer within %g s; stopping it and starting another",
+                  worker.number, self.job_timeout)  # fmt: skip
+        with contextlib.suppress(OSError):
+            worker.process.kill()
+        for pending in worker.pending.values():
+            pending.fenced = True
+            self._fenced.update(pending.slots)
+        fenced = [slot for p in worker.pending.values() for slot in p.slots]
+        self._counters.hung += 1
+        self._lose(worker)
+        if self._nursery is not None:
+            replacement = self._spawn(worker.number)
+            self._workers[self._workers.index(worker)] = replacement
+            replacement.collecting = True
+            self._nursery.start_soon(self._collect, replacement)
+            self._nursery.start_soon(self._unfence_when_gone, worker, fenced)
+
+    async def _unfence_when_gone(self, worker: _Worker, slots: list[int]) -> None:
+        """Give fenced slots back once the killed worker has exited (it cannot write any more)."""
+        while worker.process.poll() is None:
+            await trio.sleep(0.1)
+        for slot in slots:
+            if slot in self._fenced:
+                self._fenced.discard(slot)
+                self.free_slot(slot)
 
     def _send(self, worker: _Worker, frame: bytes) -> None:
         """Write ``frame`` to ``worker``'s input without blocking: what the pipe does not take now,
@@ -355,8 +431,9 @@ class DecodePool:
         if pending is None:  # the worker was taken for lost (its input closed) after it sent this
             return
         pending.result = result
-        if pending.abandoned and pending.slot is not None:
-            self.free_slot(pending.slot)
+        if pending.abandoned:
+            for slot in pending.slots:
+                self.free_slot(slot)
         pending.done.set()
 
     def _lose(self, worker: _Worker) -> None:
@@ -368,8 +445,9 @@ class DecodePool:
         if not any(w.alive for w in self._workers):
             self._some_ready.set()  # nobody is left to wait for
         for pending in worker.pending.values():
-            if pending.abandoned and pending.slot is not None:
-                self.free_slot(pending.slot)
+            if pending.abandoned and not pending.fenced:
+                for slot in pending.slots:
+                    self.free_slot(slot)
             pending.done.set()
         worker.pending.clear()
         worker.unsent.clear()

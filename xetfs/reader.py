@@ -51,7 +51,7 @@ from xetfs.stats import (
     StoreCounters,
     WorkerCounters,
 )
-from xetfs.store import StoreLike
+from xetfs.store import Store
 
 DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
 LAYOUT_CACHE_SIZE = 32 * 1024 * 1024
@@ -86,7 +86,7 @@ class Reader:
     def __init__(
         self,
         index: Index,
-        store: StoreLike,
+        store: Store,
         *,
         cache_size: int = DEFAULT_CACHE_SIZE,
         verify: bool = True,
@@ -105,7 +105,7 @@ class Reader:
         self._extents = Extents()
         self.runs = RunStore(cache_size, pool.free_slot if pool else None, self._extents.forget)
         self._loader = Loader(store, self.runs, shared=index.shared, verify=verify, io=io, pool=pool,
-                              run_bytes=run_bytes, fetch_width=fetch_width)  # fmt: skip
+                              run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote)  # fmt: skip
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE)
         self._bad_layouts: TTLCache[bytes, XetfsError] = TTLCache(maxsize=1024, ttl=BAD_LAYOUT_SECONDS)
         self._errors = ErrorCounters()

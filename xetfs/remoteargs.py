@@ -8,7 +8,7 @@ from pathlib import Path
 from xetfs.diskcache import DEFAULT_SIZE
 from xetfs.objects import HEADERS_ENV, TOKEN_ENV, header_lines
 from xetfs.stats import RemoteCounters
-from xetfs.store import StoreLike
+from xetfs.store import Store
 
 
 def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> None:
@@ -26,7 +26,7 @@ def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> N
                        help="a remote read that takes longer fails (default 30)")  # fmt: skip
 
 
-def open_location(args: argparse.Namespace, counters: RemoteCounters | None = None) -> StoreLike:
+def open_location(args: argparse.Namespace, counters: RemoteCounters | None = None) -> Store:
     """The store named by ``args.store``: a directory, or a URL opened with the remote options."""
     from xetfs.remote import open_store
 

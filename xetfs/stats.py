@@ -77,7 +77,8 @@ class WorkerCounters:
     free_slots: int = 0
     jobs: int = 0  # decode jobs done
     layout_jobs: int = 0
-    lost: int = 0  # workers that died
+    lost: int = 0  # workers that died (or were stopped)
+    hung: int = 0  # of those, workers stopped because a job took longer than --io-timeout
     slots_returned: int = 0  # free slots whose pages were given back to the system
 
 

@@ -1,12 +1,10 @@
-"""Where a store's objects live, and the only module that opens store files.
+"""The store: shards, xorbs and the small files beside them, over one object source.
 
-The read path takes xorb bytes from here through one seam: ``load_layout``
-(a xorb's checked footer) and ``read_chunks`` (the raw serialized chunks
-``[first, stop)``, headers included, as they lie in the xorb).  Nothing above
-it assumes a local file; ``xorb_path`` is offered to decode workers, which
-read local xorbs themselves.
-
-A store is a directory.  Accepted layouts (FORMAT.md section 4):
+A store is a directory of objects laid out as below, on this machine, on a
+web server or in a bucket.  ``Store`` is the same for all of them: where the
+bytes come from is its ``source`` (``objects.ObjectSource``: ``DirSource``
+for a directory, ``ObstoreSource`` for a URL), and which objects exist is its
+``Listing``.  The layout rules live here, once (docs/format.md section 4):
 
 * what hf_xet writes for ``local://DIR``: ``DIR/xet/xorbs/{xorbs,shards}``,
   given as ``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``;
@@ -14,19 +12,26 @@ A store is a directory.  Accepted layouts (FORMAT.md section 4):
 
 Xorbs are named ``default.<hex>``, ``<hex>`` or ``<hex>.xorb``; shards
 ``<hex>.mdb``.  Everything else (``.tagset`` sidecars, temp files, the redb
-index, ``shard-cache/``) is ignored.  Files are opened read-only.
+index, ``shard-cache/``) is ignored.  The files ``pack`` writes (names,
+catalogue, listing) lie beside ``shards/`` or above it (``read_meta``).
+
+The read path takes xorb bytes from here: ``load_layout`` (a xorb's checked
+footer) and ``read_chunks`` (the raw serialized chunks ``[first, stop)``,
+headers included, as they lie in the xorb); ``xorb_file`` tells decode
+workers where a local xorb lies, so that they read it themselves.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from cachetools import LRUCache
 
@@ -40,69 +45,103 @@ from xetfs.errors import (
     XetfsError,
     XorbFormatError,
 )
+from xetfs.format.chunk import Buffer
 from xetfs.format.shard import MAGIC as SHARD_MAGIC
 from xetfs.format.xorb import HASHES_AT, XorbLayout, decode_run, footer_length, parse_footer, walk_headers_with
+from xetfs.objects import ObjectSource
 
-_XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
-_SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
-_CANDIDATES = ("xet/xorbs", "xorbs", ".")
+if TYPE_CHECKING:
+    from xetfs.chunkcache import CachedRange, ChunkCache
+
+XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
+SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
+ROOTS = ("xet/xorbs", "xorbs", "")  # where shards/ and xorbs/ may lie, relative to the store's top
 MAX_OPEN_FILES = 64
 MAX_SHARD_BYTES = 1 << 30  # builders aim at 64 MiB
+MAX_META_BYTES = 64 * 1024 * 1024  # a manifest or catalogue file
+MAX_LISTING_BYTES = 256 * 1024 * 1024
+LISTING_NAME = "xetfs-listing.json"
+LISTING_FORMAT = "xetfs-listing"
+TAIL_BYTES = 128 * 1024  # a remote xorb's footer is read with one request for this much of its end
 
 
 @dataclass(frozen=True, slots=True)
 class ShardFile:
     name: str
-    path: Path
+    path: Path  # relative to the store's top
 
 
-class StoreLike(Protocol):
-    """What the index, the reader and ``verify`` need from a store: ``Store`` (a directory) or
-    ``remote.RemoteStore`` (a URL).  Every method may be called from worker threads."""
+@dataclass(frozen=True)
+class Listing:
+    """Every object of a store: ``(path, size)``, paths relative to the store's top, ``/``-separated.
 
-    mtime: float
+    A directory is listed by ``dirsource.DirSource``, a bucket by its service;
+    an HTTP server cannot list, so a store it serves carries its listing in
+    ``LISTING_NAME`` (``dump``, ``parse``), written by ``xetfs publish``.
+    """
 
-    @property
-    def location(self) -> str:
-        """Where the store is, for messages (a directory or a URL without secrets)."""
-        ...
+    objects: tuple[tuple[str, int], ...]
+    mtime: float = 0.0
 
-    def shard_files(self) -> list[ShardFile]: ...
+    def dump(self) -> bytes:
+        doc = {"format": LISTING_FORMAT, "version": 1, "mtime": self.mtime, "objects": [list(o) for o in self.objects]}
+        return json.dumps(doc, indent=0).encode()
 
-    def read_shard(self, shard: ShardFile) -> bytes: ...
+    @classmethod
+    def parse(cls, data: bytes, *, where: str) -> Listing:
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != LISTING_FORMAT or doc.get("version") != 1:
+                raise ValueError("not a version 1 xetfs listing")
+            objects = tuple((str(n), int(s)) for n, s in doc["objects"])
+            mtime = float(doc.get("mtime", 0.0))
+            bad = next((n for n, s in objects if s < 0), None)
+            if bad is not None:
+                raise ValueError(f"object {bad[:200]!r} has a negative size")
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise StoreError(f"{where}: not a usable listing: {exc}") from None
+        return cls(objects, mtime)
 
-    def has_xorb(self, xorb_hash: bytes) -> bool: ...
+    def root(self) -> str:
+        """The directory (relative to the top, ``""`` for the top) that holds ``shards/`` (or, in a store
+        without shards, ``xorbs/``; the index judges such a store)."""
+        names = {name for name, _ in self.objects}
+        for kind in ("shards", "xorbs"):
+            for root in ROOTS:
+                prefix = f"{root}/{kind}/" if root else f"{kind}/"
+                if any(n.startswith(prefix) for n in names):
+                    return root
+        return ""
 
-    def xorb_hashes(self) -> Iterator[bytes]: ...
 
-    def xorb_size(self, xorb_hash: bytes) -> int: ...
-
-    def xorb_path(self, xorb_hash: bytes) -> Path:
-        """The xorb's local file, for decode workers; a remote store has none (``StoreError``)."""
-        ...
-
-    def read_xorb(self, xorb_hash: bytes, start: int, end: int) -> bytes: ...
-
-    def read_chunks(self, xorb_hash: bytes, start: int, end: int, first: int, stop: int) -> bytes: ...
-
-    def load_layout(self, xorb_hash: bytes) -> XorbLayout: ...
-
-    def close(self) -> None: ...
+def _footer_key(xorb_hash: bytes) -> str:
+    """The disk-cache key of a xorb's footer (by content: the same for every store that has the xorb)."""
+    return f"xorb-footer\0{hashes.to_hex(xorb_hash)}"
 
 
 def find_root(path: Path) -> Path:
-    """The directory that holds ``xorbs/`` and ``shards/`` for a store at ``path``."""
+    """The directory that holds ``xorbs/`` and ``shards/`` for a store directory at ``path``."""
     if not path.exists():
         raise StoreError(f"store {path}: no such directory")
     if not path.is_dir():
         raise StoreError(f"store {path}: not a directory")
-    for rel in _CANDIDATES:
+    for rel in ROOTS:
         root = path / rel
         if (root / "shards").is_dir():
             return root
     raise StoreError(
-        f"store {path}: no shards/ directory found (looked in {', '.join(str(path / r) for r in _CANDIDATES)})"
+        f"store {path}: no shards/ directory found (looked in {', '.join(str(path / r) for r in ROOTS)})"
     )
+
+
+def store_top(path: Path) -> Path:
+    """The top of the store given as ``path``: ``DIR`` for ``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs`` (where
+    ``pack`` keeps its files beside an hf_xet layout)."""
+    if path.name == "xet":
+        return path.parent
+    if path.name == "xorbs" and path.parent.name == "xet":
+        return path.parent.parent
+    return path
 
 
 def find_beside(store_dir: Path, name: str) -> Path | None:
@@ -112,12 +151,7 @@ def find_beside(store_dir: Path, name: str) -> Path | None:
     ``DIR/xet`` or ``DIR/xet/xorbs`` of an hf_xet layout, in ``DIR`` (where
     ``pack`` writes it).
     """
-    candidates = [store_dir]
-    if store_dir.name == "xet":
-        candidates.append(store_dir.parent)
-    elif store_dir.name == "xorbs" and store_dir.parent.name == "xet":
-        candidates.append(store_dir.parent.parent)
-    for directory in candidates:
+    for directory in (store_dir, store_top(store_dir)):
         path = directory / name
         if path.is_file():
             return path
@@ -146,53 +180,100 @@ def replace_file(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
 
 
-class Store:
-    """Read-only access to the shards and xorbs of one store directory.
+@dataclass(frozen=True, slots=True)
+class ChunkSource:
+    """Where the serialized chunks of one read of a xorb come from (``Store.chunk_source``).
 
-    Thread-safe: ``read_xorb`` may be called from worker threads.
+    Either a file on this machine (``path``: the xorb itself, or a disk-cache
+    entry that starts at xorb offset ``base``), read with ``pread``, or the
+    object ``name`` of the store's source, fetched; then, with ``cache_to``,
+    the fetched bytes are kept there once their chunks are verified.
     """
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._xorbs: dict[bytes, Path] = {}
-        xorb_dir = root / "xorbs"
-        if xorb_dir.is_dir():
-            for entry in os.scandir(xorb_dir):
-                m = _XORB_NAME.fullmatch(entry.name)
-                if m and entry.is_file():
-                    self._xorbs.setdefault(hashes.from_hex(m.group(1)), Path(entry.path))
+    name: str  # the xorb's object name in the store's source
+    path: str | None = None
+    base: int = 0
+    cache_to: str | None = None
+    entry: CachedRange | None = None  # the disk-cache entry ``path`` is (dropped if it fails its check)
+
+
+class Store:
+    """Read-only access to the shards, xorbs and small files of one store, wherever its objects lie.
+
+    ``source`` gives the objects' bytes (``objects.ObjectSource``: a directory
+    here, an HTTP server or a bucket); ``listing`` names them.  Everything
+    above is the same for every source.  Thread-safe.
+    """
+
+    def __init__(self, source: ObjectSource, listing: Listing, chunks: ChunkCache | None = None) -> None:
+        self.source = source
+        self.chunks = chunks
+        self.mtime = listing.mtime
+        self._root = root = listing.root()
+        base = f"{root}/" if root else ""
+        self._objects = dict(listing.objects)
+        shard_dir = base + "shards/"
+        self._shards = sorted(n[len(shard_dir) :] for n in self._objects
+                              if n.startswith(shard_dir) and SHARD_NAME.fullmatch(n[len(shard_dir) :]))  # fmt: skip
+        self._xorbs: dict[bytes, tuple[str, int]] = {}
+        for name, size in self._objects.items():
+            m = XORB_NAME.fullmatch(name[len(base) + 6 :]) if name.startswith(base + "xorbs/") else None
+            if m:
+                self._xorbs.setdefault(hashes.from_hex(m.group(1)), (name, size))
         self._files = OpenFiles(MAX_OPEN_FILES)
         self._lock = threading.Lock()
-        self.mtime = root.stat().st_mtime
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Store:
-        return cls(find_root(Path(path)))
+        """The store directory at ``path`` (``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``)."""
+        from xetfs.dirsource import DirSource
+
+        source = DirSource.open(Path(path))
+        return cls(source, source.listing())
 
     @property
     def location(self) -> str:
-        return str(self.root)
+        """Where the store is, for messages (a directory, or a URL without secrets)."""
+        return self.source.location
 
-    # -- shards -----------------------------------------------------------
+    @property
+    def local(self) -> bool:
+        """Whether the store's objects are files on this machine."""
+        return self.source.local_path("") is not None
+
+    # -- shards and small files ----------------------------------------------
 
     def shard_files(self) -> list[ShardFile]:
-        shard_dir = self.root / "shards"
-        names = sorted(e.name for e in os.scandir(shard_dir) if _SHARD_NAME.fullmatch(e.name) and e.is_file())
-        return [ShardFile(name, shard_dir / name) for name in names]
+        base = f"{self._root}/shards" if self._root else "shards"
+        return [ShardFile(name, Path(base, name)) for name in self._shards]
 
     def read_shard(self, shard: ShardFile) -> bytes:
-        """A shard's bytes; refuses, before reading it all, a file too large or without the shard magic."""
+        """A shard's bytes; refuses one too large or without the shard magic."""
+        data = self.source.read(shard.path.as_posix(), limit=MAX_SHARD_BYTES)
+        if not data.startswith(SHARD_MAGIC):
+            raise ShardFormatError(f"shard {shard.name}: bad shard magic at offset 0")
+        return data
+
+    def read_meta(self, name: str, limit: int = MAX_META_BYTES) -> bytes | None:
+        """The small file ``name`` (a manifest, a catalogue) beside the store's objects, or None
+        (``meta_path``); refused if larger than ``limit`` bytes."""
+        path = self.meta_path(name)
+        if path is None:
+            return None
         try:
-            with open(shard.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > MAX_SHARD_BYTES:
-                    raise ShardFormatError(f"shard {shard.name}: {size} bytes, more than the {MAX_SHARD_BYTES} allowed")
-                head = f.read(len(SHARD_MAGIC))
-                if head != SHARD_MAGIC:
-                    raise ShardFormatError(f"shard {shard.name}: bad shard magic at offset 0")
-                return head + f.read()
-        except OSError as exc:
-            raise StoreError(f"shard {shard.name}: cannot read: {exc.strerror}") from None
+            return self.source.read(path, limit=limit, fresh=True)
+        except MissingObjectError:
+            return None
+
+    def meta_path(self, name: str) -> str | None:
+        """Where the store has the small file ``name``, or None: beside ``shards/``, else in the nearest
+        directory above it, up to the store's top (where ``pack`` writes it)."""
+        parts = self._root.split("/") if self._root else []
+        for depth in range(len(parts), -1, -1):
+            path = "/".join([*parts[:depth], name])
+            if path in self._objects:
+                return path
+        return None
 
     # -- xorbs ------------------------------------------------------------
 
@@ -203,24 +284,130 @@ class Store:
         return iter(self._xorbs)
 
     def xorb_size(self, xorb_hash: bytes) -> int:
-        try:
-            return self.xorb_path(xorb_hash).stat().st_size
-        except OSError as exc:
-            raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot stat: {exc.strerror}") from None
+        return self._xorb(xorb_hash)[1]
+
+    def xorb_name(self, xorb_hash: bytes) -> str:
+        """The xorb's object name in the source."""
+        return self._xorb(xorb_hash)[0]
+
+    def xorb_file(self, xorb_hash: bytes) -> str | None:
+        """The xorb's file on this machine, which decode workers may read themselves; None for a remote store."""
+        return self.source.local_path(self._xorb(xorb_hash)[0])
 
     def xorb_path(self, xorb_hash: bytes) -> Path:
+        """The xorb's local file; ``StoreError`` for a remote store."""
+        path = self.xorb_file(xorb_hash)
+        if path is None:
+            raise StoreError(f"xorb {hashes.to_hex(xorb_hash)}: in a remote store, it has no local file")
+        return Path(path)
+
+    def read_xorb(self, xorb_hash: bytes, start: int, end: int) -> Buffer:
+        """Bytes ``[start, end)`` of a xorb from its source (never from a disk cache); a short one is a format error."""
+        name, size = self._xorb(xorb_hash)
+        where = f"xorb {hashes.to_hex(xorb_hash)}"
+        if end > size:
+            raise XorbFormatError(f"{where}: truncated: wanted bytes [{start}, {end}), file ends at {size}")
+        path = self.source.local_path(name)
+        if path is None:
+            return self.source.read_range(name, start, end)
+        with self._open(path, xorb_hash) as fd:
+            return read_range(fd, start, end, where=where)
+
+    def read_chunks(self, xorb_hash: bytes, start: int, end: int, first: int, stop: int) -> Buffer:
+        """Bytes ``[start, end)`` of a xorb, which hold its chunks ``[first, stop)``; a failure names the chunks."""
         try:
-            return self._xorbs[xorb_hash]
-        except KeyError:
-            raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: not in the store") from None
+            return self.read_xorb(xorb_hash, start, end)
+        except (XorbFormatError, ObjectReadError) as exc:
+            raise type(exc)(f"{exc} (reading chunks [{first}, {stop}))") from None
+
+    # -- chunk ranges, through the disk cache ----------------------------------
+
+    def chunk_limit(self, xorb_hash: bytes, first: int, stop: int) -> int:
+        """Where a read of chunks from ``first`` must end (``stop`` at most), to lie within one disk-cache
+        entry or in none."""
+        return stop if self.chunks is None else self.chunks.limit(xorb_hash, first, stop)
+
+    def chunk_source(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> ChunkSource:
+        """Where to read chunks ``[first, stop)`` from: the local xorb, a disk-cache entry, or the source
+        (to be kept in the disk cache, if there is one)."""
+        name = self.xorb_name(xorb_hash)
+        path = self.source.local_path(name)
+        if path is not None:
+            return ChunkSource(name, path)
+        if self.chunks is None:
+            return ChunkSource(name)
+        entry = self.chunks.find(xorb_hash, first, stop)
+        if entry is not None:
+            return ChunkSource(name, entry.path, layout.phys_start(entry.first), entry=entry)
+        return ChunkSource(name, cache_to=self.chunks.target(xorb_hash, first, stop))
+
+    def read_source(self, xorb_hash: bytes, src: ChunkSource, start: int, end: int, first: int, stop: int) -> Buffer:
+        """Bytes ``[start, end)`` of a xorb (its chunks ``[first, stop)``) from ``src``."""
+        if src.entry is None:
+            return self.read_chunks(xorb_hash, start, end, first, stop)
+        where = f"xorb {hashes.to_hex(xorb_hash)} (disk cache entry {src.path})"
+        try:
+            fd = os.open(src.path or "", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise ObjectReadError(f"{where}: cannot open: {exc.strerror}") from None
+        try:
+            return read_chunk_run(fd, start - src.base, end - src.base, first, stop, where=where)
+        finally:
+            os.close(fd)
+
+    def load_layout(self, xorb_hash: bytes) -> XorbLayout:
+        """Read and check a xorb's layout (``layout_from``).
+
+        A remote xorb's tail is fetched with one request.  Where a disk cache
+        is on, its footer is kept there (a restart with the server down still
+        finds the layout), and so are the chunks the tail holds whole, so that
+        a read of them later fetches nothing again.
+        """
+        name, size = self._xorb(xorb_hash)
+        if self.source.local_path(name) is not None:
+            return layout_from(lambda s, e: self.read_xorb(xorb_hash, s, e), size, xorb_hash)
+        if self.chunks is not None:
+            layout = self._cached_layout(xorb_hash, size)
+            if layout is not None:
+                return layout
+        tail_at = max(0, size - TAIL_BYTES)
+        tail = self.read_xorb(xorb_hash, tail_at, size) if size else b""
+        layout = layout_from(lambda s, e: self._from_tail(xorb_hash, tail, tail_at, s, e), size, xorb_hash)
+        if self.chunks is not None:
+            data_end = layout.phys_ends[-1] if layout.num_chunks else 0
+            if data_end >= tail_at and data_end < size:
+                self.chunks.disk.put(_footer_key(xorb_hash), bytes(memoryview(tail)[data_end - tail_at :]))
+            self.chunks.keep_tail(layout, tail_at, tail, lambda s, e: self.read_xorb(xorb_hash, s, e))
+        return layout
+
+    def _cached_layout(self, xorb_hash: bytes, size: int) -> XorbLayout | None:
+        """The layout from a footer kept in the disk cache, checked as ever; None if there is none (or it fails)."""
+        assert self.chunks is not None
+        footer = self.chunks.disk.get(_footer_key(xorb_hash))
+        if footer is None or len(footer) > size:
+            return None
+        try:
+            return layout_from(lambda s, e: self._from_tail(xorb_hash, footer, size - len(footer), s, e), size,
+                               xorb_hash)  # fmt: skip
+        except XetfsError:
+            return None
+
+    def _from_tail(self, xorb_hash: bytes, tail: Buffer, tail_at: int, start: int, end: int) -> Buffer:
+        """Bytes ``[start, end)`` of a xorb: from ``tail`` (its bytes from ``tail_at`` on) where it has them."""
+        if start >= tail_at:
+            return memoryview(tail)[start - tail_at : end - tail_at]
+        return self.read_xorb(xorb_hash, start, end)
+
+    def close(self) -> None:
+        with self._lock:
+            self._files.clear()
 
     @contextlib.contextmanager
-    def _open(self, xorb_hash: bytes) -> Iterator[int]:
-        """A descriptor of the xorb's file for one read, its own: reads run in threads with threaded
-        I/O, and a slow one must keep its file while others push it out of the open-file cache
-        (which closes it, and the number may be reused for another file)."""
+    def _open(self, path: str, xorb_hash: bytes) -> Iterator[int]:
+        """A descriptor of a local xorb file for one read, its own: reads may run in threads, and a slow
+        one must keep its file while others push it out of the open-file cache (which closes it)."""
         with self._lock:
-            cached = self._files.fd(str(self.xorb_path(xorb_hash)), xorb_hash)
+            cached = self._files.fd(path, xorb_hash)
             try:
                 fd = os.dup(cached)
             except OSError as exc:
@@ -230,24 +417,11 @@ class Store:
         finally:
             os.close(fd)
 
-    def read_xorb(self, xorb_hash: bytes, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of a xorb file; a short read is a format error."""
-        with self._open(xorb_hash) as fd:
-            return read_range(fd, start, end, where=f"xorb {hashes.to_hex(xorb_hash)}")
-
-    def read_chunks(self, xorb_hash: bytes, start: int, end: int, first: int, stop: int) -> bytes:
-        """Bytes ``[start, end)`` of a xorb file, which hold its chunks ``[first, stop)``."""
-        with self._open(xorb_hash) as fd:
-            return read_chunk_run(fd, start, end, first, stop, where=f"xorb {hashes.to_hex(xorb_hash)}")
-
-    def load_layout(self, xorb_hash: bytes) -> XorbLayout:
-        """Read and check a xorb's layout (``read_layout``)."""
-        with self._open(xorb_hash) as fd:
-            return read_layout(fd, xorb_hash)
-
-    def close(self) -> None:
-        with self._lock:
-            self._files.clear()
+    def _xorb(self, xorb_hash: bytes) -> tuple[str, int]:
+        try:
+            return self._xorbs[xorb_hash]
+        except KeyError:
+            raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: not in the store") from None
 
 
 def open_xorb(path: str | os.PathLike[str], xorb_hash: bytes) -> int:
@@ -287,7 +461,7 @@ def read_layout(fd: int, xorb_hash: bytes) -> XorbLayout:
     return layout_from(lambda start, end: read_range(fd, start, end, where=where), os.fstat(fd).st_size, xorb_hash)
 
 
-def layout_from(read: Callable[[int, int], bytes], size: int, xorb_hash: bytes) -> XorbLayout:
+def layout_from(read: Callable[[int, int], Buffer], size: int, xorb_hash: bytes) -> XorbLayout:
     """Read and check the layout of a xorb of ``size`` bytes; ``read(start, end)`` gives its bytes.
 
     Chunk hashes are tied to the xorb's name.  With a footer: the footer's
@@ -296,10 +470,10 @@ def layout_from(read: Callable[[int, int], bytes], size: int, xorb_hash: bytes) 
     decoded and hashed, and the root checked.
     """
     where = f"xorb {hashes.to_hex(xorb_hash)}"
-    length = footer_length(read(size - 4, size), size) if size >= 4 else None
+    length = footer_length(bytes(read(size - 4, size)), size) if size >= 4 else None
     if length is not None:
         footer_at = size - length - 4
-        footer = read(footer_at, size)
+        footer = bytes(read(footer_at, size))
         if footer.startswith(b"XETBLOB"):
             layout = parse_footer(footer, size, where=where)
             if layout.xorb_hash != xorb_hash:
@@ -311,13 +485,13 @@ def layout_from(read: Callable[[int, int], bytes], size: int, xorb_hash: bytes) 
     return _checked(_walk(read, xorb_hash, size, where), xorb_hash, f"{where}: the hashes of its chunks")
 
 
-def _walk(read: Callable[[int, int], bytes], xorb_hash: bytes, size: int, where: str) -> XorbLayout:
-    """Layout of a footer-less xorb: walk its headers, hash every chunk (FORMAT.md 2.5).
+def _walk(read: Callable[[int, int], Buffer], xorb_hash: bytes, size: int, where: str) -> XorbLayout:
+    """Layout of a footer-less xorb: walk its headers, hash every chunk (docs/format.md section 2.5).
 
     Reads one chunk at a time, so memory stays bounded by the chunk size
     limit whatever the file claims.
     """
-    bare = walk_headers_with(read, size, where=where)
+    bare = walk_headers_with(lambda s, e: bytes(read(s, e)), size, where=where)
     chunk_hashes = []
     for i in range(bare.num_chunks):
         data = read(bare.phys_start(i), bare.phys_ends[i])

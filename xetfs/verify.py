@@ -34,7 +34,7 @@ from xetfs.format.xorb import XorbLayout, decode_run
 from xetfs.index import EMPTY_SHA256, Index
 from xetfs.indexer import shards_missing
 from xetfs.reader import Reader
-from xetfs.store import StoreLike
+from xetfs.store import Store
 
 READ_SIZE = 8 * 1024 * 1024
 
@@ -71,7 +71,7 @@ class Report:
 
 @dataclass
 class _Audit:
-    store: StoreLike
+    store: Store
     progress: Progress
     names: Mapping[bytes, str]
     report: Report = field(default_factory=Report)
@@ -83,7 +83,7 @@ class _Audit:
         self.report.problems.append(message)
 
 
-async def audit(store: StoreLike, progress: Progress | None = None, names: Mapping[bytes, str] | None = None) -> Report:
+async def audit(store: Store, progress: Progress | None = None, names: Mapping[bytes, str] | None = None) -> Report:
     """Check everything in ``store``; progress counts xorb bytes scanned plus file bytes read.
 
     ``names``: a path for some files (by file hash), for the messages about them.

@@ -84,6 +84,10 @@ class XorbLayout:
         """Index of the chunk holding decoded byte ``offset`` of the xorb."""
         return bisect_right(self.unpacked_ends, offset)
 
+    def chunk_at_phys(self, offset: int) -> int:
+        """Index of the chunk whose stored bytes (header included) hold byte ``offset`` of the xorb file."""
+        return bisect_right(self.phys_ends, offset)
+
 
 def footer_length(tail4: bytes, file_size: int) -> int | None:
     """From the file's last 4 bytes, the footer length, or None if it cannot be one."""

@@ -1,0 +1,172 @@
+"""The disk cache of chunk ranges (xetfs/chunkcache.py), alone and under the read path of a remote store.
+
+The read path runs over a store whose source fetches every xorb byte range
+it is asked for and counts them (a fake ``ObjectSource`` over a directory
+written by the test writer, with no local files to offer), so that what is
+fetched twice, or fetched again after damage, is counted exactly.  The same
+is counted at the server, with nginx and real mounts, in test_remote_sources.py.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import oracle
+import pytest
+from helpers.served import run_served
+from helpers.writer import StoreBuilder
+
+from xetfs import hashes, index
+from xetfs.chunkcache import ChunkCache
+from xetfs.dirsource import DirSource
+from xetfs.diskcache import DiskCache
+from xetfs.format.shard import parse_shard
+from xetfs.objects import RemoteOptions
+from xetfs.reader import Reader
+from xetfs.stats import RemoteCounters
+from xetfs.store import Store
+
+X = bytes(range(32))
+
+
+def test_entries_are_found_by_the_chunks_they_hold_and_cut_ranges(tmp_path: Path) -> None:
+    cache = ChunkCache(DiskCache(tmp_path, 1 << 20))
+    cache.put(X, 10, 20, b"a" * 100)
+    cache.put(X, 30, 35, b"b" * 50)
+    assert cache.find(X, 12, 18) is not None and cache.find(X, 10, 20) is not None
+    assert cache.find(X, 5, 12) is None and cache.find(X, 19, 21) is None
+    assert cache.limit(X, 0, 100) == 10  # up to the next entry
+    assert cache.limit(X, 12, 100) == 20  # to the end of the entry holding it
+    assert cache.limit(X, 20, 25) == 25 and cache.limit(X, 20, 100) == 30
+    assert cache.limit(X, 36, 100) == 100
+    again = ChunkCache(DiskCache(tmp_path, 1 << 20))  # a restart, or another mount: found on disk
+    entry = again.find(X, 31, 33)
+    assert entry is not None and Path(entry.path).read_bytes() == b"b" * 50
+    again.drop(X, entry, "test")
+    assert again.find(X, 31, 33) is None and again.disk.counters.disk_corrupt == 1
+    counters = again.disk.counters
+    assert counters.disk_hits == 1 and counters.disk_misses == 1
+
+
+def test_entries_count_against_the_bound_and_eviction_forgets_them(tmp_path: Path) -> None:
+    disk = DiskCache(tmp_path, 10_000)
+    cache = ChunkCache(disk)
+    for i in range(8):
+        cache.put(X, 10 * i, 10 * i + 10, bytes([i]) * 1500)
+    assert disk.counters.disk_evictions > 0 and disk.counters.disk_bytes <= 10_000
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "chunks").rglob("*") if p.is_file())
+    assert on_disk <= 10_000
+    assert cache.find(X, 0, 10) is None  # the oldest went first, and the index knows it
+    assert cache.find(X, 70, 80) is not None
+
+
+def test_an_old_format_cache_is_removed_with_one_message(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    old = tmp_path / "v1" / "ab"
+    old.mkdir(parents=True)
+    (old / "entry").write_bytes(b"x" * 100)
+    DiskCache(tmp_path, 1 << 20)
+    assert not (tmp_path / "v1").exists()
+    assert [r.getMessage() for r in caplog.records if "older format" in r.getMessage()]
+    caplog.clear()
+    DiskCache(tmp_path, 1 << 20)
+    assert not caplog.records
+
+
+class FetchingSource(DirSource):
+    """A store directory read as a remote store is: every xorb range is fetched (and counted), none is a
+    local file."""
+
+    def __init__(self, top: Path, root: Path) -> None:
+        super().__init__(top, root)
+        self.fetched: list[tuple[str, int, int]] = []
+
+    def local_path(self, name: str) -> str | None:
+        return None
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
+        return None
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        self.fetched.append((name, start, end))
+        return super().read_range(name, start, end)
+
+
+def _remote_like(root: Path, cache_dir: Path) -> tuple[Store, FetchingSource]:
+    plain = DirSource.open(root)
+    source = FetchingSource(plain.top, plain.root)
+    return Store(source, source.listing(), ChunkCache(DiskCache(cache_dir, 1 << 30, RemoteCounters()))), source
+
+
+def _read_all(store: Store) -> dict[bytes, bytes]:
+    shards = [parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()]
+    idx = index.build(shards)
+    reader = Reader(idx, store, cache_size=0)  # every read goes to the store
+
+    async def body() -> dict[bytes, bytes]:
+        out = {}
+        for entry in idx:
+            parts = []
+            for offset in range(0, entry.size, 300_000):  # reads of other sizes than the runs
+                parts.append(bytes(await reader.read(entry, offset, 300_000)))
+            out[entry.file_hash] = b"".join(parts)
+        return out
+
+    result: dict[bytes, bytes] = run_served(reader.start, body)
+    return result
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[StoreBuilder, dict[bytes, bytes]]:
+    b = StoreBuilder(tmp_path / "store", max_xorb_chunks=64)
+    rng = random.Random(5)
+    files = {}
+    for size in (3_000_000, 700_000, 90_000):
+        content = rng.randbytes(size)
+        files[b.add_file(content, chunk_size=40_000, scheme=[0, 1])] = content
+    b.finish()
+    return b, files
+
+
+def _overlaps(fetched: list[tuple[str, int, int]]) -> int:
+    """Bytes fetched more than once."""
+    seen: dict[str, set[int]] = {}
+    twice = 0
+    for name, start, end in fetched:
+        have = seen.setdefault(name, set())
+        twice += sum(1 for b in range(start, end) if b in have)
+        have.update(range(start, end))
+    return twice
+
+
+def test_no_range_is_fetched_twice_and_a_full_cache_fetches_nothing(
+    built: tuple[StoreBuilder, dict[bytes, bytes]], tmp_path: Path
+) -> None:
+    b, files = built
+    store, source = _remote_like(b.root, tmp_path / "cache")
+    assert _read_all(store) == files
+    xorb_bytes = sum(p.stat().st_size for p in b.xorb_paths.values())
+    fetched = sum(end - start for _, start, end in source.fetched)
+    assert _overlaps(source.fetched) == 0, source.fetched
+    assert fetched <= xorb_bytes, (fetched, xorb_bytes)
+    # Another mount of the same cache: layouts, chunks, everything from the disk.
+    again, source2 = _remote_like(b.root, tmp_path / "cache")
+    assert _read_all(again) == files
+    assert source2.fetched == []
+
+
+def test_a_damaged_entry_is_dropped_and_only_its_range_fetched_again(
+    built: tuple[StoreBuilder, dict[bytes, bytes]], tmp_path: Path
+) -> None:
+    b, files = built
+    store, _ = _remote_like(b.root, tmp_path / "cache")
+    assert _read_all(store) == files
+    entries = sorted(p for p in (tmp_path / "cache" / "chunks").rglob("*") if p.is_file())
+    bad = entries[len(entries) // 2]
+    oracle.flip_byte(bad, bad.stat().st_size // 2)
+    again, source = _remote_like(b.root, tmp_path / "cache")
+    assert _read_all(again) == files
+    first, stop = (int(n) for n in bad.name.split("-"))
+    layout = Store.open(b.root).load_layout(hashes.from_hex(bad.parent.name))
+    assert [(s, e) for _, s, e in source.fetched] == [(layout.phys_start(first), layout.phys_ends[stop - 1])]
+    assert again.chunks is not None and again.chunks.disk.counters.disk_corrupt == 1
