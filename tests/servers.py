@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import os
+import re
 import shutil
 import socket
 import socketserver
@@ -72,6 +73,22 @@ class Server:
 
     def access_log(self) -> str:
         return self.log.with_name("access.log").read_text(errors="replace") if self.log else ""
+
+    def log_mark(self) -> int:
+        """Where the access log ends now: ``bytes_sent(since=...)`` counts what comes after."""
+        path = self.log.with_name("access.log") if self.log else None
+        return path.stat().st_size if path is not None and path.exists() else 0
+
+    def bytes_sent(self, *, since: int = 0, under: str = "") -> tuple[int, int]:
+        """Body bytes nginx sent, and its requests, for paths containing ``under``, from log offset ``since``
+        on (nginx's combined log format: the size follows the status)."""
+        text = self.access_log().encode(errors="replace")[since:].decode(errors="replace")
+        sent = requests = 0
+        for m in re.finditer(r'"[A-Z]+ (\S+) [^"]*" (\d{3}) (\d+)', text):
+            if under in m.group(1):
+                sent += int(m.group(3))
+                requests += 1
+        return sent, requests
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -16,8 +16,8 @@ import pytest
 import trio
 from helpers.writer import StoreBuilder
 
-from xetfs import fs as fs_module
 from xetfs import hashes
+from xetfs import sessions as sessions_module
 from xetfs.fs import XetFS
 from xetfs.index import FileEntry
 from xetfs.mount import MountConfig, build_fs
@@ -52,7 +52,7 @@ def test_prefetch_in_flight_is_bounded_over_all_files(tmp_path: Path, monkeypatc
         data = rng.randbytes(FILE_SIZE)
         contents[b.add_file(data, chunk_size=64 * 1024)] = data
     b.finish()
-    monkeypatch.setattr(fs_module, "MIN_CACHE_FOR_PREFETCH", CACHE)
+    monkeypatch.setattr(sessions_module, "MIN_CACHE_FOR_PREFETCH", CACHE)
     peak = [0]
     hold = RunStore._hold
 
@@ -99,7 +99,7 @@ def test_a_file_whose_prefetch_stalls_leaves_room_for_the_others(
     stuck, other = b.add_file(rng.randbytes(8 * MiB), chunk_size=64 * 1024), b.add_file(rng.randbytes(4 * MiB))
     b.finish()
     cache = 4 * MiB
-    monkeypatch.setattr(fs_module, "MIN_CACHE_FOR_PREFETCH", cache)
+    monkeypatch.setattr(sessions_module, "MIN_CACHE_FOR_PREFETCH", cache)
     fs = build_fs(MountConfig(store=tmp_path, mountpoint=Path("/nonexistent"), cache_size=cache, workers=0))
     assert fs.options.prefetch_max == 1 * MiB
     prefetch = fs.reader.prefetch
@@ -117,8 +117,9 @@ def test_a_file_whose_prefetch_stalls_leaves_room_for_the_others(
         async with trio.open_nursery() as nursery:
             fs.start_background(nursery)
             await read_from_start(fs, stuck, 6 * MiB)
-            stalled = [size for file_hash, size in asked[-fs_module.PREFETCH_TASKS :] if file_hash == stuck]
-            assert len(stalled) == fs_module.PREFETCH_TASKS and fs._prefetch_bytes == sum(stalled)  # both stuck
+            stalled = [size for file_hash, size in asked[-sessions_module.PREFETCH_TASKS :] if file_hash == stuck]
+            assert len(stalled) == sessions_module.PREFETCH_TASKS  # both stuck
+            assert fs.sessions.prefetch_bytes == sum(stalled)
             await read_from_start(fs, other, 4 * MiB)
             nursery.cancel_scope.cancel()
 

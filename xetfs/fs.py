@@ -27,9 +27,9 @@ import trio
 from cachetools import TTLCache
 
 from xetfs.errors import XetfsError
-from xetfs.index import FileEntry
-from xetfs.policy import DEFAULT_MAXIMUM, ReadPolicy
+from xetfs.policy import DEFAULT_MAXIMUM
 from xetfs.reader import Reader
+from xetfs.sessions import Session, Sessions
 from xetfs.stats import IndexCounters, ReadCounters, document
 from xetfs.tree import Kind, Node, Tree
 
@@ -41,9 +41,7 @@ R = TypeVar("R")
 BLOCK_SIZE = 1024 * 1024  # st_blksize: tells tools to read in large pieces
 ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
 XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
-MIN_CACHE_FOR_PREFETCH = 64 * 1024 * 1024
 REPEATS_QUIET = 10.0  # seconds the same failed read is not logged again
-PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
 
 
 @dataclass(frozen=True)
@@ -57,24 +55,9 @@ class FsOptions:
 
 
 @dataclass
-class _Reading:
-    """How a file is being read, over all its open handles.
-
-    The kernel's page cache is per file: several readers of one file send the
-    daemon one sequence of requests, and a page one of them read is not asked
-    for again by the others.  So the read policy is per file, not per handle.
-    """
-
-    entry: FileEntry
-    policy: ReadPolicy
-    opens: int = 0  # handles open on the file
-    prefetching: int = 0  # prefetch tasks running for the file
-
-
-@dataclass
 class _Handle:
     node: Node
-    reading: _Reading | None = None  # for a file of the store
+    reading: Session | None = None  # for a file of the store
     snapshot: bytes = b""  # the stats document, for a stats handle
 
 
@@ -169,30 +152,19 @@ class XetFS(_ReadOnly):
         self._started = time.time()
         self.options = options or FsOptions()
         self._handles: dict[int, _Handle] = {}
-        self._reading: dict[int, _Reading] = {}  # inode -> how it is read, while a handle is open on it
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
         self._failures_logged: TTLCache[str, None] = TTLCache(maxsize=256, ttl=REPEATS_QUIET)
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store never changes
         self._next_fh = 1
         self._stats_open = 0  # open handles of .xetfs/stats
         self._stats_latest: bytes | None = None  # the document taken at the latest open of .xetfs/stats
-        self._nursery: trio.Nursery | None = None
-        self._prefetch = self.options.prefetch and reader.runs.capacity >= MIN_CACHE_FOR_PREFETCH
-        self._prefetch_tasks = 0  # prefetch tasks a file may have running (none until start_background)
-        # Over all files, a new window starts only while those being decoded add up to less than this:
-        # what prefetch pins beyond --cache-size stays within a few windows however many files are read.
-        # Twice what one file may have, so that a file whose windows stall (a store that hangs until
-        # --io-timeout) does not stop the others' prefetch.
-        self._prefetch_room = 2 * PREFETCH_TASKS * self.options.prefetch_max
-        self._prefetch_bytes = 0  # of the windows being decoded
-        self._keep_cache = not self.options.direct_io  # the kernel's page cache keeps what was read
-        if self.options.prefetch and not self._prefetch:
-            log.info("prefetch off: the cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
+        # The kernel's page cache keeps what was read, unless --direct-io.
+        self.sessions = Sessions(reader, prefetch=self.options.prefetch, prefetch_max=self.options.prefetch_max,
+                                 keep_cache=not self.options.direct_io)  # fmt: skip
 
     def start_background(self, nursery: trio.Nursery) -> None:
         """Give the filesystem a nursery for readahead tasks."""
-        self._nursery = nursery
-        self._prefetch_tasks = PREFETCH_TASKS if self._prefetch else 0
+        self.sessions.start(nursery)
 
     # -- names and attributes ---------------------------------------------
 
@@ -350,11 +322,7 @@ class XetFS(_ReadOnly):
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=True)
         if node.entry is None:
             raise pyfuse3.FUSEError(errno.EIO)
-        reading = self._reading.get(inode)
-        if reading is None:
-            reading = self._reading[inode] = _Reading(node.entry, ReadPolicy(maximum=self.options.prefetch_max))
-        reading.opens += 1
-        handle.reading = reading
+        handle.reading = self.sessions.open(inode, node.entry)
         direct = self.options.direct_io
         self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
@@ -371,29 +339,11 @@ class XetFS(_ReadOnly):
             reading = handle.reading
             if reading is None:  # bytes fixed at open (stats, a Hub ref)
                 return handle.snapshot[off : off + size]
-            entry, policy = reading.entry, reading.policy
             self._reads.requests += 1
-            read_through = False
-            data: bytes | memoryview | None
-            if not policy.watches(off, size):
-                # A small read that continues nothing: the policy decides nothing for it, only remembers it
-                # if it needs a load (random reads of cached bytes, the commonest request, end at once).
-                data = self.reader.read_now(entry, off, size)
-                if data is None:
-                    policy.on_read(off, size, entry.size)
-            else:
-                busy = reading.prefetching >= self._prefetch_tasks or self._prefetch_bytes >= self._prefetch_room
-                decision = policy.on_read(off, size, entry.size, busy)
-                if decision.prefetch is not None and self._nursery is not None:
-                    reading.prefetching += 1
-                    self._prefetch_bytes += decision.prefetch[1]
-                    self._nursery.start_soon(self._prefetch_task, handle.node, entry, reading, *decision.prefetch)
-                # A sequential reader's bytes stay in the kernel's page cache (keep_cache): its runs go first.
-                read_through = decision.sequential and self._keep_cache
-                data = self.reader.read_now(entry, off, size, read_through)
+            data, through = self.sessions.read_now(reading, off, size)
             if data is None:
                 try:
-                    data = await self.reader.read_uncached(entry, off, size, read_through=read_through)
+                    data = await self.sessions.read_rest(reading, off, size, through)
                 except XetfsError as exc:
                     self._log_failed_read(handle.node, off, size, exc)
                     raise pyfuse3.FUSEError(errno.EIO) from None
@@ -422,15 +372,6 @@ class XetFS(_ReadOnly):
             name = self._names[node.inode] = self.tree.name_of(node.inode) or ""
         return f"{name} (file {entry.hex})" if name and name != entry.hex else f"file {entry.hex}"
 
-    async def _prefetch_task(self, node: Node, entry: FileEntry, reading: _Reading, offset: int, length: int) -> None:
-        try:
-            await self.reader.prefetch(entry, offset, length)
-        except Exception:
-            log.exception("prefetch of %s failed", self._describe(node))
-        finally:
-            reading.prefetching -= 1
-            self._prefetch_bytes -= length
-
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
         if handle is None:
@@ -438,9 +379,7 @@ class XetFS(_ReadOnly):
         if handle.node.kind is Kind.STATS:
             self._stats_open -= 1
         if handle.reading is not None:
-            handle.reading.opens -= 1
-            if handle.reading.opens == 0:
-                del self._reading[handle.node.inode]
+            self.sessions.close(handle.node.inode)
 
     async def flush(self, fh: int) -> None:
         pass

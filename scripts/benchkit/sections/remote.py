@@ -39,7 +39,7 @@ from typing import Any
 from benchkit.data import Dataset
 from benchkit.paths import REPO
 from benchkit.rounds import Runner, Task
-from benchkit.rows import Row, per_gib, ratio
+from benchkit.rows import Row, Target, per_gib, ratio
 from benchkit.sections import Section
 from benchkit.sections.load import load
 from benchkit.util import BenchError, cat_to_null, children_cpu, dd, files_equal
@@ -60,8 +60,10 @@ FILL = Row("remote_fill", "xetfs over nginx, filling an empty disk cache", "GB/s
 WARM = Row("remote_warm", "xetfs, fresh mount, every byte from the disk cache", "GB/s", xetfs=True)
 LOCAL = Row("remote_local", "xetfs, fresh mount of the store directory", "GB/s", xetfs=True)
 R_COLD_CURL = Row("r_remote_curl", "remote mount / curl (per round)", "x", derive=ratio(COLD, CURL), xetfs=True)
-R_COLD_LOCAL = Row("r_remote_local", "remote mount / local mount", "x", derive=ratio(COLD, LOCAL), xetfs=True)
-R_WARM_LOCAL = Row("r_remote_warm", "disk cache / local mount", "x", derive=ratio(WARM, LOCAL), xetfs=True)
+R_COLD_LOCAL = Row("r_remote_local", "remote mount / local mount", "x", Target(">=", 0.8, ">= 0.8"),
+                   derive=ratio(COLD, LOCAL), xetfs=True)  # fmt: skip
+R_WARM_LOCAL = Row("r_remote_warm", "disk cache / local mount", "x", Target(">=", 0.9, ">= 0.9"),
+                   derive=ratio(WARM, LOCAL), xetfs=True)  # fmt: skip
 R_CLIENTS = Row("r_remote_clients", "obstore / http.client", "x", derive=ratio(OBSTORE, URLLIB))
 CPU_CURL = Row("cpu_remote_curl", "CPU curl", "s/GiB")
 CPU_OBSTORE = Row("cpu_remote_obstore", "CPU obstore client", "s/GiB")
@@ -75,14 +77,28 @@ REQ_RANGES = Row("req_remote_ranges", "requests per GiB: 8 MiB ranges", "/GiB")
 REQ_COLD = Row("req_remote_cold", "requests per GiB: remote mount", "/GiB", xetfs=True)
 REQ_FILL = Row("req_remote_fill", "requests per GiB: filling the disk cache", "/GiB", xetfs=True)
 REQ_WARM = Row("req_remote_warm", "requests per GiB: from the disk cache", "/GiB", xetfs=True)
+R_CPU_COLD = Row("r_cpu_remote_local", "CPU remote mount / CPU local mount", "x", Target("<=", 1.2, "<= 1.2"),
+                 derive=ratio(CPU_COLD, CPU_LOCAL), xetfs=True)  # fmt: skip
+R_CPU_WARM = Row("r_cpu_remote_warm", "CPU disk cache / CPU local mount", "x", Target("<=", 1.1, "<= 1.1"),
+                 derive=ratio(CPU_WARM, CPU_LOCAL), xetfs=True)  # fmt: skip
+R_CPU_FILL = Row("r_cpu_remote_fill", "CPU filling the disk cache / CPU remote mount", "x", Target("<=", 1.3, "<= 1.3"),
+                 derive=ratio(CPU_FILL, CPU_COLD), xetfs=True)  # fmt: skip
+SENT_COLD = Row("sent_remote_cold", "xorb bytes nginx sent / xorb bytes the file needs: remote mount", "x",
+                Target("<=", 1.02, "<= 1.02"), xetfs=True)  # fmt: skip
+SENT_FILL = Row("sent_remote_fill", "xorb bytes nginx sent / xorb bytes the file needs: filling the disk cache", "x",
+                Target("<=", 1.02, "<= 1.02"), xetfs=True)  # fmt: skip
+SENT_WARM = Row("sent_remote_warm", "xorb bytes nginx sent / xorb bytes the file needs: from the disk cache", "x",
+                xetfs=True)  # fmt: skip
 
 ROWS = (CURL, OBSTORE, URLLIB, COLD, FILL, WARM, LOCAL, R_COLD_CURL, R_COLD_LOCAL, R_WARM_LOCAL, R_CLIENTS,
         CPU_CURL, CPU_OBSTORE, CPU_URLLIB, CPU_COLD, CPU_FILL, CPU_WARM, CPU_LOCAL,
-        REQ_CURL, REQ_RANGES, REQ_COLD, REQ_FILL, REQ_WARM)  # fmt: skip
+        REQ_CURL, REQ_RANGES, REQ_COLD, REQ_FILL, REQ_WARM, R_CPU_COLD, R_CPU_WARM, R_CPU_FILL, SENT_COLD, SENT_FILL,
+        SENT_WARM)  # fmt: skip
 
 LOAD_REMOTE = Row("rload_remote", "xetfs over nginx, fresh mount, no disk cache", "s", xetfs=True)
 LOAD_LOCAL = Row("rload_local", "xetfs, fresh mount of the store directory", "s", xetfs=True)
-R_LOAD = Row("r_rload", "remote time / local time", "x", derive=ratio(LOAD_REMOTE, LOAD_LOCAL), xetfs=True)
+R_LOAD = Row("r_rload", "remote time / local time", "x", Target("<=", 1.2, "<= 1.2"),
+             derive=ratio(LOAD_REMOTE, LOAD_LOCAL), xetfs=True)  # fmt: skip
 CPU_LOAD_REMOTE = Row("cpu_rload_remote", "CPU remote (daemon + workers + loader)", "s/GiB", xetfs=True)
 CPU_LOAD_LOCAL = Row("cpu_rload_local", "CPU local (daemon + workers + loader)", "s/GiB", xetfs=True)
 REQ_LOAD = Row("req_rload_remote", "requests per GiB: remote", "/GiB", xetfs=True)
@@ -156,8 +172,8 @@ def xorb_sizes(ds: Dataset) -> dict[str, int]:
 
 
 @contextlib.contextmanager
-def served(r: Runner, ds: Dataset) -> Iterator[str]:
-    """nginx serving the data set's store (with the listing a remote store needs); yields its URL."""
+def served(r: Runner, ds: Dataset) -> Iterator[servers.Server]:
+    """nginx serving the data set's store (with the listing a remote store needs)."""
     if not r.extra.get(f"published:{ds.store}"):
         from xetfs.remote import publish
 
@@ -165,13 +181,39 @@ def served(r: Runner, ds: Dataset) -> Iterator[str]:
         r.extra[f"published:{ds.store}"] = True
     cat_to_null(ds.xorbs)
     with servers.nginx(ds.store) as web:
-        yield str(web.url)
+        yield web
+
+
+def needed_xorb_bytes(r: Runner, ds: Dataset) -> int:
+    """The stored bytes of the chunks the main file's terms use (each chunk once, headers included)."""
+    key = f"needed:{ds.store}"
+    if key not in r.extra:
+        from xetfs import hashes
+        from xetfs.indexer import load_index
+        from xetfs.store import Store
+
+        store = Store.open(ds.store)
+        idx = load_index(store).index
+        entry = idx.get(hashes.from_hex(ds.main.hash))
+        if entry is None:
+            raise BenchError(f"{ds.main.hash} is not in {ds.store}")
+        chunks: dict[bytes, set[int]] = {}
+        for piece in idx.locate(entry, 0, entry.size):
+            chunks.setdefault(piece.xorb_hash, set()).update(range(piece.start, piece.stop))
+        total = 0
+        for xorb_hash, used in chunks.items():
+            layout = store.load_layout(xorb_hash)
+            total += sum(layout.phys_ends[i] - layout.phys_start(i) for i in used)
+        r.extra[key] = total
+    needed: int = r.extra[key]
+    return needed
 
 
 def t_curl(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
     sizes = xorb_sizes(ds)
     wire = sum(sizes.values())
-    with served(r, ds) as url, r.primed():
+    with served(r, ds) as web, r.primed():
+        url = web.url
         argv = ["curl", "-sf", *[a for name in sizes for a in (f"{url}/{name}", "-o", "/dev/null")]]
         cpu0, started = children_cpu(), time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, timeout=r.timeout_for(wire), check=False)
@@ -197,8 +239,8 @@ def t_obstore(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
 
     sizes = xorb_sizes(ds)
     jobs = ranges(sizes)
-    with served(r, ds) as url, r.primed():
-        store = HTTPStore.from_url(url, client_options={"allow_http": True})
+    with served(r, ds) as web, r.primed():
+        store = HTTPStore.from_url(web.url, client_options={"allow_http": True})
 
         def one(job: tuple[str, int, int]) -> None:
             name, start, end = job
@@ -214,8 +256,8 @@ def t_urllib(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
     sizes = xorb_sizes(ds)
     jobs = ranges(sizes)
     local = threading.local()
-    with served(r, ds) as url, r.primed():
-        host, port = url.removeprefix("http://").split(":")
+    with served(r, ds) as web, r.primed():
+        host, port = web.url.removeprefix("http://").split(":")
 
         def one(job: tuple[str, int, int]) -> None:
             name, start, end = job
@@ -239,51 +281,58 @@ def _clients(r: Runner, ds: Dataset, rnd: int, speed: Row, cpu_row: Row, wire: i
 
 
 def _read(
-    r: Runner, ds: Dataset, what: str, store: Path | str, variant: str, *options: str
-) -> tuple[float, float, int]:
-    """A fresh mount of ``store``; ``dd`` of the file: seconds, CPU (daemon, workers, dd), HTTP requests."""
-    with r.primed(now=False) as go, r.mounts.xetfs(store, *options, variant=r.variant(variant)) as x:
+    r: Runner, ds: Dataset, what: str, store: Path | servers.Server, variant: str, *options: str
+) -> tuple[float, float, int, float]:
+    """A fresh mount of ``store``; ``dd`` of the file: seconds, CPU (daemon, workers, dd), HTTP requests, and
+    the xorb bytes the server sent over those the file needs (footers included: from mounting on)."""
+    web = store if isinstance(store, servers.Server) else None
+    mark = web.log_mark() if web is not None else 0
+    location = web.url if web is not None else store
+    with r.primed(now=False) as go, r.mounts.xetfs(location, *options, variant=r.variant(variant)) as x:
         go()
         path = x.mountpoint / ds.main.hash
-        req0 = int(x.stats()["remote"]["requests"]) if isinstance(store, str) else 0
+        req0 = int(x.stats()["remote"]["requests"]) if web is not None else 0
         with r.cpu(x) as cpu:
             took = dd(path, ds.main.size, r.timeout_for(ds.main.size))
-        requests = int(x.stats()["remote"]["requests"]) - req0 if isinstance(store, str) else 0
+        requests = int(x.stats()["remote"]["requests"]) - req0 if web is not None else 0
         r.check_once(f"remote-{what}-{ds.kind}{variant and '@' + variant}", lambda: files_equal(path, ds.main.path))
-    return took, cpu.daemon + cpu.workers + cpu.reader, requests
+    sent = web.bytes_sent(since=mark, under="/xorbs/")[0] / needed_xorb_bytes(r, ds) if web is not None else 0.0
+    return took, cpu.daemon + cpu.workers + cpu.reader, requests, sent
 
 
-def _mounted(r: Runner, ds: Dataset, rnd: int, variant: str, rows: tuple[Row, Row, Row | None],
-             got: tuple[float, float, int]) -> None:  # fmt: skip
-    speed, cpu_row, req_row = rows
-    took, cpu, requests = got
+def _mounted(r: Runner, ds: Dataset, rnd: int, variant: str, rows: tuple[Row, Row, Row | None, Row | None],
+             got: tuple[float, float, int, float]) -> None:  # fmt: skip
+    speed, cpu_row, req_row, sent_row = rows
+    took, cpu, requests, sent = got
     r.r.add(speed, ds.kind, rnd, gbps(ds.main.size, took), variant)
     r.r.add(cpu_row, ds.kind, rnd, per_gib(ds.main.size, cpu), variant)
     if req_row is not None:
         r.r.add(req_row, ds.kind, rnd, requests / (ds.main.size / 2**30), variant)
+    if sent_row is not None:
+        r.r.add(sent_row, ds.kind, rnd, sent, variant)
 
 
 def t_cold(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
-    with served(r, ds) as url:
-        got = _read(r, ds, "cold", url, variant, *NO_DISK_CACHE)
-    _mounted(r, ds, rnd, variant, (COLD, CPU_COLD, REQ_COLD), got)
+    with served(r, ds) as web:
+        got = _read(r, ds, "cold", web, variant, *NO_DISK_CACHE)
+    _mounted(r, ds, rnd, variant, (COLD, CPU_COLD, REQ_COLD, SENT_COLD), got)
 
 
 def t_fill_warm(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
     cache = r.work_dir("disk-cache")
     try:
-        with served(r, ds) as url:
-            fill = _read(r, ds, "fill", url, variant, "--cache-dir", str(cache))
-            warm = _read(r, ds, "warm", url, variant, "--cache-dir", str(cache))
+        with served(r, ds) as web:
+            fill = _read(r, ds, "fill", web, variant, "--cache-dir", str(cache))
+            warm = _read(r, ds, "warm", web, variant, "--cache-dir", str(cache))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
-    _mounted(r, ds, rnd, variant, (FILL, CPU_FILL, REQ_FILL), fill)
-    _mounted(r, ds, rnd, variant, (WARM, CPU_WARM, REQ_WARM), warm)
+    _mounted(r, ds, rnd, variant, (FILL, CPU_FILL, REQ_FILL, SENT_FILL), fill)
+    _mounted(r, ds, rnd, variant, (WARM, CPU_WARM, REQ_WARM, SENT_WARM), warm)
 
 
 def t_local(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
     cat_to_null(ds.xorbs)
-    _mounted(r, ds, rnd, variant, (LOCAL, CPU_LOCAL, None), _read(r, ds, "local", ds.store, variant))
+    _mounted(r, ds, rnd, variant, (LOCAL, CPU_LOCAL, None, None), _read(r, ds, "local", ds.store, variant))
 
 
 def _load(r: Runner, ds: Dataset, store: Path | str, variant: str, *options: str) -> tuple[float, float, int]:
@@ -302,8 +351,8 @@ def _load(r: Runner, ds: Dataset, store: Path | str, variant: str, *options: str
 
 
 def t_load_remote(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
-    with served(r, ds) as url:
-        took, cpu, requests = _load(r, ds, url, variant, *NO_DISK_CACHE)
+    with served(r, ds) as web:
+        took, cpu, requests = _load(r, ds, web.url, variant, *NO_DISK_CACHE)
     r.r.add(LOAD_REMOTE, MODEL, rnd, took, variant)
     r.r.add(CPU_LOAD_REMOTE, MODEL, rnd, per_gib(ds.main.size, cpu), variant)
     r.r.add(REQ_LOAD, MODEL, rnd, requests / (ds.main.size / 2**30), variant)
