@@ -52,6 +52,7 @@ READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report
 REMOTE_FETCH_WIDTH = 8  # requests in flight to a remote store
 REMOTE_RUN_BYTES = 4 * 1024 * 1024  # decoded bytes (about 64 chunks) per request to a remote store
 REMOTE_PREFETCH = 64 * 1024 * 1024  # how far prefetch may run ahead of a reader of a remote store
+JOB_TIMEOUT_MARGIN = 5.0  # seconds a worker's job on a remote store may take past --io-timeout
 KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions"}
 
 
@@ -173,7 +174,7 @@ def build_fs(config: MountConfig) -> XetFS:
     threaded = remote or choose_io_mode(config.io_mode, Path(config.store)) == "thread"
     io = threaded_io(config.io_timeout) if threaded else inline_io
     log.info("store reads: %s", f"worker threads, {config.io_timeout:g} s bound" if threaded else "inline")
-    pool = _decode_pool(config, store)
+    pool = _decode_pool(config, store, threaded)
     reader = Reader(
         loaded.index, store, cache_size=config.cache_size, io=io, pool=pool, remote=remote_counters,
         fetch_width=REMOTE_FETCH_WIDTH if remote else None, run_bytes=REMOTE_RUN_BYTES if remote else RUN_BYTES,
@@ -197,7 +198,7 @@ def build_fs(config: MountConfig) -> XetFS:
     return XetFS(tree, reader, options, counters)
 
 
-def _decode_pool(config: MountConfig, store: Store) -> DecodePool | None:
+def _decode_pool(config: MountConfig, store: Store, threaded: bool) -> DecodePool | None:
     """Worker processes for decoding, for every store, unless asked for none.
 
     Workers read a local store's files themselves, and fetch from a remote
@@ -213,9 +214,17 @@ def _decode_pool(config: MountConfig, store: Store) -> DecodePool | None:
     log.info("decoding in %d worker processes", workers)
     chunks = store.chunks
     setup = Setup(store.source.worker_setup(), str(chunks.tmp) if chunks is not None else None)
-    # (a job may wait for the fetch of the one before it: twice the bound of one read, and a little)
-    timeout = 2 * config.io_timeout + 5
-    return DecodePool(workers, slots=slots_for(config.cache_size, workers), setup=setup, job_timeout=timeout)
+    return DecodePool(workers, slots=slots_for(config.cache_size, workers), setup=setup,
+                      job_timeout=_job_timeout(config, store, threaded))  # fmt: skip
+
+
+def _job_timeout(config: MountConfig, store: Store, threaded: bool) -> float | None:
+    """How long a decode job may take before its worker is taken for hung: ``--io-timeout`` where a read
+    of the store may hang (a network filesystem); a little more for a remote store, whose fetches end by
+    themselves within it; no bound for a local disk, read inline as by the daemon."""
+    if not threaded:
+        return None
+    return config.io_timeout if store.local else config.io_timeout + JOB_TIMEOUT_MARGIN
 
 
 # Filesystems whose reads can stall indefinitely (network, FUSE, cluster).

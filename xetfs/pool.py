@@ -46,6 +46,7 @@ from xetfs.decode_worker import (
 )
 from xetfs.errors import StoreTimeoutError
 from xetfs.format.xorb import ChunkRun, XorbLayout
+from xetfs.hashes import to_hex
 from xetfs.stats import WorkerCounters
 from xetfs.store import ChunkSource
 
@@ -148,6 +149,7 @@ class DecodePool:
         self.spare_bytes = KEEP_FREE_SLOTS * slot_size  # what that sum may reach
         self._next_id = 0
         self._fenced: set[int] = set()  # slots a killed worker may still write into: never used again
+        self._closed = False
         self._count = workers
         self._workers: list[_Worker] = []
         self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
@@ -301,15 +303,16 @@ class DecodePool:
         worker = min(workers, key=lambda w: len(w.pending))
         job_id = self._next_id = self._next_id + 1
         worker.pending[job_id] = pending
-        self._send(worker, encode_frame(job(job_id)))
+        message = job(job_id)
+        self._send(worker, encode_frame(message))
         try:
             with trio.move_on_after(self.job_timeout if self.job_timeout is not None else math.inf):
                 await pending.done.wait()
             if not pending.done.is_set():
                 self._stop_hung(worker)
                 raise StoreTimeoutError(
-                    f"decode worker {worker.number} did not finish a read within {self.job_timeout:g} s "
-                    "(a store read hung?); it was stopped and replaced"
+                    f"{_describe(message)}: store read took more than {self.job_timeout:g} s "
+                    f"(decode worker {worker.number} stopped and replaced)"
                 )
         except BaseException:
             if not pending.done.is_set():
@@ -340,11 +343,25 @@ class DecodePool:
         self._counters.hung += 1
         self._lose(worker)
         if self._nursery is not None:
-            replacement = self._spawn(worker.number)
-            self._workers[self._workers.index(worker)] = replacement
-            replacement.collecting = True
-            self._nursery.start_soon(self._collect, replacement)
+            self._nursery.start_soon(self._replace, worker)
             self._nursery.start_soon(self._unfence_when_gone, worker, fenced)
+
+    async def _replace(self, worker: _Worker) -> None:
+        """Start a worker in the place of ``worker``.
+
+        In a thread: a new process closes the descriptors it inherits, and a
+        descriptor of a file on a hung filesystem (the store a read hung on)
+        may block that close until the filesystem answers; meanwhile the
+        other workers and the daemon go on.
+        """
+        replacement = await trio.to_thread.run_sync(self._spawn, worker.number, abandon_on_cancel=True)
+        if self._closed:
+            replacement.process.kill()
+            return
+        self._workers[self._workers.index(worker)] = replacement
+        replacement.collecting = True
+        assert self._nursery is not None
+        self._nursery.start_soon(self._collect, replacement)
 
     async def _unfence_when_gone(self, worker: _Worker, slots: list[int]) -> None:
         """Give fenced slots back once the killed worker has exited (it cannot write any more)."""
@@ -457,6 +474,7 @@ class DecodePool:
 
         Runs still held in slots must be let go first (``RunStore.clear``).
         """
+        self._closed = True
         for worker in self._workers:
             worker.alive = False
             with contextlib.suppress(OSError):
@@ -468,8 +486,21 @@ class DecodePool:
                 worker.process.wait(timeout)
             except subprocess.TimeoutExpired:
                 worker.process.kill()
-                worker.process.wait()
+                try:
+                    worker.process.wait(timeout)
+                except subprocess.TimeoutExpired:  # stuck in a read the kernel cannot interrupt
+                    log.warning("decode worker %d (pid %d) does not exit; leaving it", worker.number,
+                                worker.process.pid)  # fmt: skip
         with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
             self._view.release()
             self._shared.close()
         os.close(self._memfd)
+
+
+def _describe(job: Job) -> str:
+    """``xorb <hex> chunks [a, b)`` (or the xorb alone, for a layout), for messages."""
+    where = f"xorb {to_hex(job.xorb_hash)}"
+    if isinstance(job, LayoutJob):
+        return where
+    first, last = job.parts[0].chunks, job.parts[-1].chunks
+    return f"{where} chunks [{first.first}, {last.first + len(last.phys) - 1})"
