@@ -118,6 +118,29 @@ def test_ls_cat_verify_over_http(packed: Packed, web: servers.Server, cli: CliRu
     assert report.stdout.startswith(b"OK:")
 
 
+def test_verify_of_a_url_checks_the_servers_bytes_whatever_the_disk_cache_holds(
+    packed: Packed, cli: CliRunner, tmp_path: Path
+) -> None:
+    copy = tmp_path / "copy"
+    oracle.copy_store(oracle.OracleStore(packed.top, (), ()), copy)
+    cache = ["--cache-dir", tmp_path / "cache"]
+    with servers.nginx(copy) as server:
+        filled = cli("ls", "--files", server.url, *cache)
+        assert filled.returncode == 0, filled.stderr
+        assert f"disk cache {tmp_path / 'cache'}" in filled.stderr  # says where it keeps what it read
+        for name in packed.files:
+            assert cli("cat", server.url, packed.hashes[name], *cache).returncode == 0  # every chunk cached
+        assert cli("verify", "--no-progress", server.url, *cache).returncode == 0
+        xorb = max(copy.rglob("default.*"), key=lambda p: p.stat().st_size)
+        oracle.flip_byte(xorb, xorb.stat().st_size // 3)
+        report = cli("verify", "--no-progress", server.url, *cache)
+        assert report.returncode == 3, (report.stdout, report.stderr)
+        assert xorb.name.removeprefix("default.") in report.stdout.decode()
+        assert "disk cache" not in report.stderr  # it read the server, and kept nothing
+        cached = cli("verify", "--no-progress", "--use-cache", server.url, *cache)
+        assert "disk cache" in cached.stderr  # says that it reads through the cache
+
+
 def test_http_store_without_listing_says_how_to_publish(packed: Packed, cli: CliRunner, tmp_path: Path) -> None:
     bare = tmp_path / "bare"
     oracle.copy_store(oracle.OracleStore(packed.top, (), ()), bare)

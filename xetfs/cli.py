@@ -87,9 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--length", type=parse_size, default=None, help="bytes to write (default: to the end)")
     p.set_defaults(func=cmd_cat)
 
-    p = sub.add_parser("verify", help="audit a whole store offline")
+    p = sub.add_parser("verify", help="audit a whole store: every shard, xorb, chunk and file")
     p.add_argument("store", help="store directory or URL")
     add_remote_args(p)
+    p.add_argument("--use-cache", action="store_true",
+                   help="a remote store: read through the disk cache, auditing it too (by default every byte "
+                        "comes from the server)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_verify)
 
@@ -314,9 +317,12 @@ def _file_names(store: Store, catalogue: Catalogue | None) -> dict[bytes, str]:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from xetfs.catalogue import store_catalogue
+    from xetfs.objects import is_url
     from xetfs.remoteargs import open_location
     from xetfs.verify import audit, audit_catalogue
 
+    if is_url(args.store) and not args.use_cache:
+        args.disk_cache_size = 0  # the server's bytes, not the disk cache's
     store = open_location(args)
     show = sys.stderr.isatty() and not args.no_progress
     from tqdm import tqdm

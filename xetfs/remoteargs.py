@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from xetfs.diskcache import DEFAULT_SIZE
@@ -27,11 +28,18 @@ def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> N
 
 
 def open_location(args: argparse.Namespace, counters: RemoteCounters | None = None) -> Store:
-    """The store named by ``args.store``: a directory, or a URL opened with the remote options."""
+    """The store named by ``args.store``: a directory, or a URL opened with the remote options.
+
+    Says on stderr where what it reads of a remote store is cached, when it is.
+    """
     from xetfs.remote import open_store
 
-    return open_store(args.store, io_timeout=float(args.io_timeout), headers=args.headers, cache_dir=args.cache_dir,
-                      disk_cache_size=args.disk_cache_size, counters=counters)  # fmt: skip
+    store = open_store(args.store, io_timeout=float(args.io_timeout), headers=args.headers, cache_dir=args.cache_dir,
+                       disk_cache_size=args.disk_cache_size, counters=counters)  # fmt: skip
+    if store.chunks is not None:
+        print(f"xetfs: note: keeping what is read of {store.location} in the disk cache {store.chunks.disk.directory} "
+              "(--disk-cache-size 0 to keep nothing)", file=sys.stderr)  # fmt: skip
+    return store
 
 
 def headers_env(args: argparse.Namespace) -> dict[str, str]:
