@@ -6,7 +6,7 @@ The read path takes xorb bytes from here through one seam: ``load_layout``
 it assumes a local file; ``xorb_path`` is offered to decode workers, which
 read local xorbs themselves.
 
-A store is a directory.  Accepted layouts (FORMAT.md section 4):
+A store is a directory.  Accepted layouts (docs/format.md section 4):
 
 * what hf_xet writes for ``local://DIR``: ``DIR/xet/xorbs/{xorbs,shards}``,
   given as ``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``;
@@ -312,7 +312,7 @@ def layout_from(read: Callable[[int, int], bytes], size: int, xorb_hash: bytes) 
 
 
 def _walk(read: Callable[[int, int], bytes], xorb_hash: bytes, size: int, where: str) -> XorbLayout:
-    """Layout of a footer-less xorb: walk its headers, hash every chunk (FORMAT.md 2.5).
+    """Layout of a footer-less xorb: walk its headers, hash every chunk (docs/format.md 2.5).
 
     Reads one chunk at a time, so memory stays bounded by the chunk size
     limit whatever the file claims.
