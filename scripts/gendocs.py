@@ -93,7 +93,7 @@ def usage_page() -> str:
         "<!-- Source: the argument parser, xetfs/cli.py, xetfs/commands.py, xetfs/pack.py, xetfs/remoteargs.py. -->",
         "",
         f"{parser.description}  `python -m xetfs` is the same command.  "
-        "Exit statuses are listed in [exit statuses](exit-status.md).",
+        "What each command prints: [commands](commands.md); what it returns: [exit statuses](exit-status.md).",
         "",
         "```",
         parser.format_usage().strip(),
