@@ -123,7 +123,8 @@ def sample_bench_json() -> dict[str, object]:
     variants = [Variant(CURRENT, sys.executable, "this tree"), Variant("base", "/nonexistent", "abc1234")]
     tables = [Table("cold", "Cold reads", ("text", "random"), (A, B, A_OVER_B))]
     meta = {"size": 64 << 20, "repeat": 3, "cpus": 2, "kernel": "6.1", "xetfs_commit": "0123abc", "elapsed_s": 12.5}
-    return json.loads(json.dumps({"meta": meta, "rows": to_json(tables, results, variants), "errors": []}))
+    doc: dict[str, object] = json.loads(json.dumps({"meta": meta, "rows": to_json(tables, results, variants)}))
+    return doc
 
 
 def test_bench_tables_from_a_sample_json(tmp_path: Path) -> None:
@@ -137,6 +138,9 @@ def test_bench_tables_from_a_sample_json(tmp_path: Path) -> None:
     assert "| this tree / abc1234 (x) | 2.00x [2.00x–2.00x] | 2.00x [2.00x–2.00x] |" in lines
     ratio_line = next(ln for ln in lines if ln.startswith("| a / b"))
     assert "target >= 1.0" in ratio_line and ratio_line.count("PASS") == 2
+    assert "Errors" not in text
+    failed = benchtables.render_markdown({**sample_bench_json(), "errors": ["load: row x has no figure"]})
+    assert failed.endswith("Errors reported by the run:\n\n* load: row x has no figure\n")
     path = tmp_path / "sample.json"
     path.write_text(json.dumps(sample_bench_json()))
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "benchtables.py"), str(path)],
