@@ -2,7 +2,7 @@
 
 Owns: building ``local://`` stores with ``hf_xet.upload_files`` from files the
 tests make (deterministic content), the standard stores the test suite shares,
-a second, deliberately tiny reader of the on-disk format (FORMAT.md 2.2, 2.4,
+a second, deliberately tiny reader of the on-disk format (docs/format.md 2.2, 2.4,
 3.3) that does not import xetfs, and ``run_xetfs`` to run the command line.
 
 Contract:
@@ -342,7 +342,7 @@ def make_big_store(tmp_dir: Path) -> OracleStore:
 
 
 def xet_hex(raw: bytes) -> str:
-    """Xet hex form: each 8-byte group printed byte-reversed (FORMAT.md 1.1)."""
+    """Xet hex form: each 8-byte group printed byte-reversed (docs/format.md 1.1)."""
     return b"".join(raw[i : i + 8][::-1] for i in range(0, 32, 8)).hex()
 
 
@@ -408,7 +408,7 @@ def xorb_chunks(path: Path) -> tuple[Chunk, ...]:
 
 
 def shard_files(path: Path) -> dict[str, list[Term]]:
-    """File hash hex -> terms, from the file info section of one shard (FORMAT.md 3.3)."""
+    """File hash hex -> terms, from the file info section of one shard (docs/format.md 3.3)."""
     data = path.read_bytes()
     out: dict[str, list[Term]] = {}
     pos = 48

@@ -1,4 +1,4 @@
-"""Chunk headers and payload decoding (FORMAT.md 2.2, 2.3): known answers,
+"""Chunk headers and payload decoding (docs/format.md 2.2, 2.3): known answers,
 round trips through the test writer, and malformed input.
 """
 

@@ -128,7 +128,7 @@ def test_flipped_byte_in_footer_hashes(cli: CliRunner, store: OracleStore) -> No
     path = store.xorb_path(xorb)
     footer = oracle.xorb_chunks(path)[-1].phys_end
     affected = files_using(store, xorb)
-    oracle.flip_byte(path, footer + 52 + 5)  # inside the first chunk hash (FORMAT.md 2.4)
+    oracle.flip_byte(path, footer + 52 + 5)  # inside the first chunk hash (docs/format.md 2.4)
     problems = verify_problems(store)
     assert any(xorb in p for p in problems), problems
     check_contained(cli, store, affected, xorb)
@@ -200,7 +200,7 @@ def test_truncated_xorb(cli: CliRunner, store: OracleStore, where: str) -> None:
 
 
 def test_xorb_without_footer_still_reads(cli: CliRunner, store: OracleStore) -> None:
-    """Cut exactly at the footer: a bare chunk section is a valid xorb (FORMAT.md 2.5)."""
+    """Cut exactly at the footer: a bare chunk section is a valid xorb (docs/format.md 2.5)."""
     xorb = sole_xorb(store, "c.txt")
     path = store.xorb_path(xorb)
     oracle.truncate(path, oracle.xorb_chunks(path)[-1].phys_end)

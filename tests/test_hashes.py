@@ -1,6 +1,6 @@
-"""Known answers for xetfs.hashes (FORMAT.md section 1).
+"""Known answers for xetfs.hashes (docs/format.md section 1).
 
-The examples of FORMAT.md 1.1-1.6 and the 18 reference vectors of xet-core's
+The examples of docs/format.md 1.1-1.6 and the 18 reference vectors of xet-core's
 ``merklehash/aggregated_hashes.rs::test_correctness`` (huggingface/xet-core),
 copied as data: each vector's node hashes are xet-core's ``rh(seed)`` with
 size ``seed * 100``, exactly as its generator builds them.
@@ -490,7 +490,7 @@ def test_hex_form_of_0_to_31() -> None:
     want = "07060504030201000f0e0d0c0b0a090817161514131211101f1e1d1c1b1a1918"
     assert hashes.to_hex(raw) == want
     assert hashes.from_hex(want) == raw
-    assert raw.hex() != want  # the trap of FORMAT.md 9.1
+    assert raw.hex() != want  # the trap of docs/format.md 9.1
 
 
 def test_from_hex_accepts_upper_case() -> None:
@@ -616,7 +616,7 @@ def test_three_node_example_text() -> None:
 
 
 def _fold_widths(pairs: list[tuple[bytes, int]]) -> list[list[int]]:
-    """Group widths per level, by the cut rule of FORMAT.md 1.4 (independent of xetfs)."""
+    """Group widths per level, by the cut rule of docs/format.md 1.4 (independent of xetfs)."""
     levels: list[list[int]] = []
     level = pairs
     while len(level) > 1:
@@ -665,7 +665,7 @@ def test_natural_cut_is_last_hex_digit() -> None:
 
 def test_trailing_group_of_one_is_still_hashed() -> None:
     # Ten hashes none of which is a natural cut fold into groups of 9 and 1; the trailing
-    # group of one is still hashed into a new node (FORMAT.md 1.4, rule 1).
+    # group of one is still hashed into a new node (docs/format.md 1.4, rule 1).
     rng = random.Random(3)
     nodes: list[tuple[bytes, int]] = []
     while len(nodes) < 10:

@@ -411,7 +411,7 @@ def test_chunk_range_beyond_xorb(tmp_path: Path) -> None:
 
 
 def test_chunk_header_disagreeing_with_footer_is_a_xorb_format_error(tmp_path: Path) -> None:
-    """FORMAT.md 8: header values must agree with the footer's deltas, else XorbFormatError.
+    """docs/format.md 8: header values must agree with the footer's deltas, else XorbFormatError.
 
     reader.py ``_load_run`` raises the base ``FormatError`` here instead.
     """

@@ -373,7 +373,8 @@ def huge_chunk_xorb() -> tuple[bytes, bytes, int, bytes]:
 
 
 def test_footer_chunk_sizes_are_bounded() -> None:
-    """parse_footer must refuse chunks beyond the format's limits (FORMAT.md 2.2: 8 + 256 KiB on disk, 128 KiB decoded).
+    """parse_footer must refuse chunks beyond the format's limits (docs/format.md 2.2: 8 + 256 KiB on disk,
+    128 KiB decoded).
 
     Otherwise one read of the chunk makes the reader ``pread`` its whole claimed
     physical extent (see test_bad_xorb_is_not_read_into_memory).

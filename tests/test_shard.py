@@ -1,4 +1,4 @@
-"""Shard parsing (FORMAT.md 3, 8): pinned layouts, a known answer from
+"""Shard parsing (docs/format.md 3, 8): pinned layouts, a known answer from
 hf_xet, round trips through the test writer, every truncated prefix and
 every structural check.
 """
@@ -66,7 +66,7 @@ def test_struct_sizes() -> None:
 
 def test_magic_and_bookend() -> None:
     tag = "48 46 52 65 70 6F 4D 65 74 61 44 61 74 61 00 55 69 67 45 6A 7B 81 57 83 A5 BD D9 5C CD D1 4A A9"
-    assert bytes.fromhex(tag) == shard.MAGIC  # FORMAT.md 3.2
+    assert bytes.fromhex(tag) == shard.MAGIC  # docs/format.md 3.2
     assert shard.MAGIC[:15] == b"HFRepoMetaData\0"
     assert shard.MAGIC == writer.SHARD_MAGIC
     assert b"\xff" * 32 + bytes(16) == shard.BOOKEND

@@ -1,4 +1,4 @@
-"""Xorb footer and header walk (FORMAT.md 2.4, 2.5, 8): known answers, round
+"""Xorb footer and header walk (docs/format.md 2.4, 2.5, 8): known answers, round
 trips through the test writer, truncation and every footer check.
 """
 

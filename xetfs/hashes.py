@@ -1,6 +1,6 @@
 """Xet hashes: the 32-byte hash type, its hex form and the keyed blake3 hashes.
 
-Pure functions (FORMAT.md section 1).  A hash is kept as the 32 raw bytes that
+Pure functions (docs/format.md section 1).  A hash is kept as the 32 raw bytes that
 are stored on disk; ``to_hex`` gives the Xet hex form used in file names and by
 hf_xet (each 8-byte group byte-reversed), which is *not* ``bytes.hex()``.
 """

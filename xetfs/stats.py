@@ -19,7 +19,7 @@ from typing import Any
 class CacheCounters:
     """The store of decoded runs (``runs.RunStore``); hits and misses count chunk lookups by reads."""
 
-    capacity_bytes: int = 0
+    capacity_bytes: int = 0  # the bound of decoded bytes held (--cache-size)
     bytes: int = 0  # decoded bytes held now, shared memory included
     shared_bytes: int = 0  # of those, in decode workers' shared memory
     runs: int = 0  # runs held now
@@ -35,26 +35,30 @@ class CacheCounters:
 class LayoutCounters:
     """The cache of verified xorb layouts (``cache.LoadingCache``); each lookup is one hit or one miss."""
 
-    capacity_bytes: int = 0
+    capacity_bytes: int = 0  # the bound of this cache (32 MiB)
     bytes: int = 0  # held now (estimated)
     entries: int = 0  # layouts held now
-    hits: int = 0
-    misses: int = 0
+    hits: int = 0  # lookups that found the layout held, or loading for another request
+    misses: int = 0  # lookups that loaded the layout (footer and chunk hashes, tied to the xorb's name)
     joined: int = 0  # of the hits, layouts another request was loading
-    evictions: int = 0
+    evictions: int = 0  # layouts let go to stay within capacity
 
 
 @dataclass
 class PrefetchCounters:
+    """Decoding ahead of sequential readers (the reader and the run store); all 0 with ``--no-prefetch``."""
+
     requests: int = 0  # prefetch windows asked for
     chunks: int = 0  # chunks decoded for them
-    hits: int = 0  # of those, chunks a read later used
+    hits: int = 0  # of those, chunks a read later used (a prefetched run counts whole at its first read)
 
 
 @dataclass
 class DecodeCounters:
-    chunks: int = 0
-    bytes: int = 0
+    """Chunks decoded and verified (the loader), in the daemon or in decode workers."""
+
+    chunks: int = 0  # chunks decoded and verified
+    bytes: int = 0  # their decoded bytes
     runs: int = 0  # store reads decoded (one run of adjacent chunks each)
     in_workers: int = 0  # chunks decoded by a worker process
     layouts_in_workers: int = 0  # xorb layouts read and checked by a worker process
@@ -63,20 +67,24 @@ class DecodeCounters:
 
 @dataclass
 class StoreCounters:
-    reads: int = 0
-    bytes: int = 0
+    """Reads of the store's xorb files or objects (the loader)."""
+
+    reads: int = 0  # reads of xorb chunk bytes
+    bytes: int = 0  # their size
     layouts: int = 0  # xorb footers loaded
 
 
 @dataclass
 class WorkerCounters:
+    """The decode worker processes and their shared-memory slots (the decode pool)."""
+
     workers: int = 0  # started
-    alive: int = 0
-    slots: int = 0  # shared-memory slots
-    slot_bytes: int = 0
-    free_slots: int = 0
+    alive: int = 0  # still running
+    slots: int = 0  # shared-memory slots (one run each)
+    slot_bytes: int = 0  # the size of one slot
+    free_slots: int = 0  # slots holding no run
     jobs: int = 0  # decode jobs done
-    layout_jobs: int = 0
+    layout_jobs: int = 0  # xorb layout jobs done
     lost: int = 0  # workers that died (or were stopped)
     hung: int = 0  # of those, workers stopped because a job took longer than --io-timeout
     slots_returned: int = 0  # free slots whose pages were given back to the system
@@ -84,17 +92,21 @@ class WorkerCounters:
 
 @dataclass
 class ReadCounters:
-    requests: int = 0
-    bytes: int = 0
+    """FUSE read requests of files (the filesystem)."""
+
+    requests: int = 0  # read requests of files
+    bytes: int = 0  # bytes returned
 
 
 @dataclass
 class ErrorCounters:
-    integrity: int = 0
-    missing: int = 0
-    format: int = 0
-    timeout: int = 0
-    io: int = 0
+    """Reads that failed with EIO, by cause (the reader); a remote server out of reach counts in ``remote``."""
+
+    integrity: int = 0  # a hash did not match
+    missing: int = 0  # an object the file needs is not in the store
+    format: int = 0  # malformed data
+    timeout: int = 0  # a store read took longer than --io-timeout
+    io: int = 0  # a store file could not be opened or read (no permission, a disk I/O error)
 
 
 @dataclass
@@ -103,13 +115,13 @@ class RemoteCounters:
 
     requests: int = 0  # sent, retries included
     bytes: int = 0  # received
-    retries: int = 0
+    retries: int = 0  # requests sent again after a failure
     errors: int = 0  # failed requests (some were retried)
     in_flight: int = 0  # calls waiting for the server now
-    disk_hits: int = 0
-    disk_misses: int = 0
+    disk_hits: int = 0  # entries found in the disk cache
+    disk_misses: int = 0  # entries the disk cache did not have (fetched from the server)
     disk_bytes: int = 0  # held in the disk cache, as this mount last counted it
-    disk_evictions: int = 0
+    disk_evictions: int = 0  # entries this mount deleted to keep the disk cache within its bound
     disk_corrupt: int = 0  # entries that failed their check: dropped and fetched again
     disk_write_errors: int = 0  # entries not written (a full disk, say); their bytes were served anyway
     failed_reads: int = 0  # reads that failed with EIO because the server could not be reached or refused
@@ -117,11 +129,28 @@ class RemoteCounters:
 
 @dataclass
 class IndexCounters:
-    files: int = 0
-    terms: int = 0
-    xorbs: int = 0
-    shards: int = 0
-    shards_skipped: int = 0
+    """What the mount indexed when it started (the indexer)."""
+
+    files: int = 0  # files in the index
+    terms: int = 0  # their terms (xorb chunk ranges)
+    xorbs: int = 0  # xorbs a term refers to or a shard's CAS section lists
+    shards: int = 0  # shards indexed
+    shards_skipped: int = 0  # bad shards skipped with a warning (--strict refuses them instead)
+
+
+# The groups of ``.xetfs/stats``, by name, in the document's order (``fs.XetFS.stats_document``).
+GROUPS: dict[str, type] = {
+    "reads": ReadCounters,
+    "cache": CacheCounters,
+    "layouts": LayoutCounters,
+    "decode": DecodeCounters,
+    "store": StoreCounters,
+    "prefetch": PrefetchCounters,
+    "workers": WorkerCounters,
+    "errors": ErrorCounters,
+    "index": IndexCounters,
+    "remote": RemoteCounters,
+}
 
 
 def document(groups: Mapping[str, Any], started: float) -> dict[str, Any]:

@@ -1,8 +1,8 @@
-"""A small test-only Xet writer (FORMAT.md section 7).
+"""A small test-only Xet writer (docs/format.md section 7).
 
 Builds chunks, xorbs, shards and whole store directories that xetfs must be
 able to read.  It is deliberately independent of ``xetfs.format``: binary
-layouts are re-declared here from FORMAT.md, so a layout mistake in the
+layouts are re-declared here from docs/format.md, so a layout mistake in the
 reader is not silently mirrored by the writer.  Hashes come from
 ``xetfs.hashes`` (those are checked separately against xet-core's vectors).
 
@@ -35,7 +35,7 @@ import lz4.frame
 
 from xetfs import hashes
 
-# -- chunks (FORMAT.md 2.2, 2.3) ------------------------------------------------
+# -- chunks (docs/format.md 2.2, 2.3) ------------------------------------------------
 
 SCHEME_NONE = 0
 SCHEME_LZ4 = 1
@@ -90,7 +90,7 @@ def encode_chunk(data: bytes, scheme: int, *, fallback: bool = False) -> bytes:
     return chunk_header(len(payload), scheme, len(data)) + payload
 
 
-# -- xorbs (FORMAT.md 2.4) ------------------------------------------------------
+# -- xorbs (docs/format.md 2.4) ------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class BuiltXorb:
 def xorb_footer(
     xorb_hash: bytes, chunk_hashes: Sequence[bytes], phys_ends: Sequence[int], sizes: Sequence[int]
 ) -> bytes:
-    """The V1 footer plus the trailing u32 info_length (FORMAT.md 2.4)."""
+    """The V1 footer plus the trailing u32 info_length (docs/format.md 2.4)."""
     n = len(chunk_hashes)
     unpacked_ends = list(itertools.accumulate(sizes))
     parts = [
@@ -176,7 +176,7 @@ def build_xorb(
     return built.xorb_hash, built.data, list(built.chunk_hashes)
 
 
-# -- shards (FORMAT.md 3) -------------------------------------------------------
+# -- shards (docs/format.md 3) -------------------------------------------------------
 
 SHARD_MAGIC = bytes(
     [72, 70, 82, 101, 112, 111, 77, 101, 116, 97, 68, 97, 116, 97, 0, 85,
@@ -202,7 +202,7 @@ class TermSpec:
     start: int
     end: int
     size: int
-    verification: bytes = hashes.ZERO_HASH  # range hash (FORMAT.md 1.6)
+    verification: bytes = hashes.ZERO_HASH  # range hash (docs/format.md 1.6)
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ class XorbSpec:
 
 
 def _sort_key(h: bytes) -> str:
-    return hashes.to_hex(h)  # hex order == xet-core's order (FORMAT.md 1.1)
+    return hashes.to_hex(h)  # hex order == xet-core's order (docs/format.md 1.1)
 
 
 def shard_file_records(files: Iterable[FileSpec], *, verification: bool = True, sha256: bool = True) -> bytes:
@@ -297,7 +297,7 @@ def build_shard(
     return hashes.chunk_hash(out), out
 
 
-# -- stores (FORMAT.md 4) -------------------------------------------------------
+# -- stores (docs/format.md 4) -------------------------------------------------------
 
 Layout = Literal["hf_xet", "flat"]
 
@@ -456,7 +456,7 @@ class StoreBuilder:
     def add_file_from_terms(self, pieces: Sequence[tuple[bytes, int, int]]) -> bytes:
         """Add a file made of chunk ranges ``(xorb hash, start, end)`` of already sealed xorbs.
 
-        Ranges may repeat, overlap or go backwards (FORMAT.md 3.8).  Returns
+        Ranges may repeat, overlap or go backwards (docs/format.md 3.8).  Returns
         the file hash; the content is ``self.content_of_terms(pieces)``.
         """
         pairs: list[tuple[bytes, int]] = []

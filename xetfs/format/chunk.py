@@ -1,4 +1,4 @@
-"""Xorb chunk headers and payload decoding (FORMAT.md 2.2, 2.3).
+"""Xorb chunk headers and payload decoding (docs/format.md 2.2, 2.3).
 
 A chunk is an 8-byte header followed by ``compressed_length`` payload bytes.
 ``decode_chunk`` turns a payload into exactly ``uncompressed_length`` bytes or
@@ -149,7 +149,7 @@ def bg4_split(data: Buffer) -> bytes:
 
 
 def bg4_regroup(grouped: Buffer) -> bytearray:
-    """Undo ``bg4_split``: groups 0..r-1 hold one extra byte (FORMAT.md 2.3).
+    """Undo ``bg4_split``: groups 0..r-1 hold one extra byte (docs/format.md 2.3).
 
     Extended-slice assignment into a ``bytearray`` is the fastest regroup
     measured in pure Python (numpy is slower for 64 KiB chunks).

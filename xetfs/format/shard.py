@@ -1,4 +1,4 @@
-"""Shard (``*.mdb``) parsing (FORMAT.md section 3).
+"""Shard (``*.mdb``) parsing (docs/format.md section 3).
 
 ``parse_shard`` takes a whole shard's bytes and returns a frozen ``Shard``.
 Term and chunk lists are views over the shard bytes (``RecordTable``): they

@@ -1,4 +1,4 @@
-"""Xorb layout: the footer (FORMAT.md 2.4) and the header walk (2.5).
+"""Xorb layout: the footer (docs/format.md 2.4) and the header walk (2.5).
 
 A ``XorbLayout`` tells where each chunk lives in the xorb file (physical END
 offsets, headers included) and where it lands once decoded (uncompressed END
@@ -153,7 +153,7 @@ def _check_ident(buf: bytes, at: int, ident: bytes, version: int, n: int, base: 
 
 
 def _check_offsets(phys: tuple[int, ...], unpacked: tuple[int, ...], base: int, where: str) -> None:
-    """Every chunk must have the size a chunk header can declare (FORMAT.md 2.2)."""
+    """Every chunk must have the size a chunk header can declare (docs/format.md 2.2)."""
     prev_p = prev_u = 0
     for i, (p, u) in enumerate(zip(phys, unpacked, strict=True)):
         if not HEADER_SIZE + 1 <= p - prev_p <= HEADER_SIZE + MAX_COMPRESSED:
