@@ -40,6 +40,7 @@ from typing import Any
 
 from xetfs import hashes
 from xetfs.errors import FormatError, ManifestError
+from xetfs.messages import plural
 
 MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
@@ -94,7 +95,9 @@ class WarningLog:
     def lines(self) -> list[str]:
         """All kept warnings, then ``"... and N more <kind> warnings"`` for each kind over the limit."""
         more = [
-            f"... and {n - self._limit} more {kind} warnings" for kind, n in self._counts.items() if n > self._limit
+            f"... and {plural(n - self._limit, f'more {kind} warning')}"
+            for kind, n in self._counts.items()
+            if n > self._limit
         ]
         return self._lines + more
 
