@@ -21,8 +21,9 @@ directory walked in turn; a link back to a directory above it is skipped).
 Skipped files are counted (``Plan.skipped``): ``pack --strict`` refuses to
 pack when there are any, and otherwise ``pack`` exits with
 ``ExitStatus.SKIPPED`` so that a script can tell the pack is incomplete.
-A directory whose entries are all symlinks (a huggingface_hub snapshot)
-gets a hint naming ``--hub-cache`` and ``--follow-symlinks``.
+A directory whose files are all symlinks (a huggingface_hub snapshot: its
+subdirectories are real) gets a hint naming ``--hub-cache`` and
+``--follow-symlinks``.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class Plan:
     """What a pack will upload (``files``, in walk order) and which directories it records.
 
     ``skipped``: the paths left out, each with a warning (the store itself, when a source holds it, is not
-    counted); ``all_links``: directories whose entries are all symlinks (not followed).
+    counted); ``all_links``: directories with symlinks (not followed) and no other files, subdirectories aside.
     """
 
     files: list[Source] = field(default_factory=list)
@@ -124,10 +125,11 @@ class Plan:
 
 
 def links_hint(directories: Sequence[Path]) -> str:
-    """What to do about directories whose entries are all symlinks (a huggingface_hub snapshot, most often)."""
-    where = str(directories[0]) + (f" (and {plural(len(directories) - 1, 'other')})" if len(directories) > 1 else "")
+    """What to do about directories whose files are all symlinks (a huggingface_hub snapshot, most often)."""
+    others = len(directories) - 1
+    where = str(directories[0]) + (f" (and {plural(others, 'other directory', 'other directories')})" if others else "")
     return (
-        f"every entry of {where} is a symlink, as in a huggingface_hub snapshot: import the cache with "
+        f"every file in {where} is a symlink, as in a huggingface_hub snapshot: import the cache with "
         "xetfs pack --hub-cache [DIR] STORE, or pack what the links point to with --follow-symlinks"
     )
 
@@ -191,7 +193,8 @@ def _walk(top: Path, prefix: PathParts, plan: Plan, skip: Path, warn: Warn, foll
         directory, parts, above = stack.pop()
         with os.scandir(directory) as it:
             entries = sorted(it, key=lambda e: e.name)
-        if entries and not follow and all(e.is_symlink() for e in entries):
+        links = sum(e.is_symlink() for e in entries)
+        if links and not follow and all(e.is_symlink() or e.is_dir(follow_symlinks=False) for e in entries):
             plan.all_links.append(directory)
         below: list[tuple[Path, PathParts, frozenset[Path]]] = []
         for e in entries:
@@ -203,8 +206,8 @@ def _walk(top: Path, prefix: PathParts, plan: Plan, skip: Path, warn: Warn, foll
             elif link and not follow:
                 skipped(f"skipping symlink {path}", path)
             elif link and not e.is_dir() and not e.is_file():
-                what = "dangling symlink" if not os.path.exists(path) else "symlink to what is not a regular file"
-                skipped(f"skipping {path}: {what}", path)
+                what = "nothing (dangling)" if not os.path.exists(path) else "neither a regular file nor a directory"
+                skipped(f"skipping symlink {path}: it points to {what}", path)
             elif e.is_dir(follow_symlinks=follow):
                 real = path.resolve()
                 if real == skip:
