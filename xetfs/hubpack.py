@@ -47,29 +47,31 @@ Warn = Callable[[str], None]
 class Skips:
     """The warnings of one import: printed as they come, counted by reason for the summary line."""
 
-    REASONS = (
-        ("partial download", "partial downloads"),
-        ("broken symlink", "broken symlinks"),
-        ("no snapshot", "refs without a snapshot"),
-        ("changed while being read", "files changed while read"),
-        ("does not match its name", "blobs whose content does not match their name"),
-        ("none of its files was imported", "revisions with no file imported"),
-        ("no revision has a file", "repos with no revision imported"),
-    )
+    REASONS = (  # what a warning says, and what the summary calls one such item and several
+        ("partial download", "partial download", "partial downloads"),
+        ("broken symlink", "broken symlink", "broken symlinks"),
+        ("no snapshot", "ref without a snapshot", "refs without a snapshot"),
+        ("changed while being read", "file changed while read", "files changed while read"),
+        ("does not match its name", "blob whose content does not match its name",
+         "blobs whose content does not match their name"),
+        ("none of its files was imported", "revision with no file imported", "revisions with no file imported"),
+        ("no revision has a file", "repo with no revision imported", "repos with no revision imported"),
+    )  # fmt: skip
+    OTHER = ("other problem", "other problems")
 
     def __init__(self, warn: Warn) -> None:
         self._warn = warn
-        self.counts: dict[str, int] = {}
+        self.counts: dict[tuple[str, str], int] = {}  # by (singular, plural) label
 
     def __call__(self, message: str) -> None:
         self._warn(message)
-        reason = next((label for key, label in self.REASONS if key in message), "other problems")
+        reason = next(((one, many) for key, one, many in self.REASONS if key in message), self.OTHER)
         self.counts[reason] = self.counts.get(reason, 0) + 1
 
     def summary(self) -> str:
         if not self.counts:
             return "nothing skipped"
-        parts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.counts.items()))
+        parts = ", ".join(plural(n, one, many) for (one, many), n in sorted(self.counts.items(), key=lambda i: i[0][1]))
         return f"skipped {sum(self.counts.values())} ({parts})"
 
     @property
