@@ -480,7 +480,7 @@ def test_ls_shows_names_and_mtimes(packed: Path) -> None:
     assert [r["path"] for r in rows] == sorted(TREE)
     for r in rows:
         assert r["size"] == len(TREE[r["path"]]) and r["mtime"] is not None
-    assert rows[0].keys() == {"hash", "size", "sha256", "terms", "path", "mtime"}
+    assert rows[0].keys() == {"hash", "size", "sha256", "terms", "chunks", "path", "mtime"}
     weights = {r["hash"] for r in rows if r["path"].endswith("weights.bin")}
     assert len(weights) == 1
     text = run_xetfs("ls", packed).stdout.decode().splitlines()
