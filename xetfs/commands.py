@@ -35,7 +35,9 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
     add_remote_args(p, io_timeout=False)
     p.add_argument("mountpoint", help="an empty directory")
-    p.add_argument("-f", "--foreground", action="store_true", help="stay attached, log to stderr")
+    p.add_argument("-f", "--foreground", action="store_true",
+                   help="stay attached, log to stderr, say 'xetfs: mounted STORE at MOUNTPOINT' once the mount "
+                        "answers; Ctrl-C unmounts and exits 130")  # fmt: skip
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT]",
                    help="mount options: allow_other, allow_root, nonempty")  # fmt: skip
     p.add_argument("--uid", type=int, help="owner shown for every file (default: yours)")

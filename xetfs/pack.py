@@ -288,7 +288,7 @@ def upload(paths: Sequence[Path], store: Path, *, progress: bool = False,
                 except Exception as again:
                     raise XetfsError(f"hf_xet could not write {store}: {again}") from again
             if len(infos) != len(batch):
-                raise XetfsError(f"hf_xet reported {len(infos)} results for {len(batch)} files")
+                raise XetfsError(f"hf_xet reported {plural(len(infos), 'result')} for {plural(len(batch), 'file')}")
             for i, info in zip(picked, infos, strict=True):
                 results[i] = _uploaded(info, paths[i])
     return [results[i] for i in range(len(paths))]
