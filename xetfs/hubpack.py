@@ -79,9 +79,6 @@ class Skips:
         return sum(self.counts.values())
 
 
-_print_warning = print_warning
-
-
 # -- uploading with checks -----------------------------------------------------------------
 
 
@@ -250,7 +247,7 @@ def _store_dir(store: str | os.PathLike[str]) -> Path:
 
 
 def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Sequence[str] = (),
-                   progress: bool = False, warn: Warn = _print_warning,
+                   progress: bool = False, warn: Warn = print_warning,
                    strict: bool = False) -> HubPackResult:  # fmt: skip
     """Import the cache at ``cache_dir`` (its repos in ``repos``, or all) into ``store``'s catalogue.
 
@@ -372,7 +369,7 @@ def derive_commit(files: dict[str, str]) -> str:
 
 def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.PathLike[str], *, repo_id: str,
                   repo_type: str = "model", revision: str = "main", commit: str | None = None,
-                  progress: bool = False, warn: Warn = _print_warning, strict: bool = False,
+                  progress: bool = False, warn: Warn = print_warning, strict: bool = False,
                   follow_symlinks: bool = False) -> tuple[str, HubPackResult]:  # fmt: skip
     """Record the files of ``sources`` (named as plain ``pack`` names them) as one revision of a repo.
 

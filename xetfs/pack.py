@@ -63,9 +63,6 @@ REDB_INDEX = "global_dedup_lookup.redb"  # hf_xet's own lookup table in xet/xorb
 Warn = Callable[[str], None]
 
 
-_print_warning = print_warning
-
-
 # -- finding and loading a manifest --------------------------------------------------
 
 
@@ -134,7 +131,7 @@ def links_hint(directories: Sequence[Path]) -> str:
     )
 
 
-def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = _print_warning, *,
+def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = print_warning, *,
               follow_symlinks: bool = False) -> Plan:  # fmt: skip
     """Walk ``sources`` and name what they hold (see the module docstring).
 
@@ -313,7 +310,7 @@ def _drop_damaged_index(store: Path, exc: Exception) -> bool:
     index = store / "xet" / "xorbs" / REDB_INDEX
     if "redb" not in str(exc) or not index.is_file():
         return False
-    _print_warning(f"{index}: hf_xet cannot open its index ({exc}); removed it, hf_xet writes a new one")
+    print_warning(f"{index}: hf_xet cannot open its index ({exc}); removed it, hf_xet writes a new one")
     index.unlink()
     return True
 
@@ -408,7 +405,7 @@ def pack(
     store: str | os.PathLike[str],
     *,
     progress: bool = False,
-    warn: Warn = _print_warning,
+    warn: Warn = print_warning,
     strict: bool = False,
     follow_symlinks: bool = False,
 ) -> PackResult:
