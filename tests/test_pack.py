@@ -306,6 +306,9 @@ def test_pack_parser_hub_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     for bad in (["pack", "--hub-cache", "DIR", "S1", "S2"], ["pack", "--hub-cache"]):
         with pytest.raises(PackUsageError):
             pack_targets(parser.parse_args(bad))
+    follow = parser.parse_args(["pack", "--hub-cache", str(tmp_path / "hub"), "STORE", "--follow-symlinks"])
+    with pytest.raises(PackUsageError, match=r"--follow-symlinks go with pack SRC\.\.\. STORE"):
+        cmd_pack(follow)  # (a cache's snapshots are links by design: --hub-cache reads them as such)
 
 
 # -- real packs (hf_xet in a child process) ----------------------------------------
