@@ -182,7 +182,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         print_warning(warning)
     count = f" with {plural(n, 'warning')} about the store" if n else ""
     shown = public_url(str(config.store)) if is_url(str(config.store)) else config.store
-    print(f"mounted {shown} at {config.mountpoint}{count} (log: {log_file})", file=sys.stderr)
+    print(f"xetfs: mounted {shown} at {config.mountpoint}{count} (log: {log_file})", file=sys.stderr)
     return 0
 
 
@@ -190,7 +190,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from xetfs.remote import publish
 
     path, listing = publish(args.store)
-    print(f"wrote {path}: {plural(len(listing.objects), 'object')}", file=sys.stderr)
+    print(f"xetfs: wrote {path}: {plural(len(listing.objects), 'object')}", file=sys.stderr)
     return 0
 
 
