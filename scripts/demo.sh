@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set everything up, mount the bundled sample store, read files through the
-# mount with ordinary tools, show the live counters, and unmount.
+# mount with ordinary tools, show the live counters, and unmount.  Installs
+# the runtime and what `xetfs pack` needs (the pack extra), not the test tools.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --extras pack
 user_path=$PATH
 export PATH="$PWD/.venv/bin:$PATH"
 

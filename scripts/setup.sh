@@ -1,33 +1,51 @@
 #!/usr/bin/env bash
-# Prepare this checkout for the test suite; safe to run again and again.
+# Prepare this checkout (for the test suite, by default); safe to run again and again.
 #
-#   scripts/setup.sh            what the tests need
-#   scripts/setup.sh --bench    and what scripts/bench.py needs (also: XETFS_SETUP_BENCH=1)
+#   scripts/setup.sh                what the tests need (the test extras)
+#   scripts/setup.sh --bench        and what scripts/bench.py needs (also: XETFS_SETUP_BENCH=1)
+#   scripts/setup.sh --extras pack  the runtime and the extras named (comma-separated), e.g.
+#                                   pack: what `xetfs pack` needs (scripts/demo.sh uses this)
 #
-# * as root with apt-get: the FUSE packages, nginx for the remote-store tests,
+# * as root with apt-get: the FUSE packages, nginx for the remote-store tests (test extras),
 #   and fio with --bench (only when one is missing);
 # * .venv in the repository root, made with python3 >= 3.11 (PYTHON=... to choose);
-# * the project in editable mode with its test extras (and bench extras with
-#   --bench), reinstalled only when pyproject.toml or the extras changed (a
-#   stamp in .venv holds their hash).
+# * the project in editable mode with those extras, reinstalled only when
+#   pyproject.toml changed or an extra is not installed yet (a stamp in .venv
+#   holds their hash); extras installed before stay installed.
 set -euo pipefail
 
 bench=${XETFS_SETUP_BENCH:-0}
-for arg in "$@"; do
-    case $arg in
+extras=test
+while (($#)); do
+    case $1 in
     --bench) bench=1 ;;
+    --extras)
+        [[ $# -ge 2 && $2 =~ ^[a-z]+(,[a-z]+)*$ ]] || {
+            echo "setup.sh: --extras takes a comma-separated list, e.g. --extras pack" >&2
+            exit 2
+        }
+        extras=$2
+        shift
+        ;;
+    --extras=*)
+        extras=${1#--extras=}
+        [[ $extras =~ ^[a-z]+(,[a-z]+)*$ ]] || {
+            echo "setup.sh: --extras takes a comma-separated list, e.g. --extras pack" >&2
+            exit 2
+        }
+        ;;
     -h | --help)
-        sed -n '2,12p' "$0"
+        sed -n '2,14p' "$0"
         exit 0
         ;;
     *)
-        echo "setup.sh: unknown argument $arg (try --bench)" >&2
+        echo "setup.sh: unknown argument $1 (try --bench or --extras LIST)" >&2
         exit 2
         ;;
     esac
+    shift
 done
-extras=test
-[[ $bench == 1 ]] && extras=test,bench
+[[ $bench == 1 ]] && extras=$extras,bench
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -37,7 +55,8 @@ die() {
 }
 
 # -- system packages ---------------------------------------------------------
-PACKAGES=(fuse3 libfuse3-dev pkg-config attr nginx curl)
+PACKAGES=(fuse3 libfuse3-dev pkg-config attr)
+[[ ,$extras, == *,test,* ]] && PACKAGES+=(nginx curl) # the remote-store tests
 [[ $bench == 1 ]] && PACKAGES+=(fio)
 if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null && command -v dpkg >/dev/null; then
     missing=()
@@ -72,10 +91,12 @@ new_enough .venv/bin/python || die ".venv/bin/python is older than 3.11; remove 
 
 # -- the project -------------------------------------------------------------
 stamp=.venv/.xetfs-setup-stamp
-# Once installed, the bench extras stay: a plain run keeps them rather than reinstalling.
-if [[ -f $stamp ]] && grep -q '\[test,bench\]' "$stamp"; then
-    extras=test,bench
+# Extras installed before stay: a run that asks for fewer keeps them rather than reinstalling.
+if [[ -f $stamp ]]; then
+    before=$(sed -n 's/^[^ ]* \[\([a-z,]*\)\] .*/\1/p' "$stamp")
+    extras=$extras${before:+,$before}
 fi
+extras=$(tr ',' '\n' <<<"$extras" | sort -u | paste -sd, -)
 want="$(sha256sum pyproject.toml | cut -d' ' -f1) [$extras] $(.venv/bin/python -c 'import sys; print(sys.version)' | head -1)"
 if [[ ! -f $stamp || $(<"$stamp") != "$want" ]] || ! .venv/bin/python -c 'import xetfs' 2>/dev/null; then
     echo "setup.sh: installing xetfs[$extras] into .venv" >&2

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import random
+import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +29,7 @@ import numpy as np
 import oracle
 import pytest
 from mounting import Mount, mounted, wait_until
-from oracle import OracleStore
+from oracle import OracleStore, run_xetfs
 from safetensors import safe_open
 from safetensors.numpy import save
 
@@ -254,3 +255,49 @@ def test_memory_stays_within_the_cache_size(big_store: OracleStore) -> None:
         s = settled(m)
         assert s["cache"]["bytes"] <= cache
         assert 0 < peak[0] <= cache + RSS_OVERHEAD, f"daemon + workers: {peak[0] / MiB:.0f} MiB"
+
+
+def test_stats_of_one_file_show_its_own_amplification(multi_store: OracleStore) -> None:
+    """``xetfs stats MNT FILE``: a file's chunks (the oracle's count) and what its own reads decoded.
+
+    b.bin shares most of its chunks with a.bin: read after it, b.bin decodes only the chunks a.bin lacks,
+    and each chunk is counted for the file whose read decoded it, so the two add up to ``decode``.
+    """
+    a, b = multi_store["a.bin"], multi_store["b.bin"]
+    chunks_a, chunks_b = chunk_set(multi_store, "a.bin"), chunk_set(multi_store, "b.bin")
+    assert len(chunks_b - chunks_a) < len(chunks_b) / 2  # a real test: most of b.bin is in a.bin
+
+    def file_stats(m: Mount, name: str, *more: str) -> subprocess.CompletedProcess[bytes]:
+        return run_xetfs("stats", m.path, multi_store[name].hash, *more)
+
+    with mounted(multi_store.path) as m:
+        m.wait_for_workers()
+        before = json.loads(file_stats(m, "a.bin", "--json").stdout)
+        assert before == {"hash": a.hash, "size": a.size, "chunks": len(chunks_a), "decoded_chunks": 0,
+                          "decoded_bytes": 0, "bytes_amplification": 0.0, "chunks_amplification": 0.0}  # fmt: skip
+        assert sha256_of(m / a.hash) == a.sha256
+        assert sha256_of(m / b.hash) == b.sha256
+        s = settled(m)
+        got = {name: json.loads(file_stats(m, name, "--json").stdout) for name in ("a.bin", "b.bin")}
+        text = file_stats(m, "b.bin").stdout.decode()
+    one, two = got["a.bin"], got["b.bin"]
+    assert (one["chunks"], two["chunks"]) == (len(chunks_a), len(chunks_b))
+    assert one["decoded_chunks"] + two["decoded_chunks"] == s["decode"]["chunks"]
+    assert one["decoded_bytes"] + two["decoded_bytes"] == s["decode"]["bytes"]
+    assert len(chunks_a) <= one["decoded_chunks"] <= MOST * len(chunks_a)
+    assert one["decoded_bytes"] >= a.size and one["bytes_amplification"] == round(one["decoded_bytes"] / a.size, 4)
+    assert len(chunks_b - chunks_a) <= two["decoded_chunks"] < len(chunks_b) / 2
+    assert two["chunks_amplification"] == round(two["decoded_chunks"] / len(chunks_b), 4) < 0.5
+    assert f"{two['bytes_amplification']:.2f}x of its bytes, {two['chunks_amplification']:.2f}x of its chunks" in text
+    assert f"{two['decoded_chunks']} chunk" in text and f"{len(chunks_b)} chunks" in text
+
+
+def test_stats_of_a_file_refuse_what_is_not_one(basic_store: OracleStore, tmp_path: Path) -> None:
+    with mounted(basic_store.path) as m:
+        for args, message in [
+            ((m.path, "no-such-file"), "no such file"),
+            ((m.path, m.path / ".xetfs"), "not a file of the xetfs mount"),
+            ((tmp_path, "x"), "not a xetfs mount"),
+        ]:
+            proc = run_xetfs("stats", *args)
+            assert proc.returncode == 1 and message in proc.stderr.decode(), (args, proc.stderr)

@@ -75,8 +75,10 @@ def verify_problems(store: OracleStore) -> list[str]:
     assert "Traceback" not in out + err
     assert proc.returncode == EXIT_PROBLEMS, out + err
     lines = out.splitlines()
-    assert re.match(r"^\d+ problem\(s\): ", lines[-1]), lines[-1]
-    return [line for line in lines if line.startswith("PROBLEM: ")]
+    problems = [line for line in lines if line.startswith("PROBLEM: ")]
+    n = len(problems)
+    assert lines[-1].startswith(f"{n} problem: " if n == 1 else f"{n} problems: "), lines[-1]
+    return problems
 
 
 # -- a flipped byte in a chunk payload ------------------------------------------------

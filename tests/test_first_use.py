@@ -18,8 +18,13 @@ from pathlib import Path
 
 import oracle
 import pytest
-from mounting import force_unmount, is_mounted
+from mounting import force_unmount, is_mounted, wait_until
 from oracle import OracleStore, run_xetfs
+
+from xetfs import hashes
+from xetfs.exitstatus import MEANING, ExitStatus
+from xetfs.manifest import ManifestFile, dump_manifest
+from xetfs.messages import plural
 
 REPO = oracle.REPO_ROOT
 VENV_XETFS = REPO / ".venv" / "bin" / "xetfs"
@@ -95,6 +100,75 @@ def test_pip_install_of_the_project(tmp_path: Path) -> None:
     assert module.returncode == 0 and module.stdout.startswith(str(site)), module
 
 
+FAKE_PYTHON = """#!/bin/bash
+# Records pip's arguments instead of installing; everything else goes to the real python.
+if [[ $1 == -m && $2 == pip ]]; then echo "${*:3}" >>"$PIP_CALLS"; exit 0; fi
+if [[ $1 == -c && $2 == "import xetfs" ]]; then exit 0; fi
+exec "$REAL_PYTHON" "$@"
+"""
+
+
+def _checkout_with_fake_pip(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the scripts and pyproject.toml whose .venv/bin/python records pip calls (in the file returned)."""
+    repo = tmp_path / "repo"
+    for name in ("scripts/setup.sh", "scripts/demo.sh", "pyproject.toml"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, repo / name)
+    bin_dir = repo / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(FAKE_PYTHON)
+    (bin_dir / "xetfs").write_text("#!/bin/sh\necho 'not installed: this is a test' >&2\nexit 1\n")
+    for tool in ("python", "xetfs"):
+        (bin_dir / tool).chmod(0o755)
+    return repo, tmp_path / "pip-calls"
+
+
+def test_setup_installs_the_extras_asked_for_and_keeps_earlier_ones(tmp_path: Path) -> None:
+    repo, calls = _checkout_with_fake_pip(tmp_path)
+    env = {**os.environ, "XETFS_BIN_DIR": "none", "PIP_CALLS": str(calls), "REAL_PYTHON": sys.executable}
+
+    def setup(*args: str) -> list[str]:
+        before = calls.read_text().splitlines() if calls.exists() else []
+        proc = subprocess.run(["bash", str(repo / "scripts" / "setup.sh"), *args], capture_output=True, text=True,
+                              env=env, timeout=120, check=False)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return calls.read_text().splitlines()[len(before) :] if calls.exists() else []
+
+    assert setup("--extras", "pack") == ["install --disable-pip-version-check -q -e .[pack]"]
+    assert setup("--extras", "pack") == []  # installed: nothing to do
+    assert setup() == ["install --disable-pip-version-check -q -e .[pack,test]"]  # test.sh's run keeps pack
+    assert setup("--extras", "pack") == []
+    bad = subprocess.run(["bash", str(repo / "scripts" / "setup.sh"), "--extras"], capture_output=True, text=True,
+                         env=env, timeout=60, check=False)  # fmt: skip
+    assert bad.returncode == 2 and "--extras takes a comma-separated list" in bad.stderr
+
+
+def test_the_demo_installs_the_pack_extra_not_the_test_tools(tmp_path: Path) -> None:
+    """The demo's setup step asks pip for ``.[pack]`` only (its fake xetfs then stops it: nothing is mounted)."""
+    repo, calls = _checkout_with_fake_pip(tmp_path)
+    env = {**os.environ, "XETFS_BIN_DIR": "none", "PIP_CALLS": str(calls), "REAL_PYTHON": sys.executable}
+    proc = subprocess.run(["bash", str(repo / "scripts" / "demo.sh")], capture_output=True, text=True, env=env,
+                          timeout=120, check=False)  # fmt: skip
+    assert "not installed: this is a test" in proc.stderr, proc.stderr  # it got as far as the first xetfs command
+    assert calls.read_text().splitlines() == ["install --disable-pip-version-check -q -e .[pack]"]
+
+
+@pytest.mark.fuse
+def test_the_demo_runs_and_leaves_no_log_behind(tmp_path: Path) -> None:
+    """scripts/demo.sh end to end; its mount logged nothing worth keeping, so its log file goes with it."""
+    state = tmp_path / "state"
+    env = {**os.environ, "XETFS_BIN_DIR": "none", "XDG_STATE_HOME": str(state)}
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh")], capture_output=True, text=True, env=env,
+                          timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "model/config.json: OK" in proc.stdout and "(log: " in proc.stderr, proc.stdout + proc.stderr
+    log = Path(proc.stderr.rsplit("(log: ", 1)[1].split(")", 1)[0])
+    assert log.parent == state / "xetfs"
+    # The daemon removes it once it has unmounted, which may be a moment after umount returns.
+    wait_until(lambda: not log.exists(), 10, f"{log} to be removed")
+    assert list((state / "xetfs").iterdir()) == []
+
+
 # -- arguments and messages ------------------------------------------------------------------
 
 
@@ -123,6 +197,36 @@ def test_mount_on_a_missing_mountpoint_says_so(basic_store: OracleStore, tmp_pat
     not_dir.write_text("x")
     proc = run_xetfs("mount", basic_store.path, not_dir)
     assert proc.stderr.decode() == f"xetfs: error: {not_dir}: not a directory\n"
+
+
+def test_ls_warns_in_the_style_of_every_other_command(basic_store: OracleStore, tmp_path: Path) -> None:
+    """``xetfs: warning: ...`` from ``ls`` (through logging) as from ``mount`` and ``pack`` (printed)."""
+    store = oracle.copy_store(basic_store, tmp_path / "store")
+    f = basic_store["text.txt"]
+    missing = "07" * 32
+    named = [ManifestFile(("text.txt",), hashes.from_hex(f.hash), None, None),
+             ManifestFile(("gone.bin",), hashes.from_hex(missing), None, None)]  # fmt: skip
+    (store.path / "xetfs-manifest.json").write_bytes(dump_manifest(named))
+    proc = run_xetfs("ls", store.path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.decode() == f"xetfs: warning: names: 'gone.bin': file {missing} is not in the store; skipped\n"
+
+
+def test_counts_are_worded_with_their_plural() -> None:
+    assert [plural(n, "file") for n in (0, 1, 2)] == ["0 files", "1 file", "2 files"]
+    assert plural(1, "entry") == "1 entry" and plural(3, "entry") == "3 entries" and plural(2, "day") == "2 days"
+    assert plural(2, "blob whose content does not match its name", "blobs whose content does not match their name") == (
+        "2 blobs whose content does not match their name"
+    )
+
+
+def test_exit_statuses_are_distinct_and_each_has_a_meaning() -> None:
+    from xetfs import cli
+
+    assert len({int(s) for s in ExitStatus}) == len(ExitStatus) and set(MEANING) == set(ExitStatus)
+    assert ExitStatus.SKIPPED not in (ExitStatus.ERROR, ExitStatus.USAGE, ExitStatus.PROBLEMS) and ExitStatus.SKIPPED
+    assert (ExitStatus.PROBLEMS, ExitStatus.INTERRUPTED, ExitStatus.BROKEN_PIPE) == (3, 130, 141)
+    assert (cli.EXIT_OK, cli.EXIT_ERROR, cli.EXIT_USAGE, cli.EXIT_PROBLEMS) == (0, 1, 2, 3)
 
 
 # -- exit codes with a closed output pipe -------------------------------------------------------
@@ -186,7 +290,7 @@ def test_a_skipped_shard_is_reported_where_the_user_mounts(multi_store: OracleSt
     lines = proc.stderr.decode().splitlines()
     assert len(lines) == 2, lines
     assert lines[0].startswith(f"xetfs: warning: skipping shard {victim.name}: "), lines
-    assert lines[1] == f"mounted {store.path} at {mnt} with 1 warning about the store (log: {log})"
+    assert lines[1] == f"xetfs: mounted {store.path} at {mnt} with 1 warning about the store (log: {log})"
     assert victim.name in log.read_text()
 
 
@@ -376,7 +480,7 @@ def test_ls_shows_names_and_mtimes(packed: Path) -> None:
     assert [r["path"] for r in rows] == sorted(TREE)
     for r in rows:
         assert r["size"] == len(TREE[r["path"]]) and r["mtime"] is not None
-    assert rows[0].keys() == {"hash", "size", "sha256", "terms", "path", "mtime"}
+    assert rows[0].keys() == {"hash", "size", "sha256", "terms", "chunks", "path", "mtime"}
     weights = {r["hash"] for r in rows if r["path"].endswith("weights.bin")}
     assert len(weights) == 1
     text = run_xetfs("ls", packed).stdout.decode().splitlines()

@@ -31,14 +31,15 @@ from oracle import REPO_ROOT, hf_xet_env
 from xetfs import hashes
 from xetfs.catalogue import CATALOGUE_NAME, load_catalogue, locked
 from xetfs.errors import CatalogueError
+from xetfs.exitstatus import ExitStatus
 from xetfs.indexer import load_index
 from xetfs.store import Store
 
 fuse = pytest.mark.fuse
 HERE = Path(__file__).resolve().parent
 SUMMARY = re.compile(
-    r"imported (\d+) repos, (\d+) revisions, (\d+) files into .*: (\d+) new files, (\d+) cache bytes -> "
-    r"(-?\d+) store bytes added \(dedup (.*)\); (.*)"
+    r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) new files?, (\d+) cache bytes? -> "
+    r"(-?\d+) store bytes? added \(dedup (.*)\); (.*)"
 )
 
 
@@ -137,7 +138,7 @@ def test_running_again_adds_nothing(imported: Imported) -> None:
 def test_ls_lists_repos_and_revisions(imported: Imported) -> None:
     c1, c2, c3 = imported.spec.model_commits
     text = xetfs(imported.tmp, "ls", imported.store).stdout
-    assert "model    acme/tiny-bert  (3 revisions)" in text and "dataset  acme/tiny-data  (1 revisions)" in text
+    assert "model    acme/tiny-bert  (3 revisions)" in text and "dataset  acme/tiny-data  (1 revision)" in text
     assert re.search(rf"{c2}\s+6 files\s+\d+ bytes  refs: refs/pr/1", text)
     doc = json.loads(xetfs(imported.tmp, "ls", imported.store, "--json").stdout)
     model = next(r for r in doc["repos"] if r["id"] == hub_cache.MODEL)
@@ -203,7 +204,15 @@ def test_bad_input_is_named_and_the_rest_imports(imported: Imported, tmp_path: P
     # A blob whose bytes do not match its name (damaged, or changed after the download).
     readme = Path(os.path.realpath(folder / "snapshots" / c1 / "README.md"))
     readme.write_bytes(b"# tampered\n")
-    proc = xetfs(tmp_path, "pack", "--hub-cache", cache, tmp_path / "store", "--no-progress")
+    strict = xetfs(tmp_path, "pack", "--hub-cache", cache, tmp_path / "store", "--no-progress", "--strict",
+                   check=False)  # fmt: skip
+    assert strict.returncode == ExitStatus.ERROR, strict.stderr
+    assert (
+        strict.stderr.splitlines()[-1] == "xetfs: error: --strict: 3 items skipped (see the warnings); nothing recorded"
+    )
+    assert not (tmp_path / "store" / CATALOGUE_NAME).exists()  # (refused after the scan, before any upload)
+    proc = xetfs(tmp_path, "pack", "--hub-cache", cache, tmp_path / "store", "--no-progress", check=False)
+    assert proc.returncode == ExitStatus.SKIPPED, proc.stderr
     warnings = proc.stderr.splitlines()
     assert (
         f"xetfs: warning: skipping {folder / 'blobs' / ('f' * 64 + '.incomplete')}: a partial download (.incomplete)"
@@ -220,8 +229,8 @@ def test_bad_input_is_named_and_the_rest_imports(imported: Imported, tmp_path: P
     assert len(warnings) == 4
     m = summary(proc)
     assert m.group(8) == (
-        "skipped 4 (1 blobs whose content does not match their name, 1 broken symlinks, 1 partial downloads, "
-        "1 refs without a snapshot)"
+        "skipped 4 (1 blob whose content does not match its name, 1 broken symlink, 1 partial download, "
+        "1 ref without a snapshot)"
     )
     # The tampered blob was caught before its upload: none of its bytes went into the store.
     tampered = hashes.file_hash([(hashes.chunk_hash(b"# tampered\n"), 11)])
@@ -386,9 +395,9 @@ def test_a_file_changed_while_being_read_is_left_out(imported: Imported, tmp_pat
          "--no-progress"],
         capture_output=True, text=True, cwd=REPO_ROOT, env=hf_xet_env(tmp_path / "hf_xet"), timeout=120, check=False,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == ExitStatus.SKIPPED, proc.stderr
     assert proc.stderr == f"xetfs: warning: skipping {victim}: changed while being read\n"
-    assert summary(proc).group(8) == "skipped 1 (1 files changed while read)"
+    assert summary(proc).group(8) == "skipped 1 (1 file changed while read)"
     with mounted(store) as m:
         assert not (m.path / snap.relative_to(cache) / "notes" / "training.txt").exists()
         assert (m.path / snap.relative_to(cache) / "README.md").read_bytes() == (snap / "README.md").read_bytes()
@@ -412,7 +421,8 @@ def test_catalogue_warnings_reach_the_mounting_terminal(imported: Imported, tmp_
         lines = proc.stderr.splitlines()
         assert any("catalogue" in line and "'../escape'" in line for line in lines), lines
         assert any(f"blob {lost} (file {'0' * 64}) is not in the store; left out" in line for line in lines), lines
-        assert lines[-1].startswith(f"mounted {store} at {mnt} with ") and "warnings about the store" in lines[-1]
+        assert lines[-1].startswith(f"xetfs: mounted {store} at {mnt} with "), lines
+        assert "warnings about the store" in lines[-1], lines
         assert not (mnt / "models--acme--tiny-bert" / "blobs" / lost).exists()
         assert (mnt / "models--acme--tiny-bert" / "refs" / "main").exists()
     finally:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import random
+from array import array
 
 import pytest
 from helpers import writer
@@ -280,3 +281,17 @@ def test_term_size_mismatch(delta: int) -> None:
     layout = _layout(sizes)
     with pytest.raises(IntegrityError, match="the shard says"):
         chunk_span(_piece(sizes, 1, 3, 0, 1, term_size=6 + delta), layout)
+
+
+def test_num_chunks_counts_each_chunk_of_a_xorb_once() -> None:
+    """Terms may repeat or overlap chunks of one xorb (repeated content): ``ls`` and ``stats MNT FILE`` count
+    distinct chunks, the most a read of the whole file needs to decode."""
+
+    def entry(ranges: list[tuple[int, int, int]]) -> FileEntry:
+        ids, starts, stops = (array("q", [r[i] for r in ranges]) for i in range(3))
+        return FileEntry(b"\0" * 32, 0, None, ids, starts, stops, array("q", range(len(ranges))))
+
+    assert entry([]).num_chunks == 0
+    assert entry([(0, 0, 10), (0, 5, 12), (1, 0, 3)]).num_chunks == 15
+    assert entry([(0, 4, 6), (0, 0, 10), (0, 4, 6)]).num_chunks == 10
+    assert entry([(2, 7, 9), (2, 0, 3), (2, 3, 7)]).num_chunks == 9

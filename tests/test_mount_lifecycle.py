@@ -14,14 +14,20 @@ import contextlib
 import errno
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import oracle
 import pytest
 from mounting import EXIT_DEADLINE, force_unmount, is_mounted, mount_device, mounted, wait_until
 from oracle import OracleStore, run_xetfs
+
+from xetfs import hashes
+from xetfs.manifest import ManifestFile, dump_manifest
 
 pytestmark = pytest.mark.fuse
 
@@ -155,6 +161,56 @@ def test_sigterm_to_the_background_daemon(basic_store: OracleStore, mnt: Path) -
     wait_until(lambda: not is_mounted(mnt), GONE_DEADLINE, "the mount to go after SIGTERM")
     wait_until(lambda: not alive(pid), EXIT_DEADLINE, "the daemon to exit after SIGTERM")
     assert os.listdir(mnt) == []
+
+
+def test_a_foreground_mount_says_when_it_is_ready_and_exits_130_on_ctrl_c(
+    basic_store: OracleStore, mnt: Path, tmp_path: Path
+) -> None:
+    """One ``xetfs: mounted STORE at MNT`` line once the mount answers; Ctrl-C (SIGINT to the terminal's
+    process group: the daemon and its decode workers) unmounts and exits 130, as shells expect."""
+    err = tmp_path / "stderr"
+    with open(err, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "xetfs", "mount", "-f", str(basic_store.path), str(mnt)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)  # fmt: skip
+    try:
+        line = f"xetfs: mounted {basic_store.path} at {mnt}\n"
+        wait_until(lambda: err.read_text() != "", 60, "the ready line", proc, err)
+        assert err.read_text() == line
+        assert is_mounted(mnt) and (mnt / ".xetfs" / "stats").is_file()  # said once it answers
+        f = basic_store["text.txt"]
+        assert (mnt / f.hash).read_bytes() == f.read()
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(EXIT_DEADLINE) == 130
+        assert not is_mounted(mnt)
+        assert err.read_text() == line  # nothing else: no traceback from the daemon or its workers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(EXIT_DEADLINE)
+
+
+def test_the_default_log_goes_after_a_clean_mount_and_stays_after_a_warning(
+    basic_store: OracleStore, mnt: Path, tmp_path: Path
+) -> None:
+    """With no ``--log-file``, a mount that ends cleanly with nothing above info logged leaves no log file."""
+    proc = run_xetfs("mount", basic_store.path, mnt, "--log-level", "info")
+    assert proc.returncode == 0, proc.stderr
+    log = Path(proc.stderr.decode().rsplit("(log: ", 1)[1].rstrip(")\n"))
+    (pid,) = daemon_pids(mnt)
+    assert "serving" in log.read_text()  # info lines are written while it runs
+    assert run_xetfs("umount", mnt).returncode == 0
+    wait_until(lambda: not alive(pid), EXIT_DEADLINE, "the daemon to exit after umount")
+    assert not log.exists()
+
+    store = oracle.copy_store(basic_store, tmp_path / "store")  # a name for a file the store lacks: a warning
+    gone = ManifestFile(("gone.bin",), hashes.from_hex("07" * 32), None, None)
+    (store.path / "xetfs-manifest.json").write_bytes(dump_manifest([gone]))
+    proc = run_xetfs("mount", store.path, mnt)
+    assert proc.returncode == 0 and b"with 1 warning about the store" in proc.stderr, proc.stderr
+    (pid,) = daemon_pids(mnt)
+    assert run_xetfs("umount", mnt).returncode == 0
+    wait_until(lambda: not alive(pid), EXIT_DEADLINE, "the daemon to exit after umount")
+    assert "gone.bin" in log.read_text()
 
 
 def test_stale_mount_of_a_killed_daemon(basic_store: OracleStore, mnt: Path) -> None:
@@ -305,7 +361,7 @@ def test_signal_during_a_long_read(big_store: OracleStore, signum: signal.Signal
             gone_after = time.monotonic() - start
             reader.join(EXIT_DEADLINE)
             assert not reader.is_alive(), "the reader is stuck after the mount went away"
-            assert m.proc.wait(EXIT_DEADLINE) == 0
+            assert m.proc.wait(EXIT_DEADLINE) == (130 if signum == signal.SIGINT else 0)
         finally:
             if is_mounted(m.path):
                 force_unmount(m.path)

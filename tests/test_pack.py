@@ -14,11 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hub_cache
 import pytest
 from oracle import CliRunner, hf_xet_env
 
 from xetfs import hashes
 from xetfs.errors import ManifestError, XetfsError
+from xetfs.exitstatus import ExitStatus
 from xetfs.index import EMPTY_SHA256
 from xetfs.indexer import load_index
 from xetfs.manifest import Entry, Manifest, ManifestFile
@@ -169,6 +171,53 @@ def test_a_file_and_a_directory_with_one_name_are_an_error(tmp_path: Path) -> No
         plan_pack([tmp_path / "d" / "x", tmp_path / "f" / "x"], tmp_path / "store", ignore)
 
 
+def test_skipped_paths_are_counted(tmp_path: Path) -> None:
+    """What ``pack`` exits with and ``--strict`` refuses: every skipped path, not the destination store."""
+    src = make_tree(tmp_path / "src", {"real": b"r", "store/xet/junk": b"2"}, ())
+    (src / "link").symlink_to(src / "real")
+    with open(os.path.join(os.fsencode(src), b"bad\xff.bin"), "wb") as f:
+        f.write(b"2")
+    os.mkfifo(src / "fifo")
+    plan = plan_pack([src], src / "store", ignore)
+    assert sorted(p.name for p in plan.skipped) == sorted(["link", "fifo", os.fsdecode(b"bad\xff.bin")])
+    assert plan.all_links == []
+
+
+def test_follow_symlinks_packs_what_links_point_to(tmp_path: Path) -> None:
+    outside = make_tree(tmp_path / "outside", {"w.bin": b"w", "d/inner.txt": b"i"}, ())
+    src = make_tree(tmp_path / "src", {"real": b"r"}, ())
+    (src / "file-link").symlink_to(outside / "w.bin")
+    (src / "dir-link").symlink_to(outside / "d")
+    (src / "loop").symlink_to(src)
+    (src / "dangling").symlink_to(tmp_path / "nowhere")
+    warnings: list[str] = []
+    plan = plan_pack([src], tmp_path / "store", warnings.append, follow_symlinks=True)
+    assert sorted(names([f.path for f in plan.files])) == ["dir-link/inner.txt", "file-link", "real"]
+    assert names(plan.directories) == ["dir-link"]
+    by_name = {f.path: f for f in plan.files}
+    assert by_name[("file-link",)].mtime_ns == (outside / "w.bin").stat().st_mtime_ns  # the target's, not the link's
+    assert sorted(p.name for p in plan.skipped) == ["dangling", "loop"]
+    assert sorted(warnings) == [
+        f"skipping symlink {src / 'dangling'}: it points to nothing (dangling)",
+        f"skipping symlink {src / 'loop'}: it points to {src}, which holds it (a loop)",
+    ]
+
+
+def test_a_directory_of_symlinks_gets_a_hint(tmp_path: Path) -> None:
+    """A huggingface_hub snapshot (written by huggingface_hub itself): every entry is a link into blobs/."""
+    spec = hub_cache.make_hub_cache(tmp_path / "cache", floats=16)
+    snapshot = next((tmp_path / "cache").glob("models--*/snapshots/*"))
+    assert all(p.is_symlink() or p.is_dir() for p in snapshot.rglob("*"))  # (subdirectories are real)
+    with pytest.raises(XetfsError, match="nothing to pack") as caught:
+        plan_pack([snapshot], tmp_path / "store", ignore)
+    message = str(caught.value)
+    assert f"every file in {snapshot} (and 1 other directory) is a symlink" in message
+    assert "--hub-cache" in message and "--follow-symlinks" in message
+    plan = plan_pack([snapshot], tmp_path / "store", ignore, follow_symlinks=True)
+    assert plan.all_links == [] and len(plan.files) == sum(p.is_symlink() for p in snapshot.rglob("*"))
+    assert spec.model_commits  # (the cache is the one the hub tests use)
+
+
 def test_missing_source_and_nothing_to_pack(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         plan_pack([tmp_path / "missing"], tmp_path / "store", ignore)
@@ -226,7 +275,7 @@ def test_merge_replaces_same_paths_and_drops_conflicts() -> None:
     merged, messages = merge(new, old, source=MANIFEST_NAME)
     assert {f.name: f.xet_hash for f in merged.files} == {"same": H2, "x/inner": H3, "keep": H1}
     assert set(merged.directories) == {("y",), ("old-dir",)}
-    assert messages[-1] == f"{MANIFEST_NAME}: replaced 1 existing path(s)"
+    assert messages[-1] == f"{MANIFEST_NAME}: replaced 1 existing path"
     assert any("'x'" in m and "dropped" in m for m in messages)
     assert merge(new, None, source="m")[1] == []
 
@@ -257,6 +306,9 @@ def test_pack_parser_hub_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     for bad in (["pack", "--hub-cache", "DIR", "S1", "S2"], ["pack", "--hub-cache"]):
         with pytest.raises(PackUsageError):
             pack_targets(parser.parse_args(bad))
+    follow = parser.parse_args(["pack", "--hub-cache", str(tmp_path / "hub"), "STORE", "--follow-symlinks"])
+    with pytest.raises(PackUsageError, match=r"--follow-symlinks go with pack SRC\.\.\. STORE"):
+        cmd_pack(follow)  # (a cache's snapshots are links by design: --hub-cache reads them as such)
 
 
 # -- real packs (hf_xet in a child process) ----------------------------------------
@@ -284,10 +336,13 @@ def test_pack_a_tree_then_list_it(tmp_path: Path, cli: CliRunner) -> None:
     (src / "link").symlink_to(src / "a.txt")
     store = tmp_path / "store"
     proc = run_pack(tmp_path, src, store)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 4, proc.stderr  # complete but for the skipped link (ExitStatus.SKIPPED)
     total = sum(map(len, CONTENT.values()))
     n = len(CONTENT)
-    assert proc.stdout == f"packed {n} files ({total} bytes) into {store}; {store / MANIFEST_NAME} names {n} files\n"
+    assert proc.stdout == (
+        f"packed {n} files ({total} bytes) into {store}; {store / MANIFEST_NAME} names {n} files; "
+        "skipped 1 path (see the warnings)\n"
+    )
     assert proc.stderr == f"xetfs: warning: skipping symlink {src / 'link'}\n"
 
     entries = read_manifest(store)
@@ -327,7 +382,7 @@ def test_packing_again_merges_the_manifest(tmp_path: Path) -> None:
     before = read_manifest(store)
     proc = run_pack(tmp_path, second / "a", tmp_path / "first" / "b", store)
     assert proc.returncode == 0, proc.stderr
-    assert "replaced 2 existing path(s)" in proc.stderr
+    assert "replaced 2 existing paths" in proc.stderr
     after = read_manifest(store)
     assert set(after) == {"a", "b"}
     assert after["b"] == before["b"] and after["a"] != before["a"]
@@ -350,6 +405,55 @@ def test_pack_errors_are_one_line(tmp_path: Path) -> None:
         assert proc.stdout == "" and proc.stderr.startswith("xetfs: error: ") and message in proc.stderr
         assert proc.stderr.count("\n") == 1
     assert not (tmp_path / "store").exists()  # nothing was uploaded
+
+
+def test_strict_refuses_skips_and_the_exit_status_tells_them(tmp_path: Path) -> None:
+    """``--strict`` fails before anything is uploaded; without it, skipped files give ``ExitStatus.SKIPPED``."""
+    src = make_tree(tmp_path / "src", {"one.txt": b"1"}, ())
+    with open(os.path.join(os.fsencode(src), b"bad\xff.bin"), "wb") as f:
+        f.write(b"2")
+    store = tmp_path / "store"
+    strict = run_pack(tmp_path, src, store, "--strict")
+    assert strict.returncode == ExitStatus.ERROR, strict.stderr
+    assert strict.stderr.splitlines()[-1] == (
+        "xetfs: error: --strict: 1 path skipped (see the warnings); nothing recorded"
+    )
+    assert not store.exists()  # nothing uploaded
+    loose = run_pack(tmp_path, src, store)
+    assert loose.returncode == ExitStatus.SKIPPED == 4, loose.stderr
+    assert loose.stdout == (
+        f"packed 1 file (1 byte) into {store}; {store / MANIFEST_NAME} names 1 file; "
+        "skipped 1 path (see the warnings)\n"
+    )
+    assert set(read_manifest(store)) == {"one.txt"}
+    clean = run_pack(tmp_path, src / "one.txt", store, "--strict")
+    assert clean.returncode == 0 and "skipped" not in clean.stdout, clean.stderr
+
+
+def test_follow_symlinks_and_the_hint_through_the_command(tmp_path: Path) -> None:
+    outside = make_tree(tmp_path / "outside", {"w.bin": b"weights", "c.json": b"{}"}, ())
+    links = tmp_path / "links"
+    links.mkdir()
+    for name in ("w.bin", "c.json"):
+        (links / name).symlink_to(outside / name)
+    store = tmp_path / "store"
+    refused = run_pack(tmp_path, links, store)
+    assert refused.returncode == 1
+    assert "nothing to pack" in refused.stderr and "--hub-cache" in refused.stderr
+    assert "--follow-symlinks" in refused.stderr
+    followed = run_pack(tmp_path, links, store, "--follow-symlinks", "--strict")
+    assert followed.returncode == 0, followed.stderr
+    entries = read_manifest(store)
+    assert set(entries) == {"w.bin", "c.json"}
+    assert entries["w.bin"]["lfs"] == {"oid": hashlib.sha256(b"weights").hexdigest(), "size": 7}
+    # A directory of links beside real files: the pack goes on, and the hint is a warning.
+    mixed = make_tree(tmp_path / "mixed", {"own.txt": b"own"}, ())
+    (mixed / "snapshot").mkdir()
+    (mixed / "snapshot" / "w.bin").symlink_to(outside / "w.bin")
+    hinted = run_pack(tmp_path, mixed, tmp_path / "store2")
+    assert hinted.returncode == 4, hinted.stderr
+    assert f"xetfs: warning: every file in {mixed / 'snapshot'} is a symlink" in hinted.stderr
+    assert "--follow-symlinks" in hinted.stderr
 
 
 def test_a_broken_manifest_stops_the_pack(tmp_path: Path) -> None:

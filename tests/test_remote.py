@@ -28,7 +28,7 @@ from oracle import CliRunner, hf_xet_env
 from xetfs.diskcache import CachedSource, DiskCache
 from xetfs.errors import StoreError
 from xetfs.indexer import load_index
-from xetfs.objects import RemoteOptions, redact
+from xetfs.objects import ObstoreSource, RemoteOptions, redact
 from xetfs.reader import Reader
 from xetfs.remote import open_remote
 from xetfs.stats import RemoteCounters
@@ -233,6 +233,33 @@ def test_restart_serves_from_cache_with_server_down(packed: Packed, tmp_path: Pa
         assert time.monotonic() - started < 5, "an uncached read with the server down must fail fast"
         stats = m.stats()
         assert stats["remote"]["disk_hits"] > 0 and stats["remote"]["failed_reads"] > 0, stats
+        # The read's reason is its own request's: not the listing's, which failed first and marked the server down.
+        lines = [x for x in m.log().splitlines() if " ERROR " in x and "model/weights.bin" in x]
+        assert lines, m.log()
+        line = lines[0]
+        reason = line.split(" failed: ", 1)[1]
+        assert reason.startswith(f"{url}/xet/xorbs/"), line
+        assert f"{url}/{LISTING_NAME}" not in reason, line
+        assert "server marked down" in reason or "server unreachable" in reason, line
+
+
+def test_a_request_refused_while_the_server_is_down_says_why() -> None:
+    """The listing's request finds no server; the xorb read after it is not sent, and says so, naming the
+    request that marked the server down (not quoting that request's error as its own)."""
+    url = f"http://127.0.0.1:{servers.free_port()}/store"  # nothing listens there
+    source = ObstoreSource(url, RemoteOptions(deadline=5, request_timeout=2, connect_timeout=2))
+    with pytest.raises(StoreError) as first:
+        source.read(LISTING_NAME, limit=1 << 20)
+    assert str(first.value).startswith(f"{url}/{LISTING_NAME}: server unreachable: "), first.value
+    requests = source.counters.requests
+    with pytest.raises(StoreError) as second:
+        source.read_range("xet/xorbs/default/" + "ab" * 32, 0, 100)
+    message = str(second.value)
+    where = f"{url}/xet/xorbs/default/{'ab' * 32} bytes [0, 100): "
+    assert message.startswith(f"{where}not requested: server marked down "), message
+    assert message.endswith(f" s ago, after {LISTING_NAME} failed: no connection (Connection refused)"), message
+    assert f"{url}/{LISTING_NAME}" not in message
+    assert source.counters.requests == requests  # not sent
 
 
 def test_corrupt_cache_entries_are_dropped_and_fetched_again(

@@ -23,19 +23,22 @@ import trio
 from xetfs import __version__, hashes
 from xetfs.catalogue import Catalogue
 from xetfs.errors import XetfsError, describe
+from xetfs.exitstatus import ExitStatus
 from xetfs.index import FileEntry, Index
 from xetfs.indexer import load_index
 from xetfs.manifest import format_mtime
+from xetfs.messages import UserFormatter, plural, print_warning
+from xetfs.objects import is_url
 from xetfs.reader import Reader
 from xetfs.store import Store
 
 log = logging.getLogger("xetfs")
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_PROBLEMS = 3  # ``verify`` found damage
-EXIT_BROKEN_PIPE = 141  # the output pipe was closed: what a shell shows for a program killed by SIGPIPE
+EXIT_OK = ExitStatus.OK
+EXIT_ERROR = ExitStatus.ERROR
+EXIT_USAGE = ExitStatus.USAGE
+EXIT_PROBLEMS = ExitStatus.PROBLEMS
+EXIT_BROKEN_PIPE = ExitStatus.BROKEN_PIPE
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -76,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
     add_remote_args(p)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--files", action="store_true", help="list the store's files even when it has a catalogue")
+    p.add_argument("--files", action="store_true",
+                   help="list the store's files even when it has a catalogue: hash, size, sha256, terms, chunks "
+                        "(distinct), and mtime and path when the store names them")  # fmt: skip
     p.set_defaults(func=cmd_ls)
 
     p = sub.add_parser("cat", help="write a file's bytes to stdout")
@@ -106,12 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setup_logging(level: str, debug: bool, stream: Any = None) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if debug else getattr(logging, level.upper()),
-        format="xetfs: %(levelname)s: %(message)s",
-        stream=stream or sys.stderr,
-        force=True,
-    )
+    """Log to ``stream`` (stderr) as ``xetfs: warning: ...``, the style of every message to the user."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(UserFormatter())
+    logging.basicConfig(level=logging.DEBUG if debug else getattr(logging, level.upper()), handlers=[handler],
+                        force=True)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,7 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()
         return result
     except KeyboardInterrupt:
-        return 130
+        return ExitStatus.INTERRUPTED
     except BrokenPipeError:
         # The consumer (e.g. ``head``) stopped reading: the output is incomplete, so not a success.
         # (A command whose status says more, like ``verify`` finding damage, returns that itself.)
@@ -174,9 +178,11 @@ def cmd_ls(args: argparse.Namespace) -> int:
     """The repos and revisions of the store's Hub catalogue, when it has one (and not ``--files``).
 
     Otherwise one row per file, or, when the store has names, one per name
-    (then the files no name refers to).  A row is a dict, so that more
-    columns can join without breaking readers of ``--json``; the text form
-    prints its values in order, the path last.
+    (then the files no name refers to): hash, size, sha256, terms, chunks
+    (distinct chunks: what ``xetfs stats MNT FILE`` measures decoding
+    against), then mtime and path.  A row is a dict, so that more columns
+    can join without breaking readers of ``--json``; the text form prints
+    its values in order, the path last.
     """
     from xetfs.catalogue import store_catalogue
     from xetfs.manifest import store_manifest
@@ -208,7 +214,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return EXIT_OK
     for row in rows:
-        cells = [row["hash"], f"{row['size']:>14}", f"{row['sha256'] or '-':<64}", str(row["terms"])]
+        cells = [row["hash"], f"{row['size']:>14}", f"{row['sha256'] or '-':<64}", f"{row['terms']:>5}",
+                 f"{row['chunks']:>7}"]  # fmt: skip
         if "path" in row:  # the time to the second
             mtime = row["mtime"]
             cells += [mtime.partition(".")[0].removesuffix("Z") + "Z" if mtime else "-", row["path"] or "-"]
@@ -219,7 +226,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def _ls_catalogue(catalogue: Catalogue, *, as_json: bool) -> int:
     """Repos and revisions of a store's catalogue: one line per repo, one per revision below it."""
     for warning in catalogue.warnings:
-        print(f"xetfs: warning: {warning}", file=sys.stderr)
+        print_warning(warning)
     rows: list[dict[str, Any]] = []
     for repo in catalogue.repos:
         revisions: list[dict[str, Any]] = []
@@ -238,16 +245,18 @@ def _ls_catalogue(catalogue: Catalogue, *, as_json: bool) -> int:
         sys.stdout.write("\n")
         return EXIT_OK
     for row in rows:
-        print(f"{row['type']:<8} {row['id']}  ({len(row['revisions'])} revisions)")
+        print(f"{row['type']:<8} {row['id']}  ({plural(len(row['revisions']), 'revision')})")
         for r in row["revisions"]:
             refs = ", ".join(r["refs"]) or "-"
-            print(f"  {r['commit']}  {r['files']:>6} files  {r['bytes']:>14} bytes  refs: {refs}")
+            files, size = plural(r["files"], "file"), plural(r["bytes"], "byte")
+            print(f"  {r['commit']}  {files:>12}  {size:>20}  refs: {refs}")
     return EXIT_OK
 
 
 def _ls_row(e: FileEntry, *named: Any) -> dict[str, Any]:
     """``xetfs ls``'s row for ``e``; with ``named`` = ``(path or None, mtime_ns or None)`` also those columns."""
-    row: dict[str, Any] = {"hash": e.hex, "size": e.size, "sha256": e.sha256, "terms": e.num_terms}
+    row: dict[str, Any] = {"hash": e.hex, "size": e.size, "sha256": e.sha256, "terms": e.num_terms,
+                           "chunks": e.num_chunks}  # fmt: skip
     if named:
         path, mtime_ns = named
         row["path"] = path
@@ -317,7 +326,6 @@ def _file_names(store: Store, catalogue: Catalogue | None) -> dict[bytes, str]:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from xetfs.catalogue import store_catalogue
-    from xetfs.objects import is_url
     from xetfs.remoteargs import open_location
     from xetfs.verify import audit, audit_catalogue
 
@@ -337,10 +345,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         for problem in report.problems:
             print(f"PROBLEM: {problem}")
-        summary = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+        summary = "OK" if report.ok else plural(len(report.problems), "problem")
         print(
-            f"{summary}: {report.shards} shards, {report.xorbs} xorbs, {report.chunks} chunks, "
-            f"{report.files} files, {report.bytes_checked} file bytes checked"
+            f"{summary}: {plural(report.shards, 'shard')}, {plural(report.xorbs, 'xorb')}, "
+            f"{plural(report.chunks, 'chunk')}, {plural(report.files, 'file')}, "
+            f"{plural(report.bytes_checked, 'file byte')} checked"
         )
         sys.stdout.flush()
     except BrokenPipeError:

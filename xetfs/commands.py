@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xetfs.daemonlog import LogFile
 from xetfs.errors import XetfsError
+from xetfs.messages import plural, print_warning
 from xetfs.store import Store
 
 if TYPE_CHECKING:
@@ -31,7 +35,9 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
     add_remote_args(p, io_timeout=False)
     p.add_argument("mountpoint", help="an empty directory")
-    p.add_argument("-f", "--foreground", action="store_true", help="stay attached, log to stderr")
+    p.add_argument("-f", "--foreground", action="store_true",
+                   help="stay attached, log to stderr, say 'xetfs: mounted STORE at MOUNTPOINT' once the mount "
+                        "answers; Ctrl-C unmounts and exits 130")  # fmt: skip
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT]",
                    help="mount options: allow_other, allow_root, nonempty")  # fmt: skip
     p.add_argument("--uid", type=int, help="owner shown for every file (default: yours)")
@@ -57,8 +63,12 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                         "(default 30)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="decode worker processes (default: one per CPU, up to 8; 0: decode in the daemon)")  # fmt: skip
-    p.add_argument("--log-file", type=Path, help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log)")
+    p.add_argument("--log-file", type=Path,
+                   help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log, which is removed again "
+                        "when the mount ends cleanly with nothing logged at warning or above; a file given "
+                        "here is kept)")  # fmt: skip
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--drop-clean-log", action="store_true", help=argparse.SUPPRESS)  # the default log file
     p.set_defaults(func=cmd_mount)
 
     p = sub.add_parser("umount", help="unmount a xetfs mount")
@@ -68,8 +78,11 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                    help="abort the FUSE connection first (hung daemon; root); unmounts non-xetfs mounts")  # fmt: skip
     p.set_defaults(func=cmd_umount)
 
-    p = sub.add_parser("stats", help="show the live counters of a mount")
+    p = sub.add_parser("stats", help="show the live counters of a mount, or one file's amplification")
     p.add_argument("mountpoint", help="where the store is mounted")
+    p.add_argument("file", nargs="?",
+                   help="a file of the mount (a path under MOUNTPOINT, or relative to it): its chunk count and "
+                        "what reads of it decoded, over its size and chunks (amplification)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_stats)
 
@@ -140,11 +153,15 @@ def cmd_mount(args: argparse.Namespace) -> int:
 
     config = _config(args)
     if args.foreground:
+        handler = None
         if args.log_file:
-            handler = logging.FileHandler(args.log_file)
+            handler = LogFile(args.log_file)
             handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
             logging.getLogger().handlers[:] = [handler]
-        return run_daemon(config, args.ready_fd)
+        status = run_daemon(config, args.ready_fd)  # (raises when the mount failed: the log stays)
+        if handler is not None and args.drop_clean_log:
+            handler.drop_if_clean()
+        return status
     # Check what can be checked here, so the usual mistakes fail fast and plainly.
     from xetfs.objects import is_url, public_url
     from xetfs.remoteargs import headers_env
@@ -155,12 +172,13 @@ def cmd_mount(args: argparse.Namespace) -> int:
         load_manifest(config.names)
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
-    warnings, n = spawn_daemon(_child_argv(args, config), config.mountpoint, log_file, env=headers_env(args))
+    argv = _child_argv(args, config) + ([] if args.log_file else ["--drop-clean-log"])
+    warnings, n = spawn_daemon(argv, config.mountpoint, log_file, env=headers_env(args))
     for warning in warnings:
-        print(f"xetfs: warning: {warning}", file=sys.stderr)
-    count = f" with {n} warning{'s' if n != 1 else ''} about the store" if n else ""
+        print_warning(warning)
+    count = f" with {plural(n, 'warning')} about the store" if n else ""
     shown = public_url(str(config.store)) if is_url(str(config.store)) else config.store
-    print(f"mounted {shown} at {config.mountpoint}{count} (log: {log_file})", file=sys.stderr)
+    print(f"xetfs: mounted {shown} at {config.mountpoint}{count} (log: {log_file})", file=sys.stderr)
     return 0
 
 
@@ -168,7 +186,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from xetfs.remote import publish
 
     path, listing = publish(args.store)
-    print(f"wrote {path}: {len(listing.objects)} objects", file=sys.stderr)
+    print(f"xetfs: wrote {path}: {plural(len(listing.objects), 'object')}", file=sys.stderr)
     return 0
 
 
@@ -180,6 +198,8 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        return _file_stats(Path(args.mountpoint), Path(args.file), as_json=args.json)
     path = Path(args.mountpoint) / STATS_PATH
     try:
         doc = json.loads(path.read_bytes())
@@ -192,6 +212,44 @@ def cmd_stats(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     print(format_stats(doc))
+    return 0
+
+
+FILE_STATS_XATTR = "user.xetfs.stats"  # (as fs.FILE_STATS_XATTR; fs needs pyfuse3 to import)
+
+
+def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
+    """``xetfs stats MNT FILE``: the file's decode counters and amplification.
+
+    ``FILE`` is a path under ``MNT``, or one relative to it.
+    """
+    if not (mountpoint / STATS_PATH).exists():
+        raise XetfsError(f"{mountpoint}: not a xetfs mount (no {STATS_PATH})")
+    path = file if file.is_absolute() else mountpoint / file
+    try:
+        doc = json.loads(os.getxattr(path, FILE_STATS_XATTR))
+    except FileNotFoundError:
+        raise XetfsError(f"{path}: no such file") from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
+            raise
+        raise XetfsError(f"{path}: not a file of the xetfs mount {mountpoint}") from None
+    size, chunks = doc["size"], doc["chunks"]
+    doc["bytes_amplification"] = round(doc["decoded_bytes"] / size, 4) if size else None
+    doc["chunks_amplification"] = round(doc["decoded_chunks"] / chunks, 4) if chunks else None
+    if as_json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}x"
+
+    print(f"{'file':<22}{path}  ({doc['hash']})")
+    print(f"{'size':<22}{plural(size, 'byte')}, {plural(chunks, 'chunk')}")
+    print(f"{'decoded':<22}{plural(doc['decoded_bytes'], 'byte')}, {plural(doc['decoded_chunks'], 'chunk')}")
+    print(f"{'amplification':<22}{ratio(doc['bytes_amplification'])} of its bytes, "
+          f"{ratio(doc['chunks_amplification'])} of its chunks")  # fmt: skip
     return 0
 
 

@@ -41,6 +41,9 @@ R = TypeVar("R")
 BLOCK_SIZE = 1024 * 1024  # st_blksize: tells tools to read in large pieces
 ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
 XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
+# A file's decode counters as JSON, for ``xetfs stats MNT FILE``.  Not listed by listxattr: its value
+# changes with every read, and ``getfattr -d`` shows what a file is, not how it was read.
+FILE_STATS_XATTR = b"user.xetfs.stats"
 REPEATS_QUIET = 10.0  # seconds the same failed read is not logged again
 
 
@@ -287,9 +290,20 @@ class XetFS(_ReadOnly):
             out[b"user.xet.sha256"] = entry.sha256.encode()
         return out
 
+    def file_stats(self, node: Node) -> bytes | None:
+        """``FILE_STATS_XATTR`` of ``node``: its size and distinct chunks, and what its reads decoded (JSON)."""
+        entry = node.entry
+        if node.kind is not Kind.FILE or entry is None:
+            return None
+        decoded = self.reader.file_statistics(entry.file_hash)
+        doc = {"hash": entry.hex, "size": entry.size, "chunks": entry.num_chunks,
+               "decoded_chunks": decoded.chunks, "decoded_bytes": decoded.bytes}  # fmt: skip
+        return json.dumps(doc).encode()
+
     @_guard
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
-        value = self._xattrs(self._node(inode)).get(name)
+        node = self._node(inode)
+        value = self.file_stats(node) if name == FILE_STATS_XATTR else self._xattrs(node).get(name)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value

@@ -17,9 +17,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xetfs import hashes
@@ -38,7 +37,8 @@ from xetfs.catalogue import (
 )
 from xetfs.errors import XetfsError
 from xetfs.hubcache import CachedRepo, Digests, digest_file, is_lfs_path, scan_cache
-from xetfs.pack import plan_pack, upload
+from xetfs.messages import plural, print_warning
+from xetfs.pack import links_hint, plan_pack, refuse_skips, upload
 from xetfs.remote import publish
 
 Warn = Callable[[str], None]
@@ -47,34 +47,36 @@ Warn = Callable[[str], None]
 class Skips:
     """The warnings of one import: printed as they come, counted by reason for the summary line."""
 
-    REASONS = (
-        ("partial download", "partial downloads"),
-        ("broken symlink", "broken symlinks"),
-        ("no snapshot", "refs without a snapshot"),
-        ("changed while being read", "files changed while read"),
-        ("does not match its name", "blobs whose content does not match their name"),
-        ("none of its files was imported", "revisions with no file imported"),
-        ("no revision has a file", "repos with no revision imported"),
-    )
+    REASONS = (  # what a warning says, and what the summary calls one such item and several
+        ("partial download", "partial download", "partial downloads"),
+        ("broken symlink", "broken symlink", "broken symlinks"),
+        ("no snapshot", "ref without a snapshot", "refs without a snapshot"),
+        ("changed while being read", "file changed while read", "files changed while read"),
+        ("does not match its name", "blob whose content does not match its name",
+         "blobs whose content does not match their name"),
+        ("none of its files was imported", "revision with no file imported", "revisions with no file imported"),
+        ("no revision has a file", "repo with no revision imported", "repos with no revision imported"),
+    )  # fmt: skip
+    OTHER = ("other problem", "other problems")
 
     def __init__(self, warn: Warn) -> None:
         self._warn = warn
-        self.counts: dict[str, int] = {}
+        self.counts: dict[tuple[str, str], int] = {}  # by (singular, plural) label
 
     def __call__(self, message: str) -> None:
         self._warn(message)
-        reason = next((label for key, label in self.REASONS if key in message), "other problems")
+        reason = next(((one, many) for key, one, many in self.REASONS if key in message), self.OTHER)
         self.counts[reason] = self.counts.get(reason, 0) + 1
 
     def summary(self) -> str:
         if not self.counts:
             return "nothing skipped"
-        parts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.counts.items()))
+        parts = ", ".join(plural(n, one, many) for (one, many), n in sorted(self.counts.items(), key=lambda i: i[0][1]))
         return f"skipped {sum(self.counts.values())} ({parts})"
 
-
-def _print_warning(message: str) -> None:
-    print(f"xetfs: warning: {message}", file=sys.stderr)
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
 
 
 # -- uploading with checks -----------------------------------------------------------------
@@ -202,12 +204,14 @@ class HubPackResult:
     cache_bytes: int  # bytes of the files uploaded by this run
     store_bytes: int  # bytes the store grew by
     skipped: str
+    skipped_count: int = 0  # the items ``skipped`` sums up
 
     def line(self, store: Path) -> str:
         ratio = f"{self.cache_bytes / self.store_bytes:.2f}x" if self.store_bytes and self.cache_bytes else "n/a"
         return (
-            f"imported {self.repos} repos, {self.revisions} revisions, {self.files} files into {store}: "
-            f"{self.uploaded} new files, {self.cache_bytes} cache bytes -> {self.store_bytes} store bytes added "
+            f"imported {plural(self.repos, 'repo')}, {plural(self.revisions, 'revision')}, "
+            f"{plural(self.files, 'file')} into {store}: {plural(self.uploaded, 'new file')}, "
+            f"{plural(self.cache_bytes, 'cache byte')} -> {plural(self.store_bytes, 'store byte')} added "
             f"(dedup {ratio}); {self.skipped}"
         )
 
@@ -222,6 +226,7 @@ def _result(new: Catalogue, stored: Sequence[Stored | None], grown: int, skips: 
         cache_bytes=sum(s.content.size for s in done),
         store_bytes=grown,
         skipped=skips.summary(),
+        skipped_count=skips.total,
     )
 
 
@@ -242,18 +247,23 @@ def _store_dir(store: str | os.PathLike[str]) -> Path:
 
 
 def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Sequence[str] = (),
-                   progress: bool = False, warn: Warn = _print_warning) -> HubPackResult:  # fmt: skip
+                   progress: bool = False, warn: Warn = print_warning,
+                   strict: bool = False) -> HubPackResult:  # fmt: skip
     """Import the cache at ``cache_dir`` (its repos in ``repos``, or all) into ``store``'s catalogue.
 
     Blobs the catalogue already names are not uploaded again.  Raises
     ``XetfsError`` or ``OSError`` for a missing cache, a broken catalogue or
-    a failed upload; problems with single items are warnings.
+    a failed upload; problems with single items are warnings (counted in
+    ``skipped_count``), and with ``strict`` an error: before the upload
+    when the scan skipped something, else before the catalogue is written.
     """
     store_dir = _store_dir(store)
     if not cache_dir.is_dir():
         raise XetfsError(f"{cache_dir}: no huggingface_hub cache there (not a directory)")
     skips = Skips(warn)
     scanned = scan_cache(cache_dir, repos, skips)
+    if strict:
+        refuse_skips(skips.total, "item")
     with locked(store_dir, _waiting(store_dir, warn)):
         old = _existing(store_dir)
         jobs = _plan_jobs(scanned, old)
@@ -261,6 +271,8 @@ def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Seq
         stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
         by_local = {job.local: s for job, s in zip(jobs, stored, strict=True) if s is not None}
         new = _catalogue(scanned, old, by_local, skips)
+        if strict:
+            refuse_skips(skips.total, "item")
         update_catalogue(store_dir, new)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
@@ -357,12 +369,14 @@ def derive_commit(files: dict[str, str]) -> str:
 
 def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.PathLike[str], *, repo_id: str,
                   repo_type: str = "model", revision: str = "main", commit: str | None = None,
-                  progress: bool = False, warn: Warn = _print_warning) -> tuple[str, HubPackResult]:  # fmt: skip
+                  progress: bool = False, warn: Warn = print_warning, strict: bool = False,
+                  follow_symlinks: bool = False) -> tuple[str, HubPackResult]:  # fmt: skip
     """Record the files of ``sources`` (named as plain ``pack`` names them) as one revision of a repo.
 
     Returns the commit id and the result.  Raises ``XetfsError`` for a bad
-    repo id, ref or commit, or when a file fails its checks (a revision is
-    recorded whole or not at all).
+    repo id, ref or commit, when a file fails its checks (a revision is
+    recorded whole or not at all), and with ``strict`` when a source path
+    would be skipped.  ``follow_symlinks`` as for ``pack.plan_pack``.
     """
     problem = repo_id_problem(repo_id)
     if problem is not None:
@@ -373,7 +387,11 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         raise XetfsError(f"--commit {commit!r}: not a 40-hex commit id")
     store_dir = _store_dir(store)
     skips = Skips(warn)
-    plan = plan_pack([Path(s) for s in sources], store_dir, skips)
+    plan = plan_pack([Path(s) for s in sources], store_dir, skips, follow_symlinks=follow_symlinks)
+    if plan.all_links:
+        warn(links_hint(plan.all_links))
+    if strict:
+        refuse_skips(len(plan.skipped))
     paths = ["/".join(f.path) for f in plan.files]
     jobs = [Job(f.local, None, is_lfs_path(p, _size(f.local))) for f, p in zip(plan.files, paths, strict=True)]
     with locked(store_dir, _waiting(store_dir, warn)):
@@ -382,7 +400,9 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
         failed = [str(j.local) for j, s in zip(jobs, stored, strict=True) if s is None]
         if failed:
-            raise XetfsError(f"revision not recorded: {len(failed)} file(s) failed their checks: {', '.join(failed)}")
+            raise XetfsError(
+                f"revision not recorded: {plural(len(failed), 'file')} failed their checks: {', '.join(failed)}"
+            )
         files = {p: s.blob for p, s in zip(paths, stored, strict=True) if s is not None}
         blobs = {s.blob: s.content for s in stored if s is not None}
         commit_id = commit.lower() if commit else derive_commit(files)
@@ -390,4 +410,4 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         update_catalogue(store_dir, new)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
-    return commit_id, _result(new, stored, grown, skips)
+    return commit_id, replace(_result(new, stored, grown, skips), skipped_count=len(plan.skipped))

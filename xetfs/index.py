@@ -47,6 +47,21 @@ class FileEntry:
     def term_start(self, i: int) -> int:
         return self.ends[i - 1] if i else 0
 
+    @property
+    def num_chunks(self) -> int:
+        """Distinct chunks the file's terms reference (a chunk two terms share counts once)."""
+        by_xorb: dict[int, list[tuple[int, int]]] = {}
+        for xorb_id, start, stop in zip(self.xorb_ids, self.starts, self.stops, strict=True):
+            by_xorb.setdefault(xorb_id, []).append((start, stop))
+        total = 0
+        for ranges in by_xorb.values():
+            reach = 0  # chunks below it are counted
+            for start, stop in sorted(ranges):
+                if stop > reach:
+                    total += stop - max(start, reach)
+                    reach = stop
+        return total
+
 
 class TermSlice(NamedTuple):  # a tuple: one is made for every read
     """Bytes ``[offset, offset + length)`` of term ``term`` (chunks ``[start, stop)`` of ``xorb_hash``)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from xetfs.errors import FormatError, StoreError
 from xetfs.format.shard import parse_shard
 from xetfs.index import Index
+from xetfs.messages import plural
 from xetfs.stats import IndexCounters
 from xetfs.store import Store
 
@@ -61,7 +62,10 @@ def load_index(store: Store, *, strict: bool = False) -> LoadResult:
         result.index.add_shard(shard)
     if result.skipped and len(result.index) == 0:
         bad, total = len(result.skipped), len(shard_files)
-        which = f"all {total} shards are bad" if bad == total else f"{bad} of {total} shards are bad, the rest empty"
+        if bad == total:
+            which = "its one shard is bad" if total == 1 else f"all {total} shards are bad"
+        else:
+            which = f"{bad} of {total} shards {'is' if bad == 1 else 'are'} bad, the rest empty"
         raise StoreError(f"store {store.location}: nothing to show: {which} (first: {result.skipped[0]})")
     return result
 
@@ -78,4 +82,5 @@ def shards_missing(store: Store, shards: int) -> str | None:
     xorbs = sum(1 for _ in store.xorb_hashes())
     if not xorbs:
         return None
-    return f"store {store.location}: no shards in {store.location}/shards, but {xorbs} xorbs: the shards are missing"
+    where = store.location
+    return f"store {where}: no shards in {where}/shards, but {plural(xorbs, 'xorb')}: the shards are missing"

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from xetfs import hashes
 from xetfs.errors import FormatError, ManifestError
+from xetfs.messages import plural
 
 if TYPE_CHECKING:
     from xetfs.store import Store
@@ -99,7 +100,9 @@ class WarningLog:
     def lines(self) -> list[str]:
         """All kept warnings, then ``"... and N more <kind> warnings"`` for each kind over the limit."""
         more = [
-            f"... and {n - self._limit} more {kind} warnings" for kind, n in self._counts.items() if n > self._limit
+            f"... and {plural(n - self._limit, f'more {kind} warning')}"
+            for kind, n in self._counts.items()
+            if n > self._limit
         ]
         return self._lines + more
 

@@ -2,8 +2,10 @@
 
 ``xetfs mount`` runs the filesystem in a child process (the daemon) and
 returns once the child says the mount answers; with ``--foreground`` the
-same code runs in this process.  The daemon unmounts cleanly on SIGINT or
-SIGTERM.  pyfuse3 keeps global state, so there is one mount per process.
+same code runs in this process.  The daemon unmounts cleanly on SIGINT,
+SIGTERM or SIGHUP, and exits 130 after SIGINT (Ctrl-C), else 0.  A
+foreground mount started by hand says on stderr when it answers.  pyfuse3
+keeps global state, so there is one mount per process.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from xetfs.catalogue import CATALOGUE_NAME, Catalogue, store_catalogue
 from xetfs.decode_worker import Setup
 from xetfs.diskcache import DEFAULT_SIZE as DEFAULT_DISK_CACHE
 from xetfs.errors import XetfsError, describe
+from xetfs.exitstatus import ExitStatus
 from xetfs.fs import FsOptions, XetFS
 from xetfs.hubtree import build_hub_tree
 from xetfs.index import Index
@@ -291,7 +294,7 @@ class _Collect(logging.Handler):
 
 
 def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
-    """Mount and serve until unmounted or signalled.
+    """Mount and serve until unmounted or signalled; ``ExitStatus.INTERRUPTED`` after SIGINT, else ``OK``.
 
     Reports on ``ready_fd``: one ``warning: ...`` line per warning about the
     store (at most ``MAX_REPORTED_WARNINGS``, then one for the rest), a
@@ -314,21 +317,24 @@ def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
         logging.getLogger("xetfs").removeHandler(collect)
     _send_warnings(ready_fd, collect.messages)
     try:
-        trio.run(_serve, fs, config, ready_fd)
+        signals = trio.run(_serve, fs, config, ready_fd)
     finally:
         pyfuse3.close(unmount=True)
         fs.reader.close()
         log.info("unmounted %s", config.mountpoint)
-    return 0
+    return ExitStatus.INTERRUPTED if signal.SIGINT in signals else ExitStatus.OK
 
 
-async def _serve(fs: XetFS, config: MountConfig, ready_fd: int | None) -> None:
+async def _serve(fs: XetFS, config: MountConfig, ready_fd: int | None) -> list[int]:
+    """Serve until unmounted or signalled; returns the signal that ended it (``[]`` for an unmount)."""
+    signals: list[int] = []
     async with trio.open_nursery() as nursery:
         fs.start_background(nursery)
-        nursery.start_soon(_watch_signals, nursery.cancel_scope)
+        nursery.start_soon(_watch_signals, nursery.cancel_scope, signals)
         nursery.start_soon(_when_answering, fs, config, ready_fd, nursery)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
+    return signals
 
 
 async def _when_answering(fs: XetFS, config: MountConfig, ready_fd: int | None, nursery: trio.Nursery) -> None:
@@ -342,13 +348,17 @@ async def _when_answering(fs: XetFS, config: MountConfig, ready_fd: int | None, 
     await trio.to_thread.run_sync(os.stat, config.mountpoint, abandon_on_cancel=True)
     set_read_ahead(config.mountpoint, config.read_ahead_kb)
     _report(ready_fd, "ok")
+    if ready_fd is None:  # a foreground mount: the one line saying it can be used
+        store = public_url(str(config.store)) if is_url(str(config.store)) else config.store
+        print(f"xetfs: mounted {store} at {config.mountpoint}", file=sys.stderr, flush=True)
     log.info("serving %s", config.mountpoint)
     fs.reader.start(nursery)
 
 
-async def _watch_signals(scope: trio.CancelScope) -> None:
+async def _watch_signals(scope: trio.CancelScope, received: list[int]) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for signum in signals:
+            received.append(signum)
             log.info("received %s, unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
             scope.cancel()

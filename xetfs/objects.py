@@ -173,7 +173,8 @@ class _Health:
     """Whether the server answered lately; shared by every call of one source."""
 
     down_until: float = 0.0
-    reason: str = ""
+    reason: str = ""  # "after <request> failed (<why>)": the request that found the server down
+    since: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -277,7 +278,7 @@ class ObstoreSource:
                         raise StoreError(f"{self._where(what)}: {message}") from None
                     if _unreachable(full):
                         message = f"{message} (no connection: {_connect_reason(full)})"
-                        self._mark_down(message)
+                        self._mark_down(f"after {what} failed: no connection ({_connect_reason(full)})")
                         raise StoreError(f"{self._where(what)}: server unreachable: {message}") from None
                     left = deadline - time.monotonic()
                     if left <= backoff:
@@ -295,12 +296,15 @@ class ObstoreSource:
     def _check_up(self, what: str) -> None:
         health = self._health
         with health.lock:
-            if time.monotonic() < health.down_until:
-                raise StoreError(f"{self._where(what)}: server unreachable: {health.reason}")
+            now = time.monotonic()
+            if now < health.down_until:  # not tried: the reason is another request's, and says so
+                raise StoreError(f"{self._where(what)}: not requested: server marked down "
+                                 f"{now - health.since:.1f} s ago, {health.reason}")  # fmt: skip
 
     def _mark_down(self, reason: str) -> None:
         with self._health.lock:
-            self._health.down_until = time.monotonic() + DOWN_SECONDS
+            self._health.since = time.monotonic()
+            self._health.down_until = self._health.since + DOWN_SECONDS
             self._health.reason = reason
 
     def _count(self, size: int) -> None:

@@ -14,7 +14,16 @@ Naming: a directory that is the only SRC contributes its contents relative to
 itself; otherwise a directory contributes ``<its name>/...`` and a file its
 name.  Directories are walked in sorted order; only regular files are packed
 (symlinks and special files are skipped with a warning, so nothing outside
-the tree is read); every directory is recorded, so empty ones survive.
+the tree is read); every directory is recorded, so empty ones survive.  With
+``follow_symlinks`` a link is packed as what it points to (a file, or a
+directory walked in turn; a link back to a directory above it is skipped).
+
+Skipped files are counted (``Plan.skipped``): ``pack --strict`` refuses to
+pack when there are any, and otherwise ``pack`` exits with
+``ExitStatus.SKIPPED`` so that a script can tell the pack is incomplete.
+A directory whose files are all symlinks (a huggingface_hub snapshot: its
+subdirectories are real) gets a hint naming ``--hub-cache`` and
+``--follow-symlinks``.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from typing import Any
 
 from xetfs import hashes
 from xetfs.errors import XetfsError
+from xetfs.exitstatus import ExitStatus
 from xetfs.index import EMPTY_SHA256
 from xetfs.manifest import (
     MANIFEST_NAME,
@@ -43,16 +53,13 @@ from xetfs.manifest import (
     load_manifest,
     path_problem,
 )
+from xetfs.messages import plural, print_warning
 from xetfs.remote import publish
 from xetfs.store import find_beside, replace_file
 
 REDB_INDEX = "global_dedup_lookup.redb"  # hf_xet's own lookup table in xet/xorbs/, not read by xetfs
 
 Warn = Callable[[str], None]
-
-
-def _print_warning(message: str) -> None:
-    print(f"xetfs: warning: {message}", file=sys.stderr)
 
 
 # -- finding and loading a manifest --------------------------------------------------
@@ -77,19 +84,37 @@ class Source:
 
 @dataclass
 class Plan:
-    """What a pack will upload (``files``, in walk order) and which directories it records."""
+    """What a pack will upload (``files``, in walk order) and which directories it records.
+
+    ``skipped``: the paths left out, each with a warning (the store itself, when a source holds it, is not
+    counted); ``all_links``: directories with symlinks (not followed) and no other files, subdirectories aside.
+    """
 
     files: list[Source] = field(default_factory=list)
     directories: list[PathParts] = field(default_factory=list)
+    skipped: list[Path] = field(default_factory=list)
+    all_links: list[Path] = field(default_factory=list)
 
 
-def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = _print_warning) -> Plan:
+def links_hint(directories: Sequence[Path]) -> str:
+    """What to do about directories whose files are all symlinks (a huggingface_hub snapshot, most often)."""
+    others = len(directories) - 1
+    where = str(directories[0]) + (f" (and {plural(others, 'other directory', 'other directories')})" if others else "")
+    return (
+        f"every file in {where} is a symlink, as in a huggingface_hub snapshot: import the cache with "
+        "xetfs pack --hub-cache [DIR] STORE, or pack what the links point to with --follow-symlinks"
+    )
+
+
+def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = print_warning, *,
+              follow_symlinks: bool = False) -> Plan:  # fmt: skip
     """Walk ``sources`` and name what they hold (see the module docstring).
 
     The store directory is skipped if a source contains it.  Raises
     ``OSError`` for a missing or unreadable source and ``XetfsError`` for a
-    source that is neither a file nor a directory, for nothing to pack, and
-    for two sources that give the same name.
+    source that is neither a file nor a directory, for nothing to pack
+    (with the hint of ``links_hint`` when it applies), and for two sources
+    that give the same name.  The caller shows that hint otherwise.
     """
     plan = Plan()
     skip = store.resolve()
@@ -102,13 +127,14 @@ def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = _print_warning)
             prefix: PathParts = () if len(sources) == 1 else (_top_name(src),)
             if prefix:
                 plan.directories.append(prefix)
-            _walk(src, prefix, plan, skip, warn)
+            _walk(src, prefix, plan, skip, warn, follow_symlinks)
         elif stat.S_ISREG(st.st_mode):
             plan.files.append(Source((_top_name(src),), src.absolute(), st.st_mtime_ns))
         else:
             raise XetfsError(f"{src}: not a regular file or directory")
     if not plan.files:
-        raise XetfsError(f"nothing to pack: no regular files in {', '.join(map(str, sources))}")
+        hint = f"; {links_hint(plan.all_links)}" if plan.all_links else ""
+        raise XetfsError(f"nothing to pack: no regular files in {', '.join(map(str, sources))}{hint}")
     _check_unique(plan)
     return plan
 
@@ -123,31 +149,51 @@ def _top_name(src: Path) -> str:
     return name
 
 
-def _walk(top: Path, prefix: PathParts, plan: Plan, skip: Path, warn: Warn) -> None:
-    """Add the regular files and directories below ``top`` to ``plan``, depth first in name order."""
-    stack: list[tuple[Path, PathParts]] = [(top, prefix)]
+def _walk(top: Path, prefix: PathParts, plan: Plan, skip: Path, warn: Warn, follow: bool) -> None:
+    """Add the regular files and directories below ``top`` to ``plan``, depth first in name order.
+
+    With ``follow``, a symlink counts as what it points to; a link to a
+    directory the walk is inside (a loop) and a dangling link are skipped.
+    """
+
+    def skipped(message: str, path: Path) -> None:
+        warn(message)
+        plan.skipped.append(path)
+
+    stack: list[tuple[Path, PathParts, frozenset[Path]]] = [(top, prefix, frozenset({top.resolve()}))]
     while stack:
-        directory, parts = stack.pop()
+        directory, parts, above = stack.pop()
         with os.scandir(directory) as it:
             entries = sorted(it, key=lambda e: e.name)
-        below: list[tuple[Path, PathParts]] = []
+        links = sum(e.is_symlink() for e in entries)
+        if links and not follow and all(e.is_symlink() or e.is_dir(follow_symlinks=False) for e in entries):
+            plan.all_links.append(directory)
+        below: list[tuple[Path, PathParts, frozenset[Path]]] = []
         for e in entries:
             path = Path(e.path)
             problem = path_problem(e.name)
+            link = e.is_symlink()
             if problem is not None:
-                warn(f"skipping {path}: cannot be named in the manifest: {problem}")
-            elif e.is_symlink():
-                warn(f"skipping symlink {path}")
-            elif e.is_dir(follow_symlinks=False):
-                if path.resolve() == skip:
+                skipped(f"skipping {path}: cannot be named in the manifest: {problem}", path)
+            elif link and not follow:
+                skipped(f"skipping symlink {path}", path)
+            elif link and not e.is_dir() and not e.is_file():
+                what = "nothing (dangling)" if not os.path.exists(path) else "neither a regular file nor a directory"
+                skipped(f"skipping symlink {path}: it points to {what}", path)
+            elif e.is_dir(follow_symlinks=follow):
+                real = path.resolve()
+                if real == skip:
                     warn(f"skipping {path}: it is the destination store")
                     continue
+                if real in above:
+                    skipped(f"skipping symlink {path}: it points to {real}, which holds it (a loop)", path)
+                    continue
                 plan.directories.append((*parts, e.name))
-                below.append((path, (*parts, e.name)))
-            elif e.is_file(follow_symlinks=False):
-                plan.files.append(Source((*parts, e.name), path.absolute(), e.stat(follow_symlinks=False).st_mtime_ns))
+                below.append((path, (*parts, e.name), above | {real}))
+            elif e.is_file(follow_symlinks=follow):
+                plan.files.append(Source((*parts, e.name), path.absolute(), e.stat(follow_symlinks=follow).st_mtime_ns))
             else:
-                warn(f"skipping {path}: not a regular file")
+                skipped(f"skipping {path}: not a regular file", path)
         stack.extend(reversed(below))
 
 
@@ -214,7 +260,7 @@ def upload(paths: Sequence[Path], store: Path, *, progress: bool = False,
                 except Exception as again:
                     raise XetfsError(f"hf_xet could not write {store}: {again}") from again
             if len(infos) != len(batch):
-                raise XetfsError(f"hf_xet reported {len(infos)} results for {len(batch)} files")
+                raise XetfsError(f"hf_xet reported {plural(len(infos), 'result')} for {plural(len(batch), 'file')}")
             for i, info in zip(picked, infos, strict=True):
                 results[i] = _uploaded(info, paths[i])
     return [results[i] for i in range(len(paths))]
@@ -239,7 +285,7 @@ def _drop_damaged_index(store: Path, exc: Exception) -> bool:
     index = store / "xet" / "xorbs" / REDB_INDEX
     if "redb" not in str(exc) or not index.is_file():
         return False
-    _print_warning(f"{index}: hf_xet cannot open its index ({exc}); removed it, hf_xet writes a new one")
+    print_warning(f"{index}: hf_xet cannot open its index ({exc}); removed it, hf_xet writes a new one")
     index.unlink()
     return True
 
@@ -293,7 +339,7 @@ def merge(new: Sequence[Entry], old: Manifest | None, *, source: str) -> tuple[M
     messages = [f"not kept from the existing manifest: {msg}" for msg in old.warnings]
     messages += [f"merging: {msg}" for msg in merged.warnings]
     if replaced:
-        messages.append(f"{source}: replaced {replaced} existing path(s)")
+        messages.append(f"{source}: replaced {plural(replaced, 'existing path')}")
     return Manifest(merged.files, merged.directories, ()), messages
 
 
@@ -312,6 +358,21 @@ class PackResult:
     store: Path
     manifest: Path
     manifest_files: int  # files named by the manifest after the merge
+    skipped: int = 0  # paths of the sources left out (each had a warning)
+
+    def line(self) -> str:
+        """The summary line ``pack`` prints."""
+        skipped = f"; skipped {plural(self.skipped, 'path')} (see the warnings)" if self.skipped else ""
+        return (
+            f"packed {plural(self.files, 'file')} ({plural(self.bytes, 'byte')}) into {self.store}; "
+            f"{self.manifest} names {plural(self.manifest_files, 'file')}{skipped}"
+        )
+
+
+def refuse_skips(skipped: int, what: str = "path") -> None:
+    """For ``--strict``: raise ``XetfsError`` when anything was skipped (``skipped`` of ``what``)."""
+    if skipped:
+        raise XetfsError(f"--strict: {plural(skipped, what)} skipped (see the warnings); nothing recorded")
 
 
 def pack(
@@ -319,18 +380,26 @@ def pack(
     store: str | os.PathLike[str],
     *,
     progress: bool = False,
-    warn: Warn = _print_warning,
+    warn: Warn = print_warning,
+    strict: bool = False,
+    follow_symlinks: bool = False,
 ) -> PackResult:
     """Upload ``sources`` into ``store`` and merge their names into its manifest.
 
-    Raises ``XetfsError`` or ``OSError`` with a message fit for one line.
+    With ``strict``, a source path that would be skipped (``Plan.skipped``)
+    stops the pack before anything is uploaded.  Raises ``XetfsError`` or
+    ``OSError`` with a message fit for one line.
     """
     from xetfs.catalogue import locked
 
     store_dir = Path(store).absolute()
     if store_dir.exists() and not store_dir.is_dir():
         raise XetfsError(f"store {store_dir}: exists and is not a directory")
-    plan = plan_pack([Path(s) for s in sources], store_dir, warn)
+    plan = plan_pack([Path(s) for s in sources], store_dir, warn, follow_symlinks=follow_symlinks)
+    if plan.all_links:
+        warn(links_hint(plan.all_links))
+    if strict:
+        refuse_skips(len(plan.skipped))
     store_dir.mkdir(parents=True, exist_ok=True)
     # hf_xet cannot write one store from two processes at once: packs take turns.
     with locked(store_dir, lambda: warn(f"another pack is writing {store_dir}: waiting for it to finish")):
@@ -347,7 +416,8 @@ def pack(
             warn(message)
         write_manifest(manifest_path, merged)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
-    return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files))
+    return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files),
+                      len(plan.skipped))  # fmt: skip
 
 
 def pack_targets(args: argparse.Namespace) -> tuple[list[str], str, Path | None]:
@@ -383,34 +453,36 @@ _DEFAULT_CACHE = "\0default"
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    """The ``pack`` sub-command: prints one summary line."""
+    """The ``pack`` sub-command: prints one summary line.
+
+    Exits ``ExitStatus.SKIPPED`` when something was skipped (with ``--strict``, that is an error instead).
+    """
     from xetfs.hubpack import pack_hub_cache, pack_revision
 
     show = sys.stderr.isatty() and not args.no_progress
     sources, store, cache_dir = pack_targets(args)
+    done = ExitStatus.OK
     if cache_dir is not None:
-        if args.revision or args.commit or args.repo_type:
-            raise PackUsageError("--revision, --commit and --repo-type go with pack SRC... STORE --repo")
-        hub = pack_hub_cache(cache_dir, store, repos=args.repo or (), progress=show)
+        if args.revision or args.commit or args.repo_type or args.follow_symlinks:
+            raise PackUsageError("--revision, --commit, --repo-type and --follow-symlinks go with pack SRC... STORE")
+        hub = pack_hub_cache(cache_dir, store, repos=args.repo or (), progress=show, strict=args.strict)
         print(hub.line(Path(store)))
-        return 0
+        return ExitStatus.SKIPPED if hub.skipped_count else done
     if args.repo:
         if len(args.repo) > 1:
             raise PackUsageError("pack SRC... STORE records one revision of one repo: give --repo once")
         commit, hub = pack_revision(
             sources, store, repo_id=args.repo[0], repo_type=args.repo_type or "model",
-            revision=args.revision or "main", commit=args.commit, progress=show,
+            revision=args.revision or "main", commit=args.commit, progress=show, strict=args.strict,
+            follow_symlinks=args.follow_symlinks,
         )  # fmt: skip
         print(f"{args.repo[0]} {args.revision or 'main'} = {commit}; {hub.line(Path(store))}")
-        return 0
+        return ExitStatus.SKIPPED if hub.skipped_count else done
     if args.revision or args.commit or args.repo_type:
         raise PackUsageError("--revision, --commit and --repo-type need --repo")
-    result = pack(sources, store, progress=show)
-    print(
-        f"packed {result.files} files ({result.bytes} bytes) into {result.store}; "
-        f"{result.manifest} names {result.manifest_files} files"
-    )
-    return 0
+    result = pack(sources, store, progress=show, strict=args.strict, follow_symlinks=args.follow_symlinks)
+    print(result.line())
+    return ExitStatus.SKIPPED if result.skipped else done
 
 
 def add_pack_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -433,6 +505,13 @@ def add_pack_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], No
     p.add_argument("--repo-type", choices=["model", "dataset", "space"], help="with SRC --repo (default model)")
     p.add_argument("--revision", metavar="BRANCH", help="with SRC --repo: the ref to point at it (default main)")
     p.add_argument("--commit", metavar="SHA", help="with SRC --repo: its commit id (default: derived from content)")
+    p.add_argument("--follow-symlinks", action="store_true",
+                   help="pack what symlinks in SRC point to (files, and directories walked in turn) instead of "
+                        "skipping them; a link back to a directory above it is still skipped")  # fmt: skip
+    p.add_argument("--strict", action="store_true",
+                   help=f"fail (exit status {int(ExitStatus.ERROR)}) before recording anything if any file "
+                        "would be skipped; without it, a pack that skipped files exits with status "
+                        f"{int(ExitStatus.SKIPPED)}")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_pack)
     add_common(p)

@@ -233,7 +233,10 @@ class DecodePool:
     def _spawn(self, number: int) -> _Worker:
         shm = (str(self._memfd), str(self._slot_count), str(self.slot_size))
         argv = [sys.executable, "-m", "xetfs.decode_worker", *shm]
-        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._memfd,))
+        # A process group of its own: Ctrl-C at the terminal must not reach a worker still starting up
+        # (before it can ignore SIGINT); the daemon stops its workers by closing their input.
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._memfd,),
+                                   process_group=0)  # fmt: skip
         assert process.stdin is not None and process.stdout is not None
         # Keep raw descriptors: the results side is read by trio (non-blocking).
         jobs_fd, results_fd = os.dup(process.stdin.fileno()), os.dup(process.stdout.fileno())

@@ -45,6 +45,7 @@ from xetfs.stats import (
     CacheCounters,
     DecodeCounters,
     ErrorCounters,
+    FileCounters,
     LayoutCounters,
     PrefetchCounters,
     RemoteCounters,
@@ -110,6 +111,7 @@ class Reader:
         self._bad_layouts: TTLCache[bytes, XetfsError] = TTLCache(maxsize=1024, ttl=BAD_LAYOUT_SECONDS)
         self._errors = ErrorCounters()
         self._prefetch_requests = 0
+        self._files: dict[bytes, FileCounters] = {}  # by file hash: what its reads decoded
 
     def statistics(self) -> ReaderStatistics:
         prefetch = replace(self.runs.prefetch_statistics(), requests=self._prefetch_requests)
@@ -117,6 +119,10 @@ class Reader:
         cache, errors = self.runs.statistics(), replace(self._errors)
         layouts = replace(self._layouts.counters)
         return ReaderStatistics(cache, layouts, decode, store, prefetch, errors, workers, replace(self._remote))
+
+    def file_statistics(self, file_hash: bytes) -> FileCounters:
+        """What reads and prefetch of the file ``file_hash`` decoded so far (a copy)."""
+        return replace(self._files.get(file_hash) or FileCounters())
 
     # -- public API ---------------------------------------------------------
 
@@ -167,7 +173,8 @@ class Reader:
                 spans = await self._spans(entry, offset, size)
             for span in spans:
                 c = span.chunks
-                held.append(await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=False))
+                held.append(await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=False,
+                                            file_hash=entry.file_hash))  # fmt: skip
             # From here to the return, no await: a run released below may be evicted and its slot reused.
             return self._join(entry, spans, held, read_through)
         except XetfsError as exc:
@@ -224,7 +231,7 @@ class Reader:
         with contextlib.suppress(XetfsError):
             for span in await self._spans(entry, offset, size):
                 c = span.chunks
-                await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=True)
+                await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=True, file_hash=entry.file_hash)
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """The verified layout of a xorb (cached)."""
@@ -284,7 +291,8 @@ class Reader:
             return b""
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def _get(self, layout: XorbLayout, xorb_hash: bytes, first: int, stop: int, *, prefetch: bool) -> list[Run]:
+    async def _get(self, layout: XorbLayout, xorb_hash: bytes, first: int, stop: int, *, prefetch: bool,
+                   file_hash: bytes) -> list[Run]:  # fmt: skip
         def cut(lo: int, hi: int) -> list[tuple[int, int]]:
             pieces = []
             while lo < hi:
@@ -294,7 +302,12 @@ class Reader:
             return pieces
 
         async def load(lo: int, hi: int) -> Loaded:
-            return await self._loader.load(xorb_hash, layout, lo, hi)
+            loaded = await self._loader.load(xorb_hash, layout, lo, hi)
+            tally = self._files.get(file_hash) or self._files.setdefault(file_hash, FileCounters())
+            for run in loaded.runs:  # (the file whose read loads a chunk is the one it is counted for)
+                tally.chunks += run.stop - run.first
+                tally.bytes += len(run.data)
+            return loaded
 
         return await self.runs.get(xorb_hash, first, stop, cut, load, prefetch=prefetch)
 

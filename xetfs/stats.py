@@ -128,6 +128,18 @@ class RemoteCounters:
 
 
 @dataclass
+class FileCounters:
+    """What reads and prefetch of one file decoded (``Reader.file_statistics``); not part of ``.xetfs/stats``.
+
+    A chunk is counted for the file whose read or prefetch loaded it, once
+    per load (a chunk loaded again after eviction counts again).
+    """
+
+    chunks: int = 0  # chunks decoded
+    bytes: int = 0  # decoded bytes
+
+
+@dataclass
 class IndexCounters:
     """What the mount indexed when it started (the indexer)."""
 

@@ -45,6 +45,7 @@ from operator import attrgetter
 from xetfs import hashes
 from xetfs.index import FileEntry, Index
 from xetfs.manifest import Manifest, ManifestFile, WarningLog
+from xetfs.messages import plural
 
 ROOT_INODE = 1  # == pyfuse3.ROOT_INODE
 XETFS_INODE = 2
@@ -368,7 +369,8 @@ def _named(
         else:
             _descend(root, parts, "/".join(parts), log)
     if reserved:
-        log.add("reserved", f"manifest: {reserved} entries under the reserved name {XETFS_NAME!r} skipped")
+        skipped = plural(reserved, "entry")
+        log.add("reserved", f"manifest: {skipped} under the reserved name {XETFS_NAME!r} skipped")
     return root
 
 

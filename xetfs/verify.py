@@ -33,6 +33,7 @@ from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
 from xetfs.format.xorb import XorbLayout, decode_run
 from xetfs.index import EMPTY_SHA256, Index
 from xetfs.indexer import shards_missing
+from xetfs.messages import plural
 from xetfs.reader import Reader
 from xetfs.store import Store
 
@@ -183,7 +184,7 @@ def _check_cas(a: _Audit, cas: CasRecord) -> None:
             a.problem(f"{where}: xorb is missing from the store")
         return
     if len(cas.chunks) != layout.num_chunks:
-        a.problem(f"{where}: lists {len(cas.chunks)} chunks, the xorb has {layout.num_chunks}")
+        a.problem(f"{where}: lists {plural(len(cas.chunks), 'chunk')}, the xorb has {layout.num_chunks}")
         return
     for i, chunk in enumerate(cas.chunks):
         if chunk.chunk_hash != (layout.chunk_hashes or ())[i] or chunk.size != layout.chunk_size(i):
@@ -206,7 +207,7 @@ async def _check_file(a: _Audit, index: Index, reader: Reader, record: FileRecor
             a.problem(f"{where}: xorb is {'missing' if missing else 'unreadable'}")
             return
         if term.end > layout.num_chunks:
-            a.problem(f"{where}: xorb has only {layout.num_chunks} chunks")
+            a.problem(f"{where}: xorb has only {plural(layout.num_chunks, 'chunk')}")
             return
         chunk_hashes = (layout.chunk_hashes or ())[term.start : term.end]
         size = layout.range_size(term.start, term.end)
