@@ -1,4 +1,4 @@
-"""Real servers for remote-store tests, on 127.0.0.1: nginx, moto's S3 server, and a fault-injecting proxy.
+"""Real servers for tests, on 127.0.0.1: nginx, moto's S3 server, ``xetfs serve`` and a fault-injecting proxy.
 
 Each runs on a free port, is polled until it answers (with a deadline,
 failing loudly with its log if it dies), and is always stopped when its
@@ -129,6 +129,16 @@ def _serving(cmd: list[str], tmp: Path, port: int, log: Path, what: str) -> Iter
     finally:
         _stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def xetfs_serve(store: str | Path, *args: str) -> Iterator[Server]:
+    """``xetfs serve STORE ARGS`` on a free port of 127.0.0.1 (its log, at level info, in ``Server.log``)."""
+    tmp = Path(tempfile.mkdtemp(prefix="xetfs-serve-"))
+    port = free_port()
+    cmd = [sys.executable, "-m", "xetfs", "serve", str(store), "--port", str(port), "--log-level", "info", *args]
+    with _serving(cmd, tmp, port, tmp / "output", "xetfs serve") as server:
+        yield server
 
 
 S3_ENV = {
