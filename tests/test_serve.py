@@ -30,11 +30,12 @@ from urllib.parse import urlsplit
 import hub_cache
 import pytest
 from oracle import REPO_ROOT, hf_xet_env
-from servers import Server, xetfs_serve
+from servers import S3_ENV, Server, moto_s3, upload_dir, xetfs_serve
 
 from xetfs import hashes
 from xetfs.catalogue import load_catalogue
 from xetfs.indexer import load_index
+from xetfs.remote import LISTING_NAME
 from xetfs.serve.signing import Signer
 from xetfs.store import Store
 
@@ -399,3 +400,46 @@ def test_a_flipped_byte_fails_only_the_downloads_that_need_it(packed: Packed, tm
         log = log_of(server)
     assert f"xorb {xorb}" in log  # the log line names the object
     assert " 410 " in log or "body cut short" in log
+
+
+# -- other stores and later packs ----------------------------------------------------------------
+
+
+def test_store_on_s3(packed: Packed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same clients, the server reading the store from moto's S3 server (catalogue included)."""
+    with moto_s3() as s3:
+        for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3.url}.items():
+            monkeypatch.setenv(key, value)
+        copy = tmp_path / "copy"
+        shutil.copytree(packed.store, copy)
+        (copy / LISTING_NAME).unlink()  # a bucket lists itself
+        upload_dir("s3://mirror/hub", s3.url, copy)
+        with xetfs_serve("s3://mirror/hub", "--disk-cache-size", "0", "--max-fetch", MAX_FETCH) as server:
+            report, cache = clients(server, "all", packed.spec.model_commits[1])
+            check_report(packed, report, cache)
+            log = log_of(server)
+    assert "GET /v2/reconstructions/" in log and "ERROR" not in log, log
+    assert S3_ENV["AWS_SECRET_ACCESS_KEY"] not in log
+
+
+def test_a_later_pack_is_served_without_a_restart(packed: Packed, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(packed.spec.root / "datasets--acme--tiny-data", cache / "datasets--acme--tiny-data", symlinks=True)
+    store = tmp_path / "store"
+    pack(tmp_path, cache, store)
+    with xetfs_serve(store) as server:
+        assert request(server, "GET", f"/api/models/{MODEL}/revision/main")[1]["x-error-code"] == "RepoNotFound"
+        pack(tmp_path, packed.spec.root, store)  # the model joins the store
+        status, _, body = request(server, "GET", f"/api/models/{MODEL}/revision/main")
+        assert status == 200 and json.loads(body)["sha"] == packed.spec.model_commits[2]
+        got, _ = clients(server, "get", "model", MODEL, "model.safetensors", "v1.0")
+        assert got.get("sha256") == sha(packed.original(MODEL, packed.spec.model_commits[0], "model.safetensors"))
+
+
+def test_hf_xet_renews_its_token_through_the_refresh_route(packed: Packed) -> None:
+    """With tokens shorter-lived than hf_xet's margin, hf_xet asks the token route (JSON) before each use."""
+    with xetfs_serve(packed.store, "--token-ttl", "20") as server:
+        got, _ = clients(server, "get", "model", MODEL, "model.safetensors", "main")
+        assert got.get("sha256") == sha(packed.original(MODEL, packed.spec.model_commits[2], "model.safetensors"))
+        log = log_of(server)
+    assert log.count("/xet-read-token/") >= 2, log  # huggingface_hub's, then hf_xet's own

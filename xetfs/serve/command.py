@@ -53,7 +53,8 @@ def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
                    help="key that signs Xet tokens and xorb URLs, created if missing; give every process "
                         "behind one address the same file (default: a key for this process only)")  # fmt: skip
     p.add_argument("--token-ttl", type=int, default=3600, metavar="SECONDS",
-                   help="lifetime of a Xet access token (default 3600; at least 120)")  # fmt: skip
+                   help="lifetime of a Xet access token (default 3600; clients renew a token 60 s before it "
+                        "expires, so one of 120 or less is renewed at every use)")  # fmt: skip
     p.add_argument("--url-ttl", type=int, default=3600, metavar="SECONDS",
                    help="lifetime of a signed xorb-range URL (default 3600)")  # fmt: skip
     p.add_argument("--max-fetch", type=parse_size, default="8M",
@@ -100,10 +101,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from xetfs.serve.contents import Contents
     from xetfs.serve.signing import Signer, load_key
 
-    if args.token_ttl < 120:
-        raise UsageError(f"--token-ttl {args.token_ttl}: clients renew a token 60 s before it expires; give 120+")
-    if args.url_ttl < 10 or args.tree_page_size < 1 or args.checks < 1 or args.max_fetch < 1:
-        raise UsageError("--url-ttl must be at least 10, --tree-page-size, --checks and --max-fetch at least 1")
+    if min(args.token_ttl, args.url_ttl) < 10 or min(args.tree_page_size, args.checks, args.max_fetch) < 1:
+        raise UsageError("--token-ttl and --url-ttl: at least 10; --tree-page-size, --checks, --max-fetch: at least 1")
     public_url = (args.public_url or _default_url(args.host, args.port)).rstrip("/")
     if not public_url.startswith(("http://", "https://")):
         raise UsageError(f"--public-url {public_url!r}: not an http(s) URL")
