@@ -117,6 +117,46 @@ def nginx(root: Path, *, token: str | None = None, port: int | None = None) -> I
         yield server
 
 
+_NGINX_BALANCER_CONF = """
+daemon off;
+master_process off;
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log {tmp}/access.log;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    upstream backends {{ {servers} }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://backends;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx_balancer(ports: list[int], *, port: int | None = None) -> Iterator[Server]:
+    """nginx passing requests round-robin to the servers on ``ports`` of 127.0.0.1, as a load balancer would."""
+    tmp = Path(tempfile.mkdtemp(prefix="xetfs-nginx-lb-"))
+    port = port or free_port()
+    servers = " ".join(f"server 127.0.0.1:{p};" for p in ports)
+    conf = tmp / "nginx.conf"
+    conf.write_text(_NGINX_BALANCER_CONF.format(tmp=tmp, port=port, servers=servers))
+    with _serving([NGINX, "-p", str(tmp), "-c", str(conf)], tmp, port, tmp / "error.log", "nginx") as server:
+        yield server
+
+
 @contextlib.contextmanager
 def _serving(cmd: list[str], tmp: Path, port: int, log: Path, what: str) -> Iterator[Server]:
     """Run ``cmd`` (a server on ``port``; its output to ``tmp/output``) until the block ends, then
@@ -132,10 +172,10 @@ def _serving(cmd: list[str], tmp: Path, port: int, log: Path, what: str) -> Iter
 
 
 @contextlib.contextmanager
-def xetfs_serve(store: str | Path, *args: str) -> Iterator[Server]:
+def xetfs_serve(store: str | Path, *args: str, port: int | None = None) -> Iterator[Server]:
     """``xetfs serve STORE ARGS`` on a free port of 127.0.0.1 (its log, at level info, in ``Server.log``)."""
     tmp = Path(tempfile.mkdtemp(prefix="xetfs-serve-"))
-    port = free_port()
+    port = port or free_port()
     cmd = [sys.executable, "-m", "xetfs", "serve", str(store), "--port", str(port), "--log-level", "info", *args]
     with _serving(cmd, tmp, port, tmp / "output", "xetfs serve") as server:
         yield server

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 import hub_cache
 import pytest
 from oracle import REPO_ROOT, hf_xet_env
-from servers import S3_ENV, Server, moto_s3, upload_dir, xetfs_serve
+from servers import S3_ENV, Server, free_port, moto_s3, nginx_balancer, upload_dir, xetfs_serve
 
 from xetfs import hashes
 from xetfs.catalogue import load_catalogue
@@ -443,3 +443,18 @@ def test_hf_xet_renews_its_token_through_the_refresh_route(packed: Packed) -> No
         assert got.get("sha256") == sha(packed.original(MODEL, packed.spec.model_commits[2], "model.safetensors"))
         log = log_of(server)
     assert log.count("/xet-read-token/") >= 2, log  # huggingface_hub's, then hf_xet's own
+
+
+def test_two_processes_behind_a_load_balancer(packed: Packed, tmp_path: Path) -> None:
+    """Two servers sharing a key file behind nginx (round robin): any of them answers any request."""
+    key, front = tmp_path / "key", free_port()
+    common = ("--key-file", str(key), "--public-url", f"http://127.0.0.1:{front}", "--tree-page-size", PAGE,
+              "--max-fetch", MAX_FETCH)  # fmt: skip
+    with xetfs_serve(packed.store, *common) as a, xetfs_serve(packed.store, *common) as b:
+        with nginx_balancer([a.port, b.port], port=front) as lb:
+            report, cache = clients(lb, "all", packed.spec.model_commits[1])
+            check_report(packed, report, cache)
+        logs = log_of(a), log_of(b)
+    for log in logs:  # both took part in the Xet downloads, each with the other's tokens and URLs
+        assert "GET /v2/reconstructions/" in log and "GET /xorbs/" in log, log
+        assert " 401 " not in log and " 403 " not in log and "ERROR" not in log, log
