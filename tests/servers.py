@@ -131,14 +131,23 @@ http {{
     fastcgi_temp_path {tmp}/fastcgi;
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
+    log_format cached '$request_method $uri $status $upstream_cache_status';
+    proxy_cache_path {tmp}/cache keys_zone=xorbs:8m;
     upstream backends {{ {servers} }}
     server {{
         listen 127.0.0.1:{port};
+        access_log {tmp}/cache.log cached;
         location / {{
             proxy_pass http://backends;
             proxy_http_version 1.1;
             proxy_set_header Connection "";
             proxy_buffering off;
+        }}
+        location /xorbs/ {{
+            proxy_pass http://backends;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            {cache}
         }}
     }}
 }}
@@ -146,13 +155,16 @@ http {{
 
 
 @contextlib.contextmanager
-def nginx_balancer(ports: list[int], *, port: int | None = None) -> Iterator[Server]:
-    """nginx passing requests round-robin to the servers on ``ports`` of 127.0.0.1, as a load balancer would."""
+def nginx_balancer(ports: list[int], *, port: int | None = None, cache: bool = False) -> Iterator[Server]:
+    """nginx passing requests round-robin to the servers on ``ports`` of 127.0.0.1, as a load balancer would;
+    with ``cache``, it keeps what ``/xorbs/`` answers for as long as they say.  ``Server.log`` is its error
+    log; ``cache.log`` beside it has a line per request: method, path, status, cache status."""
     tmp = Path(tempfile.mkdtemp(prefix="xetfs-nginx-lb-"))
     port = port or free_port()
     servers = " ".join(f"server 127.0.0.1:{p};" for p in ports)
     conf = tmp / "nginx.conf"
-    conf.write_text(_NGINX_BALANCER_CONF.format(tmp=tmp, port=port, servers=servers))
+    caching = "proxy_cache xorbs;" if cache else ""
+    conf.write_text(_NGINX_BALANCER_CONF.format(tmp=tmp, port=port, servers=servers, cache=caching))
     with _serving([NGINX, "-p", str(tmp), "-c", str(conf)], tmp, port, tmp / "error.log", "nginx") as server:
         yield server
 

@@ -445,16 +445,29 @@ def test_hf_xet_renews_its_token_through_the_refresh_route(packed: Packed) -> No
     assert log.count("/xet-read-token/") >= 2, log  # huggingface_hub's, then hf_xet's own
 
 
-def test_two_processes_behind_a_load_balancer(packed: Packed, tmp_path: Path) -> None:
-    """Two servers sharing a key file behind nginx (round robin): any of them answers any request."""
+def test_two_processes_behind_a_caching_load_balancer(packed: Packed, tmp_path: Path) -> None:
+    """Two servers sharing a key file behind nginx (round robin, caching xorb ranges): any of them answers
+    any request, and a second download of the same files takes its xorb ranges from nginx's cache."""
     key, front = tmp_path / "key", free_port()
+    ttl = 40000  # URLs of a range stay the same until expiry times move on, every 10000 s
+    deadline = time.monotonic() + 400
+    while -time.time() % (ttl // 4) < 300:  # too close to that moment: wait for it to pass
+        assert time.monotonic() < deadline
+        time.sleep(1)
     common = ("--key-file", str(key), "--public-url", f"http://127.0.0.1:{front}", "--tree-page-size", PAGE,
-              "--max-fetch", MAX_FETCH)  # fmt: skip
+              "--max-fetch", MAX_FETCH, "--url-ttl", str(ttl))  # fmt: skip
     with xetfs_serve(packed.store, *common) as a, xetfs_serve(packed.store, *common) as b:
-        with nginx_balancer([a.port, b.port], port=front) as lb:
+        with nginx_balancer([a.port, b.port], port=front, cache=True) as lb:
+            report, cache = clients(lb, "get", "model", MODEL, "model.safetensors", "main")
+            first = log_of(a).count("GET /xorbs/") + log_of(b).count("GET /xorbs/")
             report, cache = clients(lb, "all", packed.spec.model_commits[1])
             check_report(packed, report, cache)
+            assert lb.log is not None
+            cached = lb.log.with_name("cache.log").read_text()
         logs = log_of(a), log_of(b)
+    assert first > 0 and "GET /xorbs/" in cached and " HIT" in cached, cached
     for log in logs:  # both took part in the Xet downloads, each with the other's tokens and URLs
         assert "GET /v2/reconstructions/" in log and "GET /xorbs/" in log, log
         assert " 401 " not in log and " 403 " not in log and "ERROR" not in log, log
+    hits = [line for line in cached.splitlines() if line.startswith("GET /xorbs/") and line.endswith(" HIT")]
+    assert len(hits) >= first  # the main weights' ranges, again: from the cache

@@ -81,10 +81,10 @@ def test_a_plan_trims_to_whole_chunks() -> None:
     assert (p.offset_into_first_range, p.terms) == (5, (Term(b"x" * 32, 1, 3, 20),))
     doc = v1_answer(p, {f: "u" for f in p.fetches})
     (fetch,) = doc["fetch_info"][next(iter(doc["fetch_info"]))]  # type: ignore[index]
-    assert fetch == {"range": {"start": 1, "end": 3}, "url": "u", "url_range": {"start": 20, "end": 59}}
+    assert fetch == {"range": {"start": 1, "end": 3}, "url": "u", "url_range": {"start": 0, "end": 39}}  # (its own)
     doc2 = v2_answer(p, {f: "u" for f in p.fetches})
     ((_, [entry]),) = doc2["xorbs"].items()  # type: ignore[attr-defined]
-    assert entry == {"url": "u", "ranges": [{"chunks": {"start": 1, "end": 3}, "bytes": {"start": 20, "end": 59}}]}
+    assert entry == {"url": "u", "ranges": [{"chunks": {"start": 1, "end": 3}, "bytes": {"start": 0, "end": 39}}]}
 
 
 def test_a_term_whose_size_disagrees_with_its_chunks_is_refused() -> None:

@@ -7,9 +7,12 @@
   a signed URL of this server.
 * ``GET /xorbs/{xorb}/{first}-{stop}?e={expires}&s={signature}``: the
   serialized chunks ``[first, stop)`` of a xorb, or the part of them that
-  ``Range`` asks for.  hf_xet sends no token here, so the URL is its own
-  credential, as a presigned object URL is: an expired or altered one gets
-  403, on which hf_xet asks for a new reconstruction.  Every chunk of the
+  ``Range`` asks for (counted from the first of them).  hf_xet sends no
+  token here, so the URL is its own credential, as a presigned object URL
+  is: an expired or altered one gets 403, on which hf_xet asks for a new
+  reconstruction.  Expiry times are rounded up to a quarter of
+  ``--url-ttl``, so the URLs of a range are the same for a while, whichever
+  process signs them, and a proxy can cache them.  Every chunk of the
   range is decoded and checked against its hash before the first byte is
   sent (hf_xet does not check them); a range that fails gets 410
   (``common.DAMAGED``), which hf_xet does not retry.
@@ -71,7 +74,8 @@ async def reconstruction_route(request: Request) -> Response:
     except XetfsError as exc:
         log.error("reconstruction of file %s: %s", entry.hex, exc)
         return read_error(exc)
-    expires = int(state.clock()) + state.settings.url_ttl
+    step = max(1, state.settings.url_ttl // 4)
+    expires = -(-(int(state.clock()) + state.settings.url_ttl) // step) * step
     urls = {f: _xorb_url(state, f, expires) for f in plan.fetches}
     doc = reconstruction.v2_answer(plan, urls) if version == "v2" else reconstruction.v1_answer(plan, urls)
     return JSONResponse(doc, headers={"Cache-Control": "no-store"})
@@ -114,32 +118,22 @@ async def xorb_range(request: Request) -> Response:
         layout = await snap.reader.layout(xorb)
         if not 0 <= first < stop <= layout.num_chunks:
             return error(416, None, f"xorb {xorb_hex} has {layout.num_chunks} chunks, not [{first}, {stop})")
-        base, size = layout.phys_start(first), layout.phys_ends[stop - 1] - layout.phys_start(first)
-        span = byte_range(_relative(request.headers.get("range"), base), size)
+        size = layout.phys_ends[stop - 1] - layout.phys_start(first)
+        span = byte_range(request.headers.get("range"), size)
         async with state.checks:
             data = await snap.chunks(xorb, first, stop)
     except BadRange as exc:
-        return error(416, None, str(exc))
+        return error(416, None, str(exc), {"Content-Range": f"bytes */{size}"})
     except XetfsError as exc:
         log.error("xorb %s chunks [%d, %d): %s", xorb_hex, first, stop, exc)
         return read_error(exc)
-    headers = {"Cache-Control": f"public, max-age={max(0, int(expires) - int(now))}, immutable"}
+    headers = {"Cache-Control": f"public, max-age={max(0, int(expires) - int(now))}, immutable",
+               "Accept-Ranges": "bytes"}  # fmt: skip
     if span is None:
         return Response(data, 200, headers, media_type="application/octet-stream")
     lo, hi = span
-    headers["Content-Range"] = f"bytes {base + lo}-{base + hi - 1}/*"
+    headers["Content-Range"] = f"bytes {lo}-{hi - 1}/{size}"
     return Response(data[lo:hi], 206, headers, media_type="application/octet-stream")
-
-
-def _relative(value: str | None, base: int) -> str | None:
-    """A ``Range`` over the xorb file as one over the signed chunks, which start at byte ``base`` of it."""
-    if value is None:
-        return None
-    m = re.fullmatch(r"bytes=(\d+)-(\d*)", value.strip())
-    if m is None or int(m.group(1)) < base or (m.group(2) and int(m.group(2)) < base):
-        raise BadRange(f"{value!r} is not within the signed chunks")
-    end = str(int(m.group(2)) - base) if m.group(2) else ""
-    return f"bytes={int(m.group(1)) - base}-{end}"
 
 
 async def telemetry(request: Request) -> Response:

@@ -4,7 +4,12 @@ What hf_xet expects (``QueryReconstructionResponse`` of xet-core, v1 and
 v2): the file's terms trimmed to whole chunks around the range, each a
 ``(xorb, chunk range, decoded length)``; ``offset_into_first_range``, the
 bytes of the first chunk before ``start``; and per xorb the chunk ranges to
-fetch with their byte ranges in the xorb (HTTP ranges, inclusive end).
+fetch, each with a URL and the HTTP range (inclusive end) to ask of it.
+Each URL here names its chunk range and serves just their serialized bytes,
+so the HTTP range is relative to them: ``0`` to their length less one.
+(hf_xet only sends it as ``Range`` and counts its length.)  So every URL is
+a whole resource of its own, which a caching proxy can keep and cut ranges
+from.
 
 The client needs every term to lie inside one fetch range, and no two
 fetch ranges of a xorb to start at the same chunk (it keys its blocks by
@@ -153,7 +158,7 @@ def v1_answer(p: Plan, url: Mapping[Fetch, str]) -> dict[str, object]:
     for f in p.fetches:
         fetch_info.setdefault(hashes.to_hex(f.xorb), []).append(
             {"range": {"start": f.first, "end": f.stop}, "url": url[f],
-             "url_range": {"start": f.byte_start, "end": f.byte_end - 1}}
+             "url_range": {"start": 0, "end": f.byte_end - f.byte_start - 1}}
         )  # fmt: skip
     return {"offset_into_first_range": p.offset_into_first_range, "terms": _terms(p), "fetch_info": fetch_info}
 
@@ -164,7 +169,7 @@ def v2_answer(p: Plan, url: Mapping[Fetch, str]) -> dict[str, object]:
     for f in p.fetches:
         xorbs.setdefault(hashes.to_hex(f.xorb), []).append(
             {"url": url[f], "ranges": [{"chunks": {"start": f.first, "end": f.stop},
-                                        "bytes": {"start": f.byte_start, "end": f.byte_end - 1}}]}
+                                        "bytes": {"start": 0, "end": f.byte_end - f.byte_start - 1}}]}
         )  # fmt: skip
     return {"offset_into_first_range": p.offset_into_first_range, "terms": _terms(p), "xorbs": xorbs}
 
