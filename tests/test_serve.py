@@ -471,3 +471,11 @@ def test_two_processes_behind_a_caching_load_balancer(packed: Packed, tmp_path: 
         assert " 401 " not in log and " 403 " not in log and "ERROR" not in log, log
     hits = [line for line in cached.splitlines() if line.startswith("GET /xorbs/") and line.endswith(" HIT")]
     assert len(hits) >= first  # the main weights' ranges, again: from the cache
+
+
+def test_serve_listens_on_loopback_and_refuses_a_missing_store(server: Server, tmp_path: Path) -> None:
+    assert f"(listening on http://127.0.0.1:{server.port})" in log_of(server)
+    missing = tmp_path / "none"
+    proc = subprocess.run([sys.executable, "-m", "xetfs", "serve", str(missing), "--port", str(free_port())],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False)  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (1, f"xetfs: error: store {missing}: no such directory\n")
