@@ -184,7 +184,7 @@ def test_clients_without_hf_xet(packed: Packed, server: Server) -> None:
 
 
 def test_head_carries_the_hub_metadata(packed: Packed, server: Server) -> None:
-    _c1, c2, _c3 = packed.spec.model_commits
+    _, c2, c3 = packed.spec.model_commits
     weights = packed.original(MODEL, c2, "model.safetensors")
     status, h, _ = request(server, "HEAD", f"/{MODEL}/resolve/refs%2Fpr%2F1/model.safetensors")
     assert status == 200
@@ -199,6 +199,9 @@ def test_head_carries_the_hub_metadata(packed: Packed, server: Server) -> None:
     assert h["etag"] == f'"{hub_cache.git_sha1(config)}"'  # a regular file: its git blob id, and no Xet
     assert "x-xet-hash" not in h and "link" not in h
     assert "immutable" in h["cache-control"]
+    status, h, body = request(server, "GET", f"/{MODEL}/resolve/main/config.json",
+                              {"If-None-Match": f'W/"{hub_cache.git_sha1(config)}"'})  # fmt: skip
+    assert (status, body, h["x-repo-commit"]) == (304, b"", c3)  # a proxy revalidating its copy
     status, h, _ = request(server, "HEAD", f"/datasets/{DATASET}/resolve/main/data/train.parquet")
     assert status == 200 and h["x-repo-commit"] == packed.spec.dataset_commit
 

@@ -111,6 +111,8 @@ async def resolve(request: Request) -> Response:
     if file.is_lfs:
         route = f"{state.settings.public_url}/api/{repo_type}s/{repo_id}/xet-read-token/{found.commit}"
         headers.update({"X-Xet-Hash": entry.hex, "X-Xet-Refresh-Route": route, "Link": f'<{route}>; rel="xet-auth"'})
+    if _matches(request.headers.get("if-none-match"), file.blob):  # a cache checking its copy: still good
+        return Response(None, 304, headers)
     try:
         span = byte_range(request.headers.get("range"), entry.size)
     except BadRange as exc:
@@ -143,6 +145,14 @@ async def resolve(request: Request) -> Response:
             pos += len(data)
 
     return StreamingResponse(body(), status, headers, media_type="application/octet-stream")
+
+
+def _matches(if_none_match: str | None, blob: str) -> bool:
+    """Whether an ``If-None-Match`` value names the blob's ETag (or is ``*``)."""
+    if if_none_match is None:
+        return False
+    tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in tags or f'"{blob}"' in tags
 
 
 # -- the API -----------------------------------------------------------------------------
