@@ -161,6 +161,7 @@ class Contents:
                 loaded = await trio.to_thread.run_sync(self._refresh)
                 if loaded is not None:
                     old, self._snapshot = self._snapshot, self._make(loaded)
+                    old.store.close()  # (its open files; a read in progress holds its own descriptor)
                     if len(loaded.index) != len(old.index) or loaded.catalogue != old.catalogue:
                         log.info("store %s changed: %d files, %d repos", _shown(self.location),
                                  len(loaded.index), len(loaded.catalogue.repos))  # fmt: skip

@@ -57,21 +57,30 @@ class _Lookup:
     snap: Snapshot
     repo: Repo
     commit: str
+    file: hub.File | None = None
 
 
-async def _lookup(state: State, repo_type: str, repo_id: str, revision: str) -> _Lookup | Response:
+async def _lookup(
+    state: State, repo_type: str, repo_id: str, revision: str, path: str | None = None
+) -> _Lookup | Response:
+    """The repo and commit of a request (and the file at ``path``, when given), or the Hub's 404 for what is
+    missing.  A miss looks at the store again first: a pack may have added it, and another process may
+    already have answered about it."""
     snap = await state.contents.snapshot()
     for attempt in (0, 1):
         repo = snap.catalogue.repo(repo_type, repo_id)
         commit = hub.resolve(repo, revision) if repo is not None else None
-        if commit is not None or attempt:
+        file = hub.find_file(repo, commit, path) if repo is not None and commit is not None and path else None
+        if (commit is not None and (path is None or file is not None)) or attempt:
             break
         snap = await state.contents.snapshot(missed=True)
     if repo is None:
         return error(404, "RepoNotFound", f"Repository not found: {repo_type} {repo_id}")
     if commit is None:
         return error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
-    return _Lookup(snap, repo, commit)
+    if path is not None and file is None:
+        return error(404, "EntryNotFound", f"Entry not found: {path}", {"X-Repo-Commit": commit})
+    return _Lookup(snap, repo, commit, file)
 
 
 # -- resolve -------------------------------------------------------------------------
@@ -90,12 +99,11 @@ async def resolve(request: Request) -> Response:
         return error(404, None, "Not found")
     repo_id, _, rest = split
     revision, path = rest[0], "/".join(rest[1:])
-    found = await _lookup(state, repo_type, repo_id, revision)
+    found = await _lookup(state, repo_type, repo_id, revision, path)
     if isinstance(found, Response):
         return found
-    file = hub.find_file(found.repo, found.commit, path)
-    if file is None:
-        return error(404, "EntryNotFound", f"Entry not found: {path}", {"X-Repo-Commit": found.commit})
+    file = found.file
+    assert file is not None
     entry = found.snap.entry(file.content.xet_hash)
     if entry is None:
         log.warning("%s %s: %s: file %s is not in the store", repo_type, repo_id, path, file.content.xet_hash)
