@@ -77,8 +77,11 @@ def server(packed: Packed) -> Iterator[Server]:
         yield s
 
 
-def clients(server: Server, *args: str, xet: bool = True, token: str | None = None) -> tuple[dict[str, Any], Path]:
-    """``serve_clients.py ARGS`` against ``server`` with a fresh cache: its report and the cache."""
+def clients(
+    server: Server, *args: str, xet: bool = True, token: str | None = None, extra: dict[str, str] | None = None
+) -> tuple[dict[str, Any], Path]:
+    """``serve_clients.py ARGS`` against ``server`` with a fresh cache (and ``extra`` in the environment):
+    its report and the cache."""
     tmp = Path(tempfile.mkdtemp(prefix="xetfs-serve-client-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(HF_ENDPOINT=server.url, HF_HUB_CACHE=str(tmp / "hub"), HF_HOME=str(tmp / "home"),
@@ -90,6 +93,7 @@ def clients(server: Server, *args: str, xet: bool = True, token: str | None = No
         env["HF_TOKEN"] = token
     else:
         env["HF_HUB_DISABLE_IMPLICIT_TOKEN"] = "1"
+    env.update(extra or {})
     proc = subprocess.run([sys.executable, str(HERE / "serve_clients.py"), *args], capture_output=True, text=True,
                           env=env, timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, f"{proc.stderr}\n--- server log ---\n{log_of(server)}"
@@ -178,6 +182,23 @@ def test_clients_without_hf_xet(packed: Packed, server: Server) -> None:
     assert "reconstructions" not in log and "/xorbs/" not in log and "xet-read-token" not in log
     assert "GET /acme/tiny-bert/resolve/" in log
     assert "ERROR" not in log and "Traceback" not in log, log
+
+
+@pytest.mark.parametrize(
+    ("setting", "route"),
+    [("HF_XET_CLIENT_RECONSTRUCTION_API_VERSION", "GET /v1/reconstructions/"),
+     ("HF_XET_CLIENT_ENABLE_MULTIRANGE_FETCHING", "GET /v2/reconstructions/")],
+    ids=["v1", "multirange"],
+)  # fmt: skip
+def test_hf_xet_settings(packed: Packed, server: Server, setting: str, route: str) -> None:
+    """hf_xet forced to the v1 answers, or asking for several ranges at once (it gets one a URL)."""
+    value = "1" if setting.endswith("VERSION") else "true"
+    before = len(log_of(server))
+    c1 = packed.spec.model_commits[0]
+    got, _ = clients(server, "get", "model", MODEL, "model.safetensors", c1, extra={setting: value})
+    assert got.get("sha256") == sha(packed.original(MODEL, c1, "model.safetensors")), got
+    log = log_of(server)[before:]
+    assert route in log and "GET /xorbs/" in log, log
 
 
 # -- the protocol, seen with a plain HTTP client -----------------------------------------------
