@@ -32,9 +32,10 @@ from xetfs.serve.access import UserTokens
 from xetfs.serve.contents import Contents
 from xetfs.serve.signing import Signer
 
-# A damaged or missing object: 410 Gone.  hf_xet retries 5xx, 408, 429 and 403 (403 after asking for new
-# URLs), for minutes; any other 4xx ends the download at once.  404 would read as "no such file" and 400 as
-# a bad request, while the object is known and gone until someone repairs the store.
+# A damaged or missing object: 410 Gone.  hf_xet retries 5xx but 501, 408, 429 and, fetching xorb ranges,
+# 403 (after asking for new URLs), for minutes; any other 4xx ends the download at once (xet-core's
+# RetryWrapper).  404 would read as "no such file" and 400 as a bad request, while the object is known and
+# gone until someone repairs the store.
 DAMAGED = 410
 IMMUTABLE_SECONDS = 365 * 24 * 3600
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
