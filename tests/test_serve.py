@@ -16,6 +16,7 @@ import http.client
 import itertools
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -377,8 +378,9 @@ def test_token_file_and_signed_urls(packed: Packed, tmp_path: Path) -> None:
 # -- damage ------------------------------------------------------------------------------------
 
 
-def damage_one_file(store: Path, target: str) -> str:
-    """Flip a byte in a chunk that only the file ``target`` (a Xet hash) uses; returns the xorb's hex."""
+def damage_one_file(store: Path, target: str, at: float = 0.5) -> str:
+    """Flip a byte in a chunk that only the file ``target`` (a Xet hash) uses, the one ``at`` the way along
+    those chunks (in xorb order); returns the xorb's hex."""
     s = Store.open(store)
     index = load_index(s).index
     users: dict[tuple[bytes, int], set[str]] = {}
@@ -388,7 +390,7 @@ def damage_one_file(store: Path, target: str) -> str:
                 users.setdefault((xorb, i), set()).add(entry.hex)
     candidates = [key for key, who in users.items() if who == {target}]
     assert candidates, "no chunk is the target's alone"
-    xorb, i = sorted(candidates)[len(candidates) // 2]
+    xorb, i = sorted(candidates)[int(len(candidates) * at)]
     layout = s.load_layout(xorb)
     path = s.xorb_path(xorb)
     offset = layout.phys_start(i) + 8 + (layout.phys_ends[i] - layout.phys_start(i) - 8) // 2
@@ -503,3 +505,37 @@ def test_serve_listens_on_loopback_and_refuses_a_missing_store(server: Server, t
     proc = subprocess.run([sys.executable, "-m", "xetfs", "serve", str(missing), "--port", str(free_port())],
                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False)  # fmt: skip
     assert (proc.returncode, proc.stderr) == (1, f"xetfs: error: store {missing}: no such directory\n")
+
+
+def test_damage_past_the_first_block_cuts_a_plain_download_short(tmp_path: Path) -> None:
+    """A plain GET sends its status after checking the first 8 MiB; damage further on cuts the body short
+    where the damaged block begins: every byte sent is right, and no client keeps the file."""
+    src, store = tmp_path / "src", tmp_path / "store"
+    src.mkdir()
+    data = random.Random(5).randbytes(12 * 1024 * 1024)
+    (src / "big.bin").write_bytes(data)
+    proc = subprocess.run([sys.executable, "-m", "xetfs", "pack", str(src), str(store), "--repo", "acme/big",
+                           "--no-progress"], capture_output=True, text=True, cwd=REPO_ROOT,
+                          env=hf_xet_env(tmp_path / "hf_xet"), timeout=180, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (repo,) = load_catalogue(store / "xetfs-hub.json").repos
+    xorb = damage_one_file(store, next(iter(repo.blobs.values())).xet_hash, at=0.9)  # about 10.8 MiB in
+    with xetfs_serve(store) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("GET", "/acme/big/resolve/main/big.bin")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("content-length") == str(len(data))
+        with pytest.raises(http.client.IncompleteRead) as cut:
+            resp.read()
+        conn.close()
+        sent = cut.value.partial
+        assert len(sent) == 8 * 1024 * 1024 and sent == data[: len(sent)]
+        for xet in (False, True):
+            failed, cache = clients(server, "get", "model", "acme/big", "big.bin", "main", xet=xet)
+            assert failed.get("error") is not None, failed
+            if not xet:  # the body cut short (or, resumed, the damaged block's 410)
+                assert failed["error"] == "RemoteProtocolError" or failed["status"] == 410, failed
+            kept = [p.name for p in cache.glob("models--acme--big/blobs/*") if not p.name.endswith(".incomplete")]
+            assert kept == []
+        log = log_of(server)
+    assert "body cut short" in log and f"xorb {xorb}" in log, log
