@@ -248,6 +248,7 @@ def test_errors_carry_the_hub_codes(packed: Packed, server: Server) -> None:
         ("/acme/nothing/resolve/main/config.json", "RepoNotFound", None),
         (f"/{MODEL}/resolve/nothing/config.json", "RevisionNotFound", None),
         (f"/{MODEL}/resolve/main/nothing.json", "EntryNotFound", c3),
+        (f"/{MODEL}/resolve/main/%E2%82%AC.json", "EntryNotFound", c3),  # (not Latin-1: escaped in the header)
         (f"/api/models/{MODEL}/tree/main/additional_chat_templates", "EntryNotFound", c3),
         (f"/api/datasets/{MODEL}/revision/main", "RepoNotFound", None),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from urllib.parse import unquote
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -54,8 +55,6 @@ class _BadPaths:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             try:
-                from urllib.parse import unquote
-
                 unquote((scope.get("raw_path") or b"").decode("latin-1"), errors="strict")
             except UnicodeDecodeError:
                 await error(400, None, "the path is not UTF-8")(scope, receive, send)

@@ -10,6 +10,7 @@ keep it.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
@@ -76,17 +77,13 @@ class State:
 
 def error(status: int, code: str | None, message: str, headers: dict[str, str] | None = None) -> Response:
     """An error answer in the Hub's manner (the message as JSON ``error`` and as ``X-Error-Message``)."""
-    out = {"X-Error-Message": message, "Cache-Control": "no-store"}
+    # A header value is Latin-1 without controls: anything else in a message (a path) is escaped there.
+    shown = "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode() for c in message)
+    out = {"X-Error-Message": shown, "Cache-Control": "no-store"}
     if code is not None:
         out["X-Error-Code"] = code
     out.update(headers or {})
-    return Response(f'{{"error": {_json_string(message)}}}', status, out, media_type="application/json")
-
-
-def _json_string(text: str) -> str:
-    import json
-
-    return json.dumps(text)
+    return Response(json.dumps({"error": message}), status, out, media_type="application/json")
 
 
 def unauthorized() -> Response:
