@@ -1,4 +1,4 @@
-"""Real servers for remote-store tests, on 127.0.0.1: nginx, moto's S3 server, and a fault-injecting proxy.
+"""Real servers for tests, on 127.0.0.1: nginx, moto's S3 server, ``xetfs serve`` and a fault-injecting proxy.
 
 Each runs on a free port, is polled until it answers (with a deadline,
 failing loudly with its log if it dies), and is always stopped when its
@@ -134,6 +134,58 @@ def nginx(root: Path, *, token: str | None = None, port: int | None = None) -> I
         yield server
 
 
+_NGINX_BALANCER_CONF = """
+daemon off;
+master_process off;
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log {tmp}/access.log;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    log_format cached '$request_method $uri $status $upstream_cache_status';
+    proxy_cache_path {tmp}/cache keys_zone=xorbs:8m;
+    upstream backends {{ {servers} }}
+    server {{
+        listen 127.0.0.1:{port};
+        access_log {tmp}/cache.log cached;
+        location / {{
+            proxy_pass http://backends;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+        location /xorbs/ {{
+            proxy_pass http://backends;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            {cache}
+        }}
+    }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx_balancer(ports: list[int], *, port: int | None = None, cache: bool = False) -> Iterator[Server]:
+    """nginx passing requests round-robin to the servers on ``ports`` of 127.0.0.1, as a load balancer would;
+    with ``cache``, it keeps what ``/xorbs/`` answers for as long as they say.  ``Server.log`` is its error
+    log; ``cache.log`` beside it has a line per request: method, path, status, cache status."""
+    tmp = Path(tempfile.mkdtemp(prefix="xetfs-nginx-lb-"))
+    port = port or free_port()
+    servers = " ".join(f"server 127.0.0.1:{p};" for p in ports)
+    conf = tmp / "nginx.conf"
+    caching = "proxy_cache xorbs;" if cache else ""
+    conf.write_text(_NGINX_BALANCER_CONF.format(tmp=tmp, port=port, servers=servers, cache=caching))
+    with _serving([NGINX, "-p", str(tmp), "-c", str(conf)], tmp, port, tmp / "error.log", "nginx") as server:
+        yield server
+
+
 @contextlib.contextmanager
 def _serving(cmd: list[str], tmp: Path, port: int, log: Path, what: str) -> Iterator[Server]:
     """Run ``cmd`` (a server on ``port``; its output to ``tmp/output``) until the block ends, then
@@ -146,6 +198,16 @@ def _serving(cmd: list[str], tmp: Path, port: int, log: Path, what: str) -> Iter
     finally:
         _stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def xetfs_serve(store: str | Path, *args: str, port: int | None = None) -> Iterator[Server]:
+    """``xetfs serve STORE ARGS`` on a free port of 127.0.0.1 (its log, at level info, in ``Server.log``)."""
+    tmp = Path(tempfile.mkdtemp(prefix="xetfs-serve-"))
+    port = port or free_port()
+    cmd = [sys.executable, "-m", "xetfs", "serve", str(store), "--port", str(port), "--log-level", "info", *args]
+    with _serving(cmd, tmp, port, tmp / "output", "xetfs serve") as server:
+        yield server
 
 
 S3_ENV = {

@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     from xetfs import commands  # mount, umount, stats, pack
 
     commands.register(sub, _add_common)
+    from xetfs.serve.command import add_serve_parser
+
+    add_serve_parser(sub, _add_common)
     for choice in sub.choices.values():
         if not any(a.dest == "debug" for a in choice._actions):
             _add_common(choice)

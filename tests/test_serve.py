@@ -1,0 +1,542 @@
+"""``xetfs serve`` with the real clients: huggingface_hub, hf_xet, transformers and safetensors.
+
+The store is packed from a Hugging Face cache written by huggingface_hub's
+own functions (``hub_cache.py``).  The server runs as ``python -m xetfs
+serve`` on 127.0.0.1 (``servers.xetfs_serve``); every client run is a child
+process (``serve_clients.py``) with ``HF_ENDPOINT`` at the server and a
+fresh ``HF_HUB_CACHE``, and what lands in that cache is compared byte for
+byte with the original.  Tree listings are served three entries a page, so
+``snapshot_download`` follows the pagination.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import itertools
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import hub_cache
+import pytest
+from oracle import REPO_ROOT, hf_xet_env
+from servers import S3_ENV, Server, free_port, moto_s3, nginx_balancer, upload_dir, xetfs_serve
+
+from xetfs import hashes
+from xetfs.catalogue import load_catalogue
+from xetfs.indexer import load_index
+from xetfs.remote import LISTING_NAME
+from xetfs.serve.signing import Signer
+from xetfs.store import Store
+
+HERE = Path(__file__).resolve().parent
+MODEL, DATASET = hub_cache.MODEL, hub_cache.DATASET
+PAGE = "3"  # tree entries per page
+MAX_FETCH = "300K"  # so files span several xorb ranges, and terms are cut where a range ends
+
+
+@dataclass
+class Packed:
+    spec: hub_cache.CacheSpec
+    store: Path
+    tmp: Path
+
+    def original(self, repo: str, commit: str, path: str) -> bytes:
+        return self.spec.files[(repo, commit, path)]
+
+
+def pack(tmp: Path, cache: Path, store: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "xetfs", "pack", "--hub-cache", str(cache), str(store), "--no-progress"],
+        capture_output=True, text=True, cwd=REPO_ROOT, env=hf_xet_env(tmp / "hf_xet"), timeout=180, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
+    tmp = tmp_path_factory.mktemp("serve")
+    spec = hub_cache.make_hub_cache(tmp / "cache")
+    pack(tmp, spec.root, tmp / "store")
+    return Packed(spec, tmp / "store", tmp)
+
+
+@pytest.fixture(scope="module")
+def server(packed: Packed) -> Iterator[Server]:
+    with xetfs_serve(packed.store, "--tree-page-size", PAGE, "--max-fetch", MAX_FETCH) as s:
+        yield s
+
+
+def clients(
+    server: Server, *args: str, xet: bool = True, token: str | None = None, extra: dict[str, str] | None = None
+) -> tuple[dict[str, Any], Path]:
+    """``serve_clients.py ARGS`` against ``server`` with a fresh cache (and ``extra`` in the environment):
+    its report and the cache."""
+    tmp = Path(tempfile.mkdtemp(prefix="xetfs-serve-client-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(HF_ENDPOINT=server.url, HF_HUB_CACHE=str(tmp / "hub"), HF_HOME=str(tmp / "home"),
+               HF_XET_CACHE=str(tmp / "xet"), HF_HUB_DISABLE_TELEMETRY="1", DO_NOT_TRACK="1", NO_COLOR="1",
+               HF_HUB_DISABLE_PROGRESS_BARS="1", TRANSFORMERS_VERBOSITY="error")  # fmt: skip
+    if not xet:
+        env["HF_HUB_DISABLE_XET"] = "1"
+    if token is not None:
+        env["HF_TOKEN"] = token
+    else:
+        env["HF_HUB_DISABLE_IMPLICIT_TOKEN"] = "1"
+    env.update(extra or {})
+    proc = subprocess.run([sys.executable, str(HERE / "serve_clients.py"), *args], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, f"{proc.stderr}\n--- server log ---\n{log_of(server)}"
+    return json.loads(proc.stdout), tmp / "hub"
+
+
+def log_of(server: Server) -> str:
+    return server.log.read_text(errors="replace") if server.log else ""
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+Answer = tuple[int, dict[str, str], bytes]
+
+
+def request(server: Server, method: str, path: str, headers: dict[str, str] | None = None) -> Answer:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        conn.request(method, path, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+# -- the clients, through hf_xet and without it ----------------------------------------------
+
+
+def check_report(packed: Packed, report: dict[str, Any], cache: Path) -> None:
+    c1, c2, c3 = packed.spec.model_commits
+    commits = {"main": c3, "v1.0": c1, "refs/pr/1": c2, c2: c2}
+    for key, (path, digest) in report["hf_hub_download"].items():
+        rev, name = key.split(":", 1)
+        if rev == "dataset":
+            repo, commit = DATASET, packed.spec.dataset_commit
+            folder = "datasets--acme--tiny-data"
+        else:
+            repo, commit = MODEL, commits[rev]
+            folder = "models--acme--tiny-bert"
+        original = packed.original(repo, commit, name)
+        assert path == f"{folder}/snapshots/{commit}/{name}", key
+        assert digest == sha(original), key
+        assert (cache / path).read_bytes() == original, key
+    assert len(report["hf_hub_download"]) == 4 * 3 + 2
+    snapshots = report["snapshot_download"]
+    wanted = (("main", MODEL, c3), ("v1.0", MODEL, c1), ("dataset", DATASET, packed.spec.dataset_commit))
+    for key, repo, commit in wanted:
+        folder, files = snapshots[key]
+        expected = {p: d for (r, c, p), d in packed.spec.files.items() if (r, c) == (repo, commit)}
+        assert sorted(files) == sorted(expected), key
+        for path, data in expected.items():
+            assert (cache / folder / path).read_bytes() == data, (key, path)  # byte-identical to the original
+    assert report["AutoConfig"] == ["BertConfig", 32, len(hub_cache.WORDS) + 2]
+    words = ["hello", "xet", "store", "offline", "mount"]
+    assert report["AutoTokenizer"][1] == [hub_cache.WORDS.index(w) + 2 for w in words]
+    weights = packed.original(MODEL, c3, "model.safetensors")
+    from safetensors.numpy import load
+
+    assert report["safe_open"] == {k: sha(v.tobytes()) for k, v in sorted(load(weights).items())}
+    errors = report["errors"]
+    assert errors["repo"]["error"] == "RepositoryNotFoundError", errors
+    assert errors["revision"]["error"] == "RevisionNotFoundError", errors
+    assert errors["file"]["error"] == "RemoteEntryNotFoundError", errors
+    assert errors["snapshot_revision"]["error"] == "RevisionNotFoundError", errors
+    assert f"models--acme--tiny-bert/.no_exist/{c3}/no-such-file.json" in report["no_exist"]
+
+
+def test_clients_through_hf_xet(packed: Packed, server: Server) -> None:
+    before = len(log_of(server))
+    report, cache = clients(server, "all", packed.spec.model_commits[1])
+    check_report(packed, report, cache)
+    log = log_of(server)[before:]
+    assert "GET /v2/reconstructions/" in log  # the Xet files went through the CAS
+    assert " 206 " in log and "GET /xorbs/" in log
+    assert "cursor=" not in log  # (queries are never logged)
+    assert "ERROR" not in log and "Traceback" not in log, log
+
+
+def test_clients_without_hf_xet(packed: Packed, server: Server) -> None:
+    before = len(log_of(server))
+    report, cache = clients(server, "all", packed.spec.model_commits[1], xet=False)
+    check_report(packed, report, cache)
+    log = log_of(server)[before:]
+    assert "reconstructions" not in log and "/xorbs/" not in log and "xet-read-token" not in log
+    assert "GET /acme/tiny-bert/resolve/" in log
+    assert "ERROR" not in log and "Traceback" not in log, log
+
+
+@pytest.mark.parametrize(
+    ("setting", "route"),
+    [("HF_XET_CLIENT_RECONSTRUCTION_API_VERSION", "GET /v1/reconstructions/"),
+     ("HF_XET_CLIENT_ENABLE_MULTIRANGE_FETCHING", "GET /v2/reconstructions/")],
+    ids=["v1", "multirange"],
+)  # fmt: skip
+def test_hf_xet_settings(packed: Packed, server: Server, setting: str, route: str) -> None:
+    """hf_xet forced to the v1 answers, or asking for several ranges at once (it gets one a URL)."""
+    value = "1" if setting.endswith("VERSION") else "true"
+    before = len(log_of(server))
+    c1 = packed.spec.model_commits[0]
+    got, _ = clients(server, "get", "model", MODEL, "model.safetensors", c1, extra={setting: value})
+    assert got.get("sha256") == sha(packed.original(MODEL, c1, "model.safetensors")), got
+    log = log_of(server)[before:]
+    assert route in log and "GET /xorbs/" in log, log
+
+
+# -- the protocol, seen with a plain HTTP client -----------------------------------------------
+
+
+def test_head_carries_the_hub_metadata(packed: Packed, server: Server) -> None:
+    _, c2, c3 = packed.spec.model_commits
+    weights = packed.original(MODEL, c2, "model.safetensors")
+    status, h, _ = request(server, "HEAD", f"/{MODEL}/resolve/refs%2Fpr%2F1/model.safetensors")
+    assert status == 200
+    assert h["x-repo-commit"] == c2
+    assert h["etag"] == h["x-linked-etag"] == f'"{sha(weights)}"'
+    assert h["x-linked-size"] == h["content-length"] == str(len(weights))
+    assert hashes.is_hex(h["x-xet-hash"])
+    assert h["link"] == f'<{server.url}/api/models/{MODEL}/xet-read-token/{c2}>; rel="xet-auth"'
+    assert h["cache-control"] == "no-cache"  # a ref may move
+    status, h, _ = request(server, "HEAD", f"/{MODEL}/resolve/{c2}/config.json")
+    config = packed.original(MODEL, c2, "config.json")
+    assert h["etag"] == f'"{hub_cache.git_sha1(config)}"'  # a regular file: its git blob id, and no Xet
+    assert "x-xet-hash" not in h and "link" not in h
+    assert "immutable" in h["cache-control"]
+    status, h, body = request(server, "GET", f"/{MODEL}/resolve/main/config.json",
+                              {"If-None-Match": f'W/"{hub_cache.git_sha1(config)}"'})  # fmt: skip
+    assert (status, body, h["x-repo-commit"]) == (304, b"", c3)  # a proxy revalidating its copy
+    status, h, _ = request(server, "HEAD", f"/datasets/{DATASET}/resolve/main/data/train.parquet")
+    assert status == 200 and h["x-repo-commit"] == packed.spec.dataset_commit
+
+
+def test_plain_get_with_range(packed: Packed, server: Server) -> None:
+    c3 = packed.spec.model_commits[2]
+    weights = packed.original(MODEL, c3, "model.safetensors")
+    path = f"/{MODEL}/resolve/main/model.safetensors"
+    status, h, body = request(server, "GET", path, {"Range": "bytes=1000-200999"})
+    assert (status, h["content-range"], body) == (206, f"bytes 1000-200999/{len(weights)}", weights[1000:201000])
+    status, h, body = request(server, "GET", path, {"Range": f"bytes={len(weights) - 10}-{len(weights) + 500}"})
+    assert (status, body) == (206, weights[-10:])  # an end past the file is clamped
+    status, h, body = request(server, "GET", path, {"Range": f"bytes={len(weights)}-"})
+    assert status == 416 and h["content-range"] == f"bytes */{len(weights)}"
+    status, h, body = request(server, "GET", path)
+    assert (status, body) == (200, weights)
+
+
+def test_errors_carry_the_hub_codes(packed: Packed, server: Server) -> None:
+    c3 = packed.spec.model_commits[2]
+    cases = [
+        ("/acme/nothing/resolve/main/config.json", "RepoNotFound", None),
+        (f"/{MODEL}/resolve/nothing/config.json", "RevisionNotFound", None),
+        (f"/{MODEL}/resolve/main/nothing.json", "EntryNotFound", c3),
+        (f"/{MODEL}/resolve/main/%E2%82%AC.json", "EntryNotFound", c3),  # (not Latin-1: escaped in the header)
+        (f"/api/models/{MODEL}/tree/main/additional_chat_templates", "EntryNotFound", c3),
+        (f"/api/datasets/{MODEL}/revision/main", "RepoNotFound", None),
+    ]
+    for path, code, commit in cases:
+        status, h, _ = request(server, "GET", path)
+        assert (status, h.get("x-error-code"), h.get("x-repo-commit")) == (404, code, commit), path
+        assert h["cache-control"] == "no-store"
+
+
+def test_tree_listing_is_paginated(packed: Packed, server: Server) -> None:
+    c1 = packed.spec.model_commits[0]
+    entries: list[dict[str, Any]] = []
+    path = f"/api/models/{MODEL}/tree/v1.0?recursive=true&expand=false"
+    pages = 0
+    while path:
+        status, h, body = request(server, "GET", path)
+        assert status == 200
+        entries += json.loads(body)
+        pages += 1
+        link = h.get("link")
+        path = ""
+        if link is not None:
+            url = link.split(">")[0].lstrip("<")
+            assert link.endswith('rel="next"') and url.startswith(server.url)
+            path = url[len(server.url) :]
+    files = {e["path"]: e for e in entries if e["type"] == "file"}
+    assert sorted(files) == sorted(p for (r, c, p) in packed.spec.files if (r, c) == (MODEL, c1))
+    assert [e["path"] for e in entries if e["type"] == "directory"] == ["notes"]
+    assert pages == -(-len(entries) // int(PAGE))
+    weights = packed.original(MODEL, c1, "model.safetensors")
+    lfs = files["model.safetensors"]["lfs"]
+    assert lfs["oid"] == sha(weights) and lfs["size"] == len(weights) and lfs["pointerSize"] > 0
+    assert hashes.is_hex(files["model.safetensors"]["xetHash"])
+    config = packed.original(MODEL, c1, "config.json")
+    assert files["config.json"]["oid"] == hub_cache.git_sha1(config) and "lfs" not in files["config.json"]
+    status, _, body = request(server, "GET", f"/api/models/{MODEL}/tree/v1.0/notes")
+    assert [e["path"] for e in json.loads(body)] == ["notes/training.txt"]
+
+
+def test_xet_token_route_answers_both_ways(packed: Packed, server: Server) -> None:
+    c3 = packed.spec.model_commits[2]
+    status, h, body = request(server, "GET", f"/api/models/{MODEL}/xet-read-token/{c3}")
+    doc = json.loads(body)
+    assert status == 200 and h["cache-control"] == "no-store"
+    assert (h["x-xet-access-token"], int(h["x-xet-token-expiration"]), h["x-xet-cas-url"]) == (
+        doc["accessToken"], doc["exp"], doc["casUrl"])  # fmt: skip
+    assert doc["casUrl"] == server.url and doc["exp"] > time.time() + 600
+    status, _, _ = request(server, "GET", f"/api/models/{MODEL}/xet-read-token/refs/pr/1")
+    assert status == 200
+
+
+def test_reconstruction_needs_a_xet_token_and_clamps(packed: Packed, server: Server) -> None:
+    _, h, _ = request(server, "HEAD", f"/{MODEL}/resolve/main/model.safetensors")
+    file_id, size = h["x-xet-hash"], int(h["x-linked-size"])
+    path = f"/v1/reconstructions/{file_id}"
+    assert request(server, "GET", path)[0] == 401
+    assert request(server, "GET", path, {"Authorization": "Bearer 1.2.3"})[0] == 401
+    _, _, body = request(server, "GET", f"/api/models/{MODEL}/xet-read-token/main")
+    auth = {"Authorization": f"Bearer {json.loads(body)['accessToken']}"}
+    status, h, body = request(server, "GET", path, {**auth, "Range": f"bytes=0-{size + 1 << 28}"})
+    assert status == 200 and h["cache-control"] == "no-store"
+    doc = json.loads(body)
+    assert sum(t["unpacked_length"] for t in doc["terms"]) == size and doc["offset_into_first_range"] == 0
+    for xorb, fetches in doc["fetch_info"].items():  # capped, disjoint, and each term inside one
+        spans = sorted((f["range"]["start"], f["range"]["end"]) for f in fetches)
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+        assert all(f["url_range"]["end"] + 1 - f["url_range"]["start"] <= 300 * 1024 for f in fetches)
+        for t in (t for t in doc["terms"] if t["hash"] == xorb):
+            assert sum(a <= t["range"]["start"] and t["range"]["end"] <= b for a, b in spans) == 1
+    assert sum(len(f) for f in doc["fetch_info"].values()) > 3
+    assert request(server, "GET", path, {**auth, "Range": f"bytes={size}-{size + 10}"})[0] == 416
+    assert request(server, "GET", f"/v2/reconstructions/{'0' * 64}", auth)[0] == 404
+    status, _, _ = request(server, "GET", f"/v2/reconstructions/{file_id}", {**auth, "Range": "bytes=5-9"})
+    assert status == 200
+
+
+def test_health_and_telemetry(server: Server) -> None:
+    status, _, body = request(server, "GET", "/health")
+    assert status == 200 and json.loads(body) == {"status": "ok", "files": json.loads(body)["files"], "repos": 2}
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/telemetry", body=b'{"events": []}', headers={"Content-Type": "application/json"})
+    assert conn.getresponse().status == 200
+    conn.close()
+
+
+# -- access --------------------------------------------------------------------------------
+
+
+def test_token_file_and_signed_urls(packed: Packed, tmp_path: Path) -> None:
+    tokens, key = tmp_path / "tokens", tmp_path / "key"
+    tokens.write_text("# readers\nsecret-token-1\n\nsecret-token-2\n")
+    c3 = packed.spec.model_commits[2]
+    with xetfs_serve(packed.store, "--token-file", str(tokens), "--key-file", str(key)) as server:
+        refused, _ = clients(server, "get", "model", MODEL, "model.safetensors", "main")
+        assert (refused["error"], refused["status"]) == ("HfHubHTTPError", 401), refused
+        wrong, _ = clients(server, "get", "model", MODEL, "config.json", "main", token="not-a-token")
+        assert wrong["status"] == 401, wrong
+        got, _cache = clients(server, "get", "model", MODEL, "model.safetensors", "main", token="secret-token-2")
+        assert got["sha256"] == sha(packed.original(MODEL, c3, "model.safetensors")), got
+        for path in (f"/{MODEL}/resolve/main/config.json", f"/api/models/{MODEL}/revision/main",
+                     f"/api/models/{MODEL}/xet-read-token/main"):  # fmt: skip
+            assert request(server, "GET", path)[0] == 401, path
+            assert request(server, "GET", path, {"Authorization": "Bearer secret-token-1"})[0] == 200, path
+        assert request(server, "GET", "/health")[0] == 200
+        # A signed xorb URL: valid, altered, expired (signed here with the server's key file).
+        _, h, _ = request(server, "HEAD", f"/{MODEL}/resolve/main/model.safetensors",
+                          {"Authorization": "Bearer secret-token-1"})  # fmt: skip
+        _, _, body = request(server, "GET", f"/api/models/{MODEL}/xet-read-token/main",
+                             {"Authorization": "Bearer secret-token-1"})  # fmt: skip
+        auth = {"Authorization": f"Bearer {json.loads(body)['accessToken']}"}
+        _, _, body = request(server, "GET", f"/v1/reconstructions/{h['x-xet-hash']}", auth)
+        (xorb, fetches), *_ = json.loads(body)["fetch_info"].items()
+        url = urlsplit(fetches[0]["url"])
+        rng = f"bytes={fetches[0]['url_range']['start']}-{fetches[0]['url_range']['end']}"
+        status, h, data = request(server, "GET", f"{url.path}?{url.query}", {"Range": rng})
+        assert status == 206 and len(data) == fetches[0]["url_range"]["end"] - fetches[0]["url_range"]["start"] + 1
+        assert request(server, "GET", f"{url.path}?{url.query[:-2]}xx", {"Range": rng})[0] == 403
+        chunks = url.path.rsplit("/", 1)[1]
+        expired = int(time.time()) - 5
+        signature = Signer(key.read_bytes().strip()).sign("xorb", [xorb, chunks], expired)
+        status, _, body = request(server, "GET", f"{url.path}?e={expired}&s={signature}", {"Range": rng})
+        assert status == 403 and b"expired" in body
+        log = log_of(server)
+    for secret in ("secret-token-1", "secret-token-2", "not-a-token", auth["Authorization"].split(" ", 1)[1]):
+        assert secret not in log
+
+
+# -- damage ------------------------------------------------------------------------------------
+
+
+def damage_one_file(store: Path, target: str, at: float = 0.5) -> str:
+    """Flip a byte in a chunk that only the file ``target`` (a Xet hash) uses, the one ``at`` the way along
+    those chunks (in xorb order); returns the xorb's hex."""
+    s = Store.open(store)
+    index = load_index(s).index
+    users: dict[tuple[bytes, int], set[str]] = {}
+    for entry in index:
+        for xorb, first, stop, _ in index.terms_of(entry):
+            for i in range(first, stop):
+                users.setdefault((xorb, i), set()).add(entry.hex)
+    candidates = [key for key, who in users.items() if who == {target}]
+    assert candidates, "no chunk is the target's alone"
+    xorb, i = sorted(candidates)[int(len(candidates) * at)]
+    layout = s.load_layout(xorb)
+    path = s.xorb_path(xorb)
+    offset = layout.phys_start(i) + 8 + (layout.phys_ends[i] - layout.phys_start(i) - 8) // 2
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+    return hashes.to_hex(xorb)
+
+
+@pytest.mark.parametrize("xet", [True, False], ids=["hf_xet", "plain"])
+def test_a_flipped_byte_fails_only_the_downloads_that_need_it(packed: Packed, tmp_path: Path, xet: bool) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(packed.store, store)
+    c1, _, c3 = packed.spec.model_commits
+    repo = next(r for r in load_catalogue(store / "xetfs-hub.json").repos if r.id == MODEL)
+    main_weights = repo.blobs[repo.revisions[c3].files["model.safetensors"]].xet_hash
+    xorb = damage_one_file(store, main_weights)
+    with xetfs_serve(store) as server:
+        started = time.monotonic()
+        failed, cache = clients(server, "get", "model", MODEL, "model.safetensors", "main", xet=xet)
+        took = time.monotonic() - started
+        assert failed.get("error") is not None, failed
+        assert took < 60, f"the failure took {took:.0f} s"
+        blob = cache / "models--acme--tiny-bert" / "blobs" / sha(packed.original(MODEL, c3, "model.safetensors"))
+        assert not blob.exists()  # no complete file with wrong bytes
+        assert not (cache / "models--acme--tiny-bert" / "snapshots" / c3 / "model.safetensors").exists()
+        for name, rev, commit in (("model.safetensors", "v1.0", c1), ("config.json", "main", c3)):
+            ok, _ = clients(server, "get", "model", MODEL, name, rev, xet=xet)
+            assert ok.get("sha256") == sha(packed.original(MODEL, commit, name)), ok
+        log = log_of(server)
+    assert f"xorb {xorb}" in log  # the log line names the object
+    assert " 410 " in log or "body cut short" in log
+
+
+# -- other stores and later packs ----------------------------------------------------------------
+
+
+def test_store_on_s3(packed: Packed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same clients, the server reading the store from moto's S3 server (catalogue included)."""
+    with moto_s3() as s3:
+        for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3.url}.items():
+            monkeypatch.setenv(key, value)
+        copy = tmp_path / "copy"
+        shutil.copytree(packed.store, copy)
+        (copy / LISTING_NAME).unlink()  # a bucket lists itself
+        upload_dir("s3://mirror/hub", s3.url, copy)
+        with xetfs_serve("s3://mirror/hub", "--disk-cache-size", "0", "--max-fetch", MAX_FETCH) as server:
+            report, cache = clients(server, "all", packed.spec.model_commits[1])
+            check_report(packed, report, cache)
+            log = log_of(server)
+    assert "GET /v2/reconstructions/" in log and "ERROR" not in log, log
+    assert S3_ENV["AWS_SECRET_ACCESS_KEY"] not in log
+
+
+def test_a_later_pack_is_served_without_a_restart(packed: Packed, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(packed.spec.root / "datasets--acme--tiny-data", cache / "datasets--acme--tiny-data", symlinks=True)
+    store = tmp_path / "store"
+    pack(tmp_path, cache, store)
+    with xetfs_serve(store) as server:
+        assert request(server, "GET", f"/api/models/{MODEL}/revision/main")[1]["x-error-code"] == "RepoNotFound"
+        pack(tmp_path, packed.spec.root, store)  # the model joins the store
+        status, _, body = request(server, "GET", f"/api/models/{MODEL}/revision/main")
+        assert status == 200 and json.loads(body)["sha"] == packed.spec.model_commits[2]
+        got, _ = clients(server, "get", "model", MODEL, "model.safetensors", "v1.0")
+        assert got.get("sha256") == sha(packed.original(MODEL, packed.spec.model_commits[0], "model.safetensors"))
+
+
+def test_hf_xet_renews_its_token_through_the_refresh_route(packed: Packed) -> None:
+    """With tokens shorter-lived than hf_xet's margin, hf_xet asks the token route (JSON) before each use."""
+    with xetfs_serve(packed.store, "--token-ttl", "20") as server:
+        got, _ = clients(server, "get", "model", MODEL, "model.safetensors", "main")
+        assert got.get("sha256") == sha(packed.original(MODEL, packed.spec.model_commits[2], "model.safetensors"))
+        log = log_of(server)
+    assert log.count("/xet-read-token/") >= 2, log  # huggingface_hub's, then hf_xet's own
+
+
+def test_two_processes_behind_a_caching_load_balancer(packed: Packed, tmp_path: Path) -> None:
+    """Two servers sharing a key file behind nginx (round robin, caching xorb ranges): any of them answers
+    any request, and a second download of the same files takes its xorb ranges from nginx's cache."""
+    key, front = tmp_path / "key", free_port()
+    ttl = 40000  # URLs of a range stay the same until expiry times move on, every 10000 s
+    deadline = time.monotonic() + 400
+    while -time.time() % (ttl // 4) < 300:  # too close to that moment: wait for it to pass
+        assert time.monotonic() < deadline
+        time.sleep(1)
+    common = ("--key-file", str(key), "--public-url", f"http://127.0.0.1:{front}", "--tree-page-size", PAGE,
+              "--max-fetch", MAX_FETCH, "--url-ttl", str(ttl))  # fmt: skip
+    with xetfs_serve(packed.store, *common) as a, xetfs_serve(packed.store, *common) as b:
+        with nginx_balancer([a.port, b.port], port=front, cache=True) as lb:
+            report, cache = clients(lb, "get", "model", MODEL, "model.safetensors", "main")
+            first = log_of(a).count("GET /xorbs/") + log_of(b).count("GET /xorbs/")
+            report, cache = clients(lb, "all", packed.spec.model_commits[1])
+            check_report(packed, report, cache)
+            assert lb.log is not None
+            cached = lb.log.with_name("cache.log").read_text()
+        logs = log_of(a), log_of(b)
+    assert first > 0 and "GET /xorbs/" in cached and " HIT" in cached, cached
+    for log in logs:  # both took part in the Xet downloads, each with the other's tokens and URLs
+        assert "GET /v2/reconstructions/" in log and "GET /xorbs/" in log, log
+        assert " 401 " not in log and " 403 " not in log and "ERROR" not in log, log
+    hits = [line for line in cached.splitlines() if line.startswith("GET /xorbs/") and line.endswith(" HIT")]
+    assert len(hits) >= first  # the main weights' ranges, again: from the cache
+
+
+def test_serve_listens_on_loopback_and_refuses_a_missing_store(server: Server, tmp_path: Path) -> None:
+    assert f"(listening on http://127.0.0.1:{server.port})" in log_of(server)
+    missing = tmp_path / "none"
+    proc = subprocess.run([sys.executable, "-m", "xetfs", "serve", str(missing), "--port", str(free_port())],
+                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False)  # fmt: skip
+    assert (proc.returncode, proc.stderr) == (1, f"xetfs: error: store {missing}: no such directory\n")
+
+
+def test_damage_past_the_first_block_cuts_a_plain_download_short(tmp_path: Path) -> None:
+    """A plain GET sends its status after checking the first 8 MiB; damage further on cuts the body short
+    where the damaged block begins: every byte sent is right, and no client keeps the file."""
+    src, store = tmp_path / "src", tmp_path / "store"
+    src.mkdir()
+    data = random.Random(5).randbytes(12 * 1024 * 1024)
+    (src / "big.bin").write_bytes(data)
+    proc = subprocess.run([sys.executable, "-m", "xetfs", "pack", str(src), str(store), "--repo", "acme/big",
+                           "--no-progress"], capture_output=True, text=True, cwd=REPO_ROOT,
+                          env=hf_xet_env(tmp_path / "hf_xet"), timeout=180, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (repo,) = load_catalogue(store / "xetfs-hub.json").repos
+    xorb = damage_one_file(store, next(iter(repo.blobs.values())).xet_hash, at=0.9)  # about 10.8 MiB in
+    with xetfs_serve(store) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        conn.request("GET", "/acme/big/resolve/main/big.bin")
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("content-length") == str(len(data))
+        with pytest.raises(http.client.IncompleteRead) as cut:
+            resp.read()
+        conn.close()
+        sent = cut.value.partial
+        assert len(sent) == 8 * 1024 * 1024 and sent == data[: len(sent)]
+        for xet in (False, True):
+            failed, cache = clients(server, "get", "model", "acme/big", "big.bin", "main", xet=xet)
+            assert failed.get("error") is not None, failed
+            if not xet:  # the body cut short (or, resumed, the damaged block's 410)
+                assert failed["error"] == "RemoteProtocolError" or failed["status"] == 410, failed
+            kept = [p.name for p in cache.glob("models--acme--big/blobs/*") if not p.name.endswith(".incomplete")]
+            assert kept == []
+        log = log_of(server)
+    assert "body cut short" in log and f"xorb {xorb}" in log, log

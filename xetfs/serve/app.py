@@ -1,0 +1,87 @@
+"""The ASGI application: the routes of ``hubapi`` and ``cas``, a health route, and the request log.
+
+The log has one line per request at level INFO: method, path (never the
+query, which holds URL signatures), status and time.  Headers are not
+logged, so neither are tokens.  A path that is not UTF-8 once decoded gets
+400.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from urllib.parse import unquote
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from xetfs.serve import cas, hubapi
+from xetfs.serve.common import State, error
+
+log = logging.getLogger("xetfs.serve")
+
+
+async def health(request: Request) -> Response:
+    state: State = request.app.state.serve
+    snap = await state.contents.snapshot()
+    doc = {"status": "ok", "files": len(snap.index), "repos": len(snap.catalogue.repos)}
+    return JSONResponse(doc, headers={"Cache-Control": "no-store"})
+
+
+def build_app(state: State) -> ASGIApp:
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/reconstructions/{file_id}", cas.reconstruction_route, methods=["GET"]),
+        Route("/v2/reconstructions/{file_id}", cas.reconstruction_route, methods=["GET"]),
+        Route("/v1/telemetry", cas.telemetry, methods=["POST"]),
+        Route("/xorbs/{xorb}/{chunks}", cas.xorb_range, methods=["GET"]),
+        Route("/api/{rest:path}", hubapi.api, methods=["GET"]),
+        Route("/{rest:path}", hubapi.resolve, methods=["GET", "HEAD"]),
+    ]
+    app = Starlette(routes=routes)
+    app.state.serve = state
+    return _Logged(_BadPaths(app))
+
+
+class _BadPaths:
+    """400 for a path whose segments are not UTF-8 (``common.segments`` would fail on it)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            try:
+                unquote((scope.get("raw_path") or b"").decode("latin-1"), errors="strict")
+            except UnicodeDecodeError:
+                await error(400, None, "the path is not UTF-8")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class _Logged:
+    """One log line per HTTP request, without query or headers."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status = 0
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            log.info("%s %s %d %.3fs", scope["method"], scope["path"], status, time.monotonic() - started)

@@ -1,0 +1,145 @@
+"""What the server's routes share: its settings and state, error answers, ``Range`` values, path segments.
+
+Error answers carry the Hub's ``X-Error-Code`` and ``X-Error-Message``
+headers, which huggingface_hub turns into its own exceptions
+(``RepositoryNotFoundError``, ``RevisionNotFoundError``,
+``RemoteEntryNotFoundError``), and ``Cache-Control: no-store``: an error
+may go away (a pack lands, a damaged object is repaired), so no proxy may
+keep it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import quote, unquote
+
+import trio
+from starlette.requests import Request
+from starlette.responses import Response
+
+from xetfs.errors import (
+    FormatError,
+    IntegrityError,
+    MissingObjectError,
+    ObjectReadError,
+    StoreTimeoutError,
+    XetfsError,
+)
+from xetfs.serve.access import UserTokens
+from xetfs.serve.contents import Contents
+from xetfs.serve.signing import Signer
+
+# A damaged or missing object: 410 Gone.  hf_xet retries 5xx but 501, 408, 429 and, fetching xorb ranges,
+# 403 (after asking for new URLs), for minutes; any other 4xx ends the download at once (xet-core's
+# RetryWrapper).  404 would read as "no such file" and 400 as a bad request, while the object is known and
+# gone until someone repairs the store.
+DAMAGED = 410
+IMMUTABLE_SECONDS = 365 * 24 * 3600
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+
+
+@dataclass
+class Settings:
+    public_url: str  # every URL handed out starts with it; no trailing slash
+    token_ttl: int = 3600  # seconds a Xet access token lives
+    url_ttl: int = 3600  # seconds a signed xorb-range URL lives
+    tree_page: int = 1000  # entries per page of a tree listing
+    max_fetch: int = 8 * 1024 * 1024  # serialized bytes of a xorb range in a reconstruction answer
+    checks_at_once: int = 8  # xorb ranges read and checked at the same time
+
+
+@dataclass
+class State:
+    settings: Settings
+    contents: Contents
+    signer: Signer
+    tokens: UserTokens | None = None
+    clock: Callable[[], float] = time.time
+    checks: trio.Semaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checks = trio.Semaphore(self.settings.checks_at_once)
+
+    def cache_control(self, immutable: bool) -> str:
+        """For an answer that never changes (``immutable``) or may change; private when tokens guard it."""
+        if not immutable:
+            return "no-cache"
+        scope = "private" if self.tokens is not None else "public"
+        return f"{scope}, max-age={IMMUTABLE_SECONDS}, immutable"
+
+    def user_allowed(self, request: Request) -> bool:
+        return self.tokens is None or self.tokens.allows(request.headers.get("authorization"))
+
+
+def error(status: int, code: str | None, message: str, headers: dict[str, str] | None = None) -> Response:
+    """An error answer in the Hub's manner (the message as JSON ``error`` and as ``X-Error-Message``)."""
+    # A header value is Latin-1 without controls: anything else in a message (a path) is escaped there.
+    shown = "".join(c if " " <= c <= "~" else c.encode("unicode_escape").decode() for c in message)
+    out = {"X-Error-Message": shown, "Cache-Control": "no-store"}
+    if code is not None:
+        out["X-Error-Code"] = code
+    out.update(headers or {})
+    return Response(json.dumps({"error": message}), status, out, media_type="application/json")
+
+
+def unauthorized() -> Response:
+    # This message makes huggingface_hub raise its HTTP error with the status, not "repository not found".
+    return error(401, None, "Invalid credentials in Authorization header", {"WWW-Authenticate": "Bearer"})
+
+
+def read_error(exc: XetfsError) -> Response:
+    """The answer for a read that failed: damaged or missing objects are final, the rest may pass."""
+    if isinstance(exc, (IntegrityError, FormatError, MissingObjectError)):
+        return error(DAMAGED, "CorruptedObject", f"the store cannot give these bytes: {exc}")
+    if isinstance(exc, StoreTimeoutError):
+        return error(504, None, "the store did not answer in time")
+    if isinstance(exc, ObjectReadError):
+        return error(503, None, "the store could not be read")
+    return error(502, None, "the store could not be reached")
+
+
+class BadRange(Exception):
+    """A ``Range`` that cannot be served (416)."""
+
+
+def byte_range(value: str | None, size: int) -> tuple[int, int] | None:
+    """File bytes ``[start, end)`` of a ``Range: bytes=...`` value over ``size`` bytes; None without one.
+
+    One range only (``s-e``, ``s-`` or ``-n``); an end past the file is
+    clamped.  Raises ``BadRange`` for a start at or past the end, and for
+    what is not one byte range (a server may ignore such a header, but a
+    client that sends one expects it honoured).
+    """
+    if value is None:
+        return None
+    m = _RANGE.fullmatch(value.strip())
+    if m is None or not (m.group(1) or m.group(2)):
+        raise BadRange(f"not a single byte range: {value!r}")
+    if not m.group(1):  # the last n bytes
+        n = int(m.group(2))
+        if n == 0 or size == 0:
+            raise BadRange(f"{value!r}: nothing to send of {size} bytes")
+        return max(0, size - n), size
+    start = int(m.group(1))
+    end = size if not m.group(2) else min(size, int(m.group(2)) + 1)
+    if start >= size or start >= end:
+        raise BadRange(f"{value!r}: the file has {size} bytes")
+    return start, end
+
+
+def raw_path(request: Request) -> str:
+    """The request's path as the client sent it (still percent-encoded), without the query."""
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1").partition("?")[0] if raw else quote(request.scope["path"])
+
+
+def segments(request: Request) -> list[str]:
+    """The request path's segments, each percent-decoded on its own (so ``refs%2Fpr%2F1`` stays one).
+
+    Raises ``UnicodeDecodeError`` for a segment that is not UTF-8 once decoded.
+    """
+    return [unquote(s, encoding="utf-8", errors="strict") for s in raw_path(request).split("/")[1:]]

@@ -1,0 +1,181 @@
+"""The store as the server reads it: catalogue, file index, and verified bytes.
+
+The server's one door to the store and the read path.  Everything the
+routes need goes through four calls of a ``Snapshot``: ``entry`` (a file by
+Xet hash), ``terms`` (its terms), ``chunks`` (the serialized bytes of chunks
+``[first, stop)`` of a xorb, each chunk decoded and checked against its
+hash before they are returned) and ``read`` (decoded, verified bytes of a
+file, from ``Reader``).  Nothing here is copied from the mount: layouts and
+file reads come from ``Reader``, raw chunks from the store's
+``read_chunks`` and the checks from ``format.xorb.decode_run``.
+
+``Contents`` holds the current snapshot and replaces it when the store
+changes (a pack added shards or rewrote the catalogue), so new repos appear
+without a restart.  A local store is looked at again at most every
+``rescan`` seconds and whenever a lookup misses; a remote one only on a
+miss, at most every ``rescan`` seconds.  A snapshot is immutable, so a
+request keeps the one it started with.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from xetfs import hashes
+from xetfs.catalogue import Catalogue, find_catalogue, store_catalogue
+from xetfs.errors import XetfsError
+from xetfs.format.xorb import decode_run
+from xetfs.index import FileEntry, Index
+from xetfs.indexer import load_index
+from xetfs.loader import threaded_io
+from xetfs.objects import is_url
+from xetfs.reader import Reader
+from xetfs.serve.reconstruction import Term
+from xetfs.store import Store, find_root
+
+log = logging.getLogger("xetfs.serve")
+
+CACHE_SIZE = 256 * 1024 * 1024  # decoded chunks kept for plain downloads
+RESCAN_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One consistent view of the store."""
+
+    store: Store
+    index: Index
+    catalogue: Catalogue
+    reader: Reader
+
+    def entry(self, xet_hash: str) -> FileEntry | None:
+        """The file whose Xet hash (hex) is ``xet_hash``, or None."""
+        return self.index.get(hashes.from_hex(xet_hash)) if hashes.is_hex(xet_hash) else None
+
+    def terms(self, entry: FileEntry) -> list[Term]:
+        return [Term(x, first, stop, size) for x, first, stop, size in self.index.terms_of(entry)]
+
+    async def chunks(self, xorb: bytes, first: int, stop: int) -> bytes:
+        """Serialized chunks ``[first, stop)`` of ``xorb`` (headers included, as stored), all checked.
+
+        Raises the read path's errors: ``IntegrityError`` for a chunk whose
+        bytes do not hash to its recorded hash, ``FormatError`` for one that
+        does not decode, ``MissingObjectError``, ``ObjectReadError`` or
+        ``StoreError``.
+        """
+        layout = await self.reader.layout(xorb)
+        start, end = layout.phys_start(first), layout.phys_ends[stop - 1]
+        store = self.store
+
+        def read_and_check() -> bytes:
+            data = store.read_chunks(xorb, start, end, first, stop)
+            for outcome in decode_run(data, xorb, layout, first, stop, verify=True):
+                if isinstance(outcome, XetfsError):
+                    raise outcome
+            return data if isinstance(data, bytes) else bytes(data)  # (a remote store's bytes come as a view)
+
+        return await trio.to_thread.run_sync(read_and_check)
+
+    async def read(self, entry: FileEntry, offset: int, size: int) -> bytes:
+        """Decoded bytes ``[offset, offset + size)`` of a file, verified (``Reader.read``), as a copy."""
+        return bytes(await self.reader.read(entry, offset, size))
+
+
+@dataclass(frozen=True)
+class _Loaded:
+    store: Store
+    index: Index
+    catalogue: Catalogue
+
+
+class Contents:
+    """The current ``Snapshot`` of the store at ``location`` (a directory or a store URL)."""
+
+    def __init__(
+        self,
+        location: str,
+        open_store: Callable[[str], Store],
+        *,
+        rescan: float = RESCAN_SECONDS,
+        io_timeout: float = 30.0,
+    ) -> None:
+        self.location = location
+        self._open_store = open_store
+        self._rescan = rescan
+        self._io_timeout = io_timeout
+        self._lock = trio.Lock()
+        self._checked = 0.0
+        self._signature: object = None
+        self._snapshot = self._make(self._load())
+
+    def _load(self) -> _Loaded:
+        """Open the store, index its shards and read its catalogue (blocking; the reader is made by the caller's
+        thread in ``_make``)."""
+        signature = self._local_signature()
+        store = self._open_store(self.location)
+        index = load_index(store).index
+        catalogue = self._catalogue(store)
+        for warning in catalogue.warnings:
+            log.warning("catalogue: %s", warning)
+        self._signature, self._checked = signature, time.monotonic()
+        return _Loaded(store, index, catalogue)
+
+    def _make(self, loaded: _Loaded) -> Snapshot:
+        reader = Reader(loaded.index, loaded.store, cache_size=CACHE_SIZE, io=threaded_io(self._io_timeout))
+        return Snapshot(loaded.store, loaded.index, loaded.catalogue, reader)
+
+    def _catalogue(self, store: Store) -> Catalogue:
+        return store_catalogue(store) or Catalogue()
+
+    def _local_signature(self) -> object:
+        """What changes when a pack adds to a local store: the catalogue file and the shard names."""
+        if is_url(self.location):
+            return None
+        path = find_catalogue(Path(self.location))
+        st = path.stat() if path is not None else None
+        shards = sorted(os.listdir(find_root(Path(self.location)) / "shards"))
+        return (st.st_mtime_ns, st.st_size, st.st_ino) if st else None, shards
+
+    async def snapshot(self, *, missed: bool = False) -> Snapshot:
+        """The current snapshot, after looking at the store again when that is due (see the module docstring):
+        ``missed`` says the caller did not find what it looked for."""
+        due = time.monotonic() - self._checked >= self._rescan
+        if is_url(self.location):
+            due = due and missed
+        elif missed:
+            due = True
+        if due:
+            async with self._lock:
+                loaded = await trio.to_thread.run_sync(self._refresh)
+                if loaded is not None:
+                    old, self._snapshot = self._snapshot, self._make(loaded)
+                    old.store.close()  # (its open files; a read in progress holds its own descriptor)
+                    if len(loaded.index) != len(old.index) or loaded.catalogue != old.catalogue:
+                        log.info("store %s changed: %d files, %d repos", _shown(self.location),
+                                 len(loaded.index), len(loaded.catalogue.repos))  # fmt: skip
+        return self._snapshot
+
+    def _refresh(self) -> _Loaded | None:
+        """A new snapshot when the store changed (a remote one is assumed to have), else None (blocking)."""
+        try:
+            if not is_url(self.location) and self._local_signature() == self._signature:
+                self._checked = time.monotonic()
+                return None
+            return self._load()
+        except (XetfsError, OSError) as exc:
+            self._checked = time.monotonic()
+            log.warning("store %s: cannot load it again, serving what was loaded: %s", _shown(self.location), exc)
+            return None
+
+
+def _shown(location: str) -> str:
+    from xetfs.objects import public_url
+
+    return public_url(location) if is_url(location) else os.fspath(location)

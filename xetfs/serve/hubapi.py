@@ -1,0 +1,246 @@
+"""The Hub routes: ``resolve``, revision info, tree listings and the Xet token route.
+
+Paths are split on their raw segments (``common.segments``): huggingface_hub
+percent-encodes a revision like ``refs/pr/1`` into one segment, and a repo
+id is one segment (``gpt2``) or two (``org/name``).
+
+* ``HEAD|GET /{prefix}{repo}/resolve/{revision}/{path}`` (prefix ``datasets/``,
+  ``spaces/`` or none): the Hub's file metadata headers; a GET also the
+  bytes, with ``Range``.  A file whose blob is a sha256 is an LFS file and
+  carries ``X-Xet-Hash`` and the token route (``Link: <...>; rel="xet-auth"``),
+  so clients with hf_xet download it from the CAS routes; a file named by a
+  git sha1 is a regular file and goes as a plain body.
+* ``GET /api/{types}/{repo}[/revision/{revision}]``: the repo at a revision
+  (``sha``, ``siblings``).
+* ``GET /api/{types}/{repo}/tree/{revision}[/{path}]``: the listing, paginated
+  with ``Link: <...>; rel="next"`` (the cursor is the last path sent, so any
+  process can answer the next page).
+* ``GET /api/{types}/{repo}/xet-read-token/{revision}``: a Xet access token,
+  as headers (huggingface_hub) and as JSON (hf_xet's refresh).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from xetfs.catalogue import Repo
+from xetfs.errors import XetfsError
+from xetfs.serve import hub
+from xetfs.serve.common import BadRange, State, byte_range, error, raw_path, read_error, segments, unauthorized
+from xetfs.serve.contents import Snapshot
+
+log = logging.getLogger("xetfs.serve")
+
+BLOCK = 8 * 1024 * 1024  # bytes read from the store per step of a plain download
+_API_ACTIONS = ("revision", "tree", "xet-read-token")
+
+
+def _split_repo(parts: list[str], actions: tuple[str, ...]) -> tuple[str, str, list[str]] | None:
+    """``(repo id, action, rest)`` of ``org/name/ACTION/...`` or ``name/ACTION/...``; None if neither."""
+    if len(parts) >= 3 and parts[2] in actions and parts[0] and parts[1]:
+        return f"{parts[0]}/{parts[1]}", parts[2], parts[3:]
+    if len(parts) >= 2 and parts[1] in actions and parts[0]:
+        return parts[0], parts[1], parts[2:]
+    return None
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    """A repo and revision of a request, found in the snapshot (looked at again once on a miss)."""
+
+    snap: Snapshot
+    repo: Repo
+    commit: str
+    file: hub.File | None = None
+
+
+async def _lookup(
+    state: State, repo_type: str, repo_id: str, revision: str, path: str | None = None
+) -> _Lookup | Response:
+    """The repo and commit of a request (and the file at ``path``, when given), or the Hub's 404 for what is
+    missing.  A miss looks at the store again first: a pack may have added it, and another process may
+    already have answered about it."""
+    snap = await state.contents.snapshot()
+    for attempt in (0, 1):
+        repo = snap.catalogue.repo(repo_type, repo_id)
+        commit = hub.resolve(repo, revision) if repo is not None else None
+        file = hub.find_file(repo, commit, path) if repo is not None and commit is not None and path else None
+        if (commit is not None and (path is None or file is not None)) or attempt:
+            break
+        snap = await state.contents.snapshot(missed=True)
+    if repo is None:
+        return error(404, "RepoNotFound", f"Repository not found: {repo_type} {repo_id}")
+    if commit is None:
+        return error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+    if path is not None and file is None:
+        return error(404, "EntryNotFound", f"Entry not found: {path}", {"X-Repo-Commit": commit})
+    return _Lookup(snap, repo, commit, file)
+
+
+# -- resolve -------------------------------------------------------------------------
+
+
+async def resolve(request: Request) -> Response:
+    state: State = request.app.state.serve
+    if not state.user_allowed(request):
+        return unauthorized()
+    parts = segments(request)
+    repo_type = "model"
+    if parts and parts[0] in ("datasets", "spaces"):
+        repo_type, parts = parts[0][:-1], parts[1:]
+    split = _split_repo(parts, ("resolve",))
+    if split is None or len(split[2]) < 2 or not all(split[2]):
+        return error(404, None, "Not found")
+    repo_id, _, rest = split
+    revision, path = rest[0], "/".join(rest[1:])
+    found = await _lookup(state, repo_type, repo_id, revision, path)
+    if isinstance(found, Response):
+        return found
+    file = found.file
+    assert file is not None
+    entry = found.snap.entry(file.content.xet_hash)
+    if entry is None:
+        log.warning("%s %s: %s: file %s is not in the store", repo_type, repo_id, path, file.content.xet_hash)
+        return error(410, "CorruptedObject", f"{path}: its content is not in the store")
+    headers = {
+        "X-Repo-Commit": found.commit,
+        "ETag": f'"{file.blob}"',
+        "X-Linked-Etag": f'"{file.blob}"',
+        "X-Linked-Size": str(entry.size),
+        "Accept-Ranges": "bytes",
+        "Cache-Control": state.cache_control(immutable=revision == found.commit),
+    }
+    if file.is_lfs:
+        route = f"{state.settings.public_url}/api/{repo_type}s/{repo_id}/xet-read-token/{found.commit}"
+        headers.update({"X-Xet-Hash": entry.hex, "X-Xet-Refresh-Route": route, "Link": f'<{route}>; rel="xet-auth"'})
+    if _matches(request.headers.get("if-none-match"), file.blob):  # a cache checking its copy: still good
+        return Response(None, 304, headers)
+    try:
+        span = byte_range(request.headers.get("range"), entry.size)
+    except BadRange as exc:
+        return error(416, None, str(exc), {"Content-Range": f"bytes */{entry.size}"})
+    start, end = span if span is not None else (0, entry.size)
+    if span is not None:
+        headers["Content-Range"] = f"bytes {start}-{end - 1}/{entry.size}"
+    status = 206 if span is not None else 200
+    headers["Content-Length"] = str(end - start)
+    if request.method == "HEAD":
+        return Response(None, status, headers, media_type="application/octet-stream")
+    try:  # the first block before the status line: a damaged start fails with a clean error
+        first = await found.snap.read(entry, start, min(BLOCK, end - start)) if end > start else b""
+    except XetfsError as exc:
+        log.error("%s %s@%s: %s: %s", repo_type, repo_id, found.commit[:12], path, exc)
+        return read_error(exc)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield first
+        pos = start + len(first)
+        while pos < end:
+            try:
+                data = await found.snap.read(entry, pos, min(BLOCK, end - pos))
+            except XetfsError as exc:
+                # The status is sent: cutting the body short is the only way left to fail.
+                log.error("%s %s@%s: %s at byte %d: %s; body cut short", repo_type, repo_id, found.commit[:12],
+                          path, pos, exc)  # fmt: skip
+                raise
+            yield data
+            pos += len(data)
+
+    return StreamingResponse(body(), status, headers, media_type="application/octet-stream")
+
+
+def _matches(if_none_match: str | None, blob: str) -> bool:
+    """Whether an ``If-None-Match`` value names the blob's ETag (or is ``*``)."""
+    if if_none_match is None:
+        return False
+    tags = [t.strip().removeprefix("W/") for t in if_none_match.split(",")]
+    return "*" in tags or f'"{blob}"' in tags
+
+
+# -- the API -----------------------------------------------------------------------------
+
+
+async def api(request: Request) -> Response:
+    state: State = request.app.state.serve
+    parts = segments(request)[1:]  # after "api"
+    repo_type = hub.API_TYPES.get(parts[0]) if parts else None
+    if repo_type is None:
+        return error(404, None, "Not found")
+    parts = parts[1:]
+    split = _split_repo(parts, _API_ACTIONS)
+    if split is None:
+        if 1 <= len(parts) <= 2 and all(parts):  # GET /api/models/{repo}: the default branch
+            split = ("/".join(parts), "revision", ["main"])
+        else:
+            return error(404, None, "Not found")
+    repo_id, action, rest = split
+    if not state.user_allowed(request):
+        return unauthorized()
+    if not rest or not rest[0]:
+        return error(404, None, "Not found")
+    if action == "xet-read-token":
+        return await _xet_token(state, repo_type, repo_id, "/".join(rest))
+    found = await _lookup(state, repo_type, repo_id, rest[0])
+    if isinstance(found, Response):
+        return found
+    immutable = rest[0] == found.commit
+    if action == "revision":
+        return _revision_info(state, found.repo, found.commit, immutable)
+    return _tree(request, state, found.repo, found.commit, "/".join(rest[1:]), immutable)
+
+
+def _revision_info(state: State, repo: Repo, commit: str, immutable: bool) -> Response:
+    files = sorted(repo.revisions[commit].files)
+    doc = {"_id": f"{repo.type}/{repo.id}", "id": repo.id, "sha": commit, "private": False, "gated": False,
+           "disabled": False, "siblings": [{"rfilename": p} for p in files]}  # fmt: skip
+    return JSONResponse(doc, headers={"Cache-Control": state.cache_control(immutable)})
+
+
+def _tree(request: Request, state: State, repo: Repo, commit: str, path: str, immutable: bool) -> Response:
+    if not hub.is_directory(repo, commit, path):
+        return error(404, "EntryNotFound", f"{path}: no such directory", {"X-Repo-Commit": commit})
+    recursive = request.query_params.get("recursive", "").lower() in ("1", "true")
+    after = _cursor(request.query_params.get("cursor"))
+    page: list[dict[str, object]] = []
+    more = False
+    for item in hub.tree(repo, commit, path, recursive=recursive):
+        if after is not None and str(item["path"]) <= after:
+            continue
+        if len(page) == state.settings.tree_page:
+            more = True
+            break
+        page.append(item)
+    headers = {"Cache-Control": state.cache_control(immutable)}
+    if more:
+        cursor = base64.urlsafe_b64encode(str(page[-1]["path"]).encode()).decode()
+        base = raw_path(request)  # as the client sent it (encoded), without the query
+        query = f"recursive={str(recursive).lower()}&expand=false&cursor={cursor}"
+        headers["Link"] = f'<{state.settings.public_url}{base}?{query}>; rel="next"'
+    return JSONResponse(page, headers=headers)
+
+
+def _cursor(value: str | None) -> str | None:
+    if not value:
+        return None
+    try:
+        return base64.urlsafe_b64decode(value.encode()).decode()
+    except (ValueError, UnicodeDecodeError):
+        return ""  # an unreadable cursor starts over rather than failing
+
+
+async def _xet_token(state: State, repo_type: str, repo_id: str, revision: str) -> Response:
+    found = await _lookup(state, repo_type, repo_id, revision)
+    if isinstance(found, Response):
+        return found
+    expires = int(state.clock()) + state.settings.token_ttl
+    token = state.signer.token(expires)
+    cas = state.settings.public_url
+    headers = {"X-Xet-Cas-Url": cas, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": str(expires),
+               "Cache-Control": "no-store"}  # fmt: skip
+    return JSONResponse({"accessToken": token, "exp": expires, "casUrl": cas}, headers=headers)
