@@ -73,13 +73,21 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("publish", help="write or refresh the listing a store needs to be served over HTTP")
+    p = sub.add_parser(
+        "publish",
+        help="write or refresh the listing a store needs to be served over HTTP "
+        "where it is (push writes it too, into the copy)",
+    )
     p.add_argument("store", help="store directory")
     p.set_defaults(func=cmd_publish)
 
     from xetfs.pack import add_pack_parser
 
     add_pack_parser(sub, add_common)
+
+    from xetfs.push import add_push_parser
+
+    add_push_parser(sub)
 
 
 def _config(args: argparse.Namespace) -> MountConfig:
