@@ -33,7 +33,14 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("mountpoint", help="an empty directory")
     p.add_argument("-f", "--foreground", action="store_true", help="stay attached, log to stderr")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT]",
-                   help="mount options: allow_other, allow_root, nonempty")  # fmt: skip
+                   help="mount options: every long option below as NAME=VALUE or NAME "
+                        "(-o cache_size=2G,workers=4,no_prefetch), FUSE's allow_other, allow_root, nonempty, "
+                        "nodev, nosuid, noexec; mount(8)'s generic ones (defaults, rw, _netdev, nofail, "
+                        "x-systemd.*, ...) are ignored")  # fmt: skip
+    p.add_argument("--credentials", type=Path, metavar="FILE",
+                   help="environment variables for the remote store (AWS_ACCESS_KEY_ID=..., "
+                        "XETFS_HTTP_TOKEN=..., one per line) from FILE, for mounts from /etc/fstab; "
+                        "refused if others may read it")  # fmt: skip
     p.add_argument("--uid", type=int, help="owner shown for every file (default: yours)")
     p.add_argument("--gid", type=int, help="group shown for every file (default: yours)")
     p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
@@ -147,6 +154,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from xetfs.mount import check_mountpoint, choose_layout, default_log_file, run_daemon, spawn_daemon
     from xetfs.pack import load_manifest
 
+    if args.credentials:  # before anything reads the environment; the daemon inherits it
+        from xetfs.credentials import load_credentials
+
+        load_credentials(args.credentials)
     config = _config(args)
     if args.foreground:
         if args.log_file:
