@@ -9,6 +9,7 @@ mount), and nginx serves a directory target.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -95,6 +96,12 @@ def test_push_to_s3_is_a_store_and_a_second_push_sends_nothing(
     assert dict(listed.objects) == source
     for name in (MANIFEST_NAME, CATALOGUE_NAME):
         assert open_target(url).read(name) == (hub_store / name).read_bytes()
+    # The server's ETags are MD5s, so every upload above was checked against the MD5 of what was sent.
+    import obstore
+    from obstore.store import from_url
+
+    meta = obstore.head(from_url(url, client_options={"allow_http": True}), MANIFEST_NAME)
+    assert (meta["e_tag"] or "").strip('"') == hashlib.md5((hub_store / MANIFEST_NAME).read_bytes()).hexdigest()
     assert f"{len(source) + 1} objects sent" in first.stderr, first.stderr
     report = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
     assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
@@ -343,3 +350,20 @@ def test_push_to_a_directory_killed_then_again(tmp_path: Path, cli: CliRunner, s
     assert report.returncode == 0, report.stdout + report.stderr
     with mounted(target) as m:
         _check_names(m.path, store.files)
+
+
+def test_push_takes_its_keys_from_a_credentials_file(
+    hub_store: Path, s3: servers.Server, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    url = f"s3://{BUCKET}/from-file"
+    creds = tmp_path / "s3.env"
+    creds.write_text("".join(f"{k}={v}\n" for k, v in {**servers.S3_ENV, "AWS_ENDPOINT_URL": s3.url}.items()))
+    creds.chmod(0o600)
+    without = _xetfs("push", hub_store, url, env=env)
+    assert without.returncode == 1 and without.stderr.startswith("xetfs: error:"), without.stderr
+    proc = _xetfs("push", "--credentials", creds, hub_store, url, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert servers.S3_ENV["AWS_SECRET_ACCESS_KEY"] not in proc.stderr + without.stderr
+    assert MANIFEST_NAME in open_target(url).objects()
