@@ -288,7 +288,7 @@ def open_target(location: str) -> Target:
         return BucketTarget(location)
     if is_url(location) or sep:
         raise PushError(f"target {public_url(location) if is_url(location) else location}: cannot push there "
-                        f"(push writes to {', '.join(s + '://' for s in PUSH_SCHEMES[::2])} or a directory; "
+                        f"(push writes to s3://, gs://, az:// or a directory; "
                         f"an HTTP server serves a directory pushed to)")  # fmt: skip
     return DirTarget(Path(location))
 
@@ -306,8 +306,11 @@ class PushReport:
     seconds: float = 0.0
 
     def summary(self, source: str, target: str) -> str:
-        return (f"pushed {source} to {target}: {self.sent} objects sent ({self.sent_bytes} bytes), "
-                f"{self.present} already there, {self.unchanged} unchanged, in {self.seconds:.1f} s")  # fmt: skip
+        cleaned = f", {self.cleaned} temporary files of an interrupted push removed" if self.cleaned else ""
+        return (
+            f"pushed {source} to {target}: {self.sent} objects sent ({self.sent_bytes} bytes), "
+            f"{self.present} already there, {self.unchanged} unchanged{cleaned}, in {self.seconds:.1f} s"
+        )
 
 
 def merged_listing(source: Listing, target: dict[str, int]) -> Listing:
