@@ -109,6 +109,18 @@ if [[ ! -f $stamp || $(<"$stamp") != "$want" ]] || ! .venv/bin/python -c 'import
     printf '%s\n' "$want" >"$stamp"
 fi
 
+# Whether a user who is neither the owner nor in the group can execute FILE (its real path): every
+# directory above it must let others search it (root's home, where pyenv puts its Pythons, does not).
+others_can_run() {
+    local path
+    path=$(readlink -f "$1") || return 1
+    [[ $(stat -c %A "$path") == *x ]] || return 1
+    while [[ $path != / ]]; do
+        path=$(dirname "$path")
+        [[ $(stat -c %A "$path") == *[xt] ]] || return 1
+    done
+}
+
 # -- the xetfs command on PATH -------------------------------------------------
 # A link to .venv/bin/xetfs in /usr/local/bin (root, when writable) or
 # ~/.local/bin, so that a new shell finds `xetfs`.  XETFS_BIN_DIR=DIR picks the
@@ -131,6 +143,12 @@ if [[ $bin_dir != none ]]; then
         echo "setup.sh: $link exists and is not this checkout's; run xetfs here as $target" >&2
     elif mkdir -p "$bin_dir" 2>/dev/null && ln -sfn "$target" "$link" 2>/dev/null; then
         echo "setup.sh: linked $link -> $target" >&2
+        if [[ $bin_dir != "$HOME"/* ]] && ! others_can_run .venv/bin/python; then
+            echo "setup.sh: other users cannot run $link: .venv's Python ($(readlink -f .venv/bin/python)) is" \
+                "in a directory they cannot enter.  For a machine where others mount too, make the venv with a" \
+                "Python every user can run, in a checkout they can read: rm -rf .venv &&" \
+                "PYTHON=/usr/bin/python3 scripts/setup.sh (see docs/mirrors.md)" >&2
+        fi
     else
         echo "setup.sh: could not link $link; run xetfs as $target" >&2
     fi

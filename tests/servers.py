@@ -229,16 +229,26 @@ def moto_s3() -> Iterator[Server]:
         yield server
 
 
+def make_bucket(endpoint: str, bucket: str) -> None:
+    """Create ``bucket`` on the S3 server at ``endpoint`` (no error if it exists)."""
+    conn = http.client.HTTPConnection("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
+    conn.request("PUT", f"/{bucket}")
+    conn.getresponse().read()
+    conn.close()
+
+
+def requests_logged(server: Server, method: str) -> int:
+    """How many ``method`` requests moto's server has logged so far (its access log, one line a request)."""
+    return server.log.read_text(errors="replace").count(f'"{method} ') if server.log else 0
+
+
 def upload_dir(bucket_url: str, endpoint: str, top: Path) -> None:
     """Copy the directory ``top`` as-is to ``bucket_url`` (``s3://bucket/prefix``), creating the bucket."""
     import obstore
     from obstore.store import S3Store
 
     env = {**S3_ENV, "AWS_ENDPOINT_URL": endpoint}
-    bucket = bucket_url.removeprefix("s3://").split("/")[0]
-    conn = http.client.HTTPConnection("127.0.0.1", int(endpoint.rsplit(":", 1)[1]))
-    conn.request("PUT", f"/{bucket}")
-    conn.getresponse().read()
+    make_bucket(endpoint, bucket_url.removeprefix("s3://").split("/")[0])
     store = S3Store.from_url(bucket_url, endpoint=endpoint, access_key_id=env["AWS_ACCESS_KEY_ID"],
                              secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
                              client_options={"allow_http": True})  # fmt: skip

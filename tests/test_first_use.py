@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -40,6 +41,12 @@ def _setup(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 # -- the command on PATH -----------------------------------------------------------------------
 
 
+def _others_can_run(path: Path) -> bool:
+    """Whether a user neither owner nor in the group may execute ``path`` (every directory above searchable)."""
+    real = path.resolve()
+    return all(p.stat().st_mode & stat.S_IXOTH for p in (real, *real.parents))
+
+
 def test_setup_puts_xetfs_on_path(tmp_path: Path) -> None:
     """After setup, a new shell whose PATH has the link directory runs ``xetfs``; a rerun is quiet."""
     bin_dir = tmp_path / "bin"
@@ -49,6 +56,8 @@ def test_setup_puts_xetfs_on_path(tmp_path: Path) -> None:
     assert link.is_symlink() and Path(os.readlink(link)) == VENV_XETFS
     assert f"linked {link} -> {VENV_XETFS}" in first.stderr
     assert f"{bin_dir} is not on your PATH" in first.stderr  # and it says what to do about it
+    # A link outside the home directory is for other users too: setup says when they cannot run it.
+    assert ("other users cannot run" in first.stderr) == (not _others_can_run(VENV_XETFS.parent / "python"))
     shell = subprocess.run(
         ["env", "-i", f"PATH={bin_dir}:/usr/bin:/bin", f"HOME={tmp_path}", "bash", "-c", "xetfs --version"],
         capture_output=True, text=True, timeout=60, check=False,

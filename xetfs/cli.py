@@ -69,7 +69,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="xetfs", description="Read Hugging Face Xet storage as plain files.")
+    parser = argparse.ArgumentParser(
+        prog="xetfs",
+        description="Read Hugging Face Xet storage as plain files.  'xetfs STORE MNT -o OPTIONS' (the form "
+        "'mount -t fuse.xetfs' and /etc/fstab run) is 'xetfs mount STORE MNT -o OPTIONS'.",
+    )
     parser.add_argument("--version", action="version", version=f"xetfs {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -122,8 +126,16 @@ def setup_logging(level: str, debug: bool, stream: Any = None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from xetfs.mountopts import expand_mount_argv, helper_argv
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    words = helper_argv(sys.argv[1:] if argv is None else [str(a) for a in argv], list(sub.choices))
+    try:
+        words = expand_mount_argv(words, parser)
+    except argparse.ArgumentTypeError as exc:
+        sub.choices["mount"].error(str(exc))
+    args = parser.parse_args(words)
     setup_logging(args.log_level, args.debug)
     try:
         result: int = args.func(args)

@@ -39,7 +39,14 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                    help="stay attached, log to stderr, say 'xetfs: mounted STORE at MOUNTPOINT' once the mount "
                         "answers; Ctrl-C unmounts and exits 130")  # fmt: skip
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT]",
-                   help="mount options: allow_other, allow_root, nonempty")  # fmt: skip
+                   help="mount options: every long option below as NAME=VALUE or NAME "
+                        "(-o cache_size=2G,workers=4,no_prefetch), FUSE's allow_other, allow_root, nonempty, "
+                        "nodev, nosuid, noexec; mount(8)'s generic ones (defaults, rw, _netdev, nofail, "
+                        "x-systemd.*, ...) are ignored")  # fmt: skip
+    p.add_argument("--credentials", type=Path, metavar="FILE",
+                   help="environment variables for the remote store (AWS_ACCESS_KEY_ID=..., "
+                        "XETFS_HTTP_TOKEN=..., one per line) from FILE, for mounts from /etc/fstab; "
+                        "refused if others may read it")  # fmt: skip
     p.add_argument("--uid", type=int, help="owner shown for every file (default: yours)")
     p.add_argument("--gid", type=int, help="group shown for every file (default: yours)")
     p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
@@ -86,13 +93,21 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("publish", help="write or refresh the listing a store needs to be served over HTTP")
+    p = sub.add_parser(
+        "publish",
+        help="write or refresh the listing a store needs to be served over HTTP "
+        "where it is (push writes it too, into the copy)",
+    )
     p.add_argument("store", help="store directory")
     p.set_defaults(func=cmd_publish)
 
     from xetfs.pack import add_pack_parser
 
     add_pack_parser(sub, add_common)
+
+    from xetfs.push import add_push_parser
+
+    add_push_parser(sub)
 
 
 def _config(args: argparse.Namespace) -> MountConfig:
@@ -151,6 +166,10 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from xetfs.manifest import load_manifest
     from xetfs.mount import check_mountpoint, choose_layout, default_log_file, run_daemon, spawn_daemon
 
+    if args.credentials:  # before anything reads the environment; the daemon inherits it
+        from xetfs.credentials import load_credentials
+
+        load_credentials(args.credentials)
     config = _config(args)
     if args.foreground:
         handler = None

@@ -56,7 +56,8 @@ REMOTE_FETCH_WIDTH = 8  # requests in flight to a remote store
 REMOTE_RUN_BYTES = 4 * 1024 * 1024  # decoded bytes (about 64 chunks) per request to a remote store
 REMOTE_PREFETCH = 64 * 1024 * 1024  # how far prefetch may run ahead of a reader of a remote store
 JOB_TIMEOUT_MARGIN = 5.0  # seconds a worker's job on a remote store may take past --io-timeout
-KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions"}
+FUSE_FLAGS = {"nodev", "nosuid", "noexec"}  # given to FUSE as they are (mount(8) passes them for "user")
+KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions", *FUSE_FLAGS}
 
 
 class MountError(XetfsError):
@@ -261,7 +262,7 @@ def fuse_options(config: MountConfig) -> set[str]:
     source = source.replace("\\", "\\\\").replace(",", "\\,")  # (libfuse splits options at commas)
     source = "".join(c if c.isascii() else urllib.parse.quote(c) for c in source)  # (pyfuse3 takes ASCII)
     opts = set(pyfuse3.default_options) | {"ro", f"fsname={source}", "subtype=xetfs"}
-    opts |= config.options & {"allow_other", "allow_root"}
+    opts |= config.options & {"allow_other", "allow_root", *FUSE_FLAGS}
     return opts
 
 

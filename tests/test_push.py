@@ -1,0 +1,393 @@
+"""``xetfs push``: a store copied to moto's S3 server and to a directory, incrementally, in order, re-runnably.
+
+The Hub store is packed by ``xetfs pack --hub-cache`` from a cache written
+with huggingface_hub's own functions; the store that is pushed while it
+grows (and killed) is written by the test-only writer, for many small xorbs
+and shards.  Nodes read the targets with xetfs itself (``verify``, ``ls``, a
+mount), and nginx serves a directory target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hub_cache
+import pytest
+import servers
+from helpers.writer import StoreBuilder
+from mounting import mounted, wait_until
+from oracle import CliRunner, random_bytes
+
+from xetfs import hashes
+from xetfs.catalogue import CATALOGUE_NAME
+from xetfs.credentials import CredentialsError, load_credentials, parse_credentials
+from xetfs.pack import MANIFEST_NAME
+from xetfs.push import LISTING, META, OTHER, SHARDS, XORBS, DirTarget, PushError, open_target, phase_of, push
+from xetfs.remote import LISTING_NAME, Listing, local_listing
+
+pytestmark = pytest.mark.fuse
+
+BUCKET = "mirror"
+
+
+def _xetfs(*args: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "xetfs", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def hub_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store packed from a Hugging Face cache (manifest, catalogue, listing)."""
+    tmp = tmp_path_factory.mktemp("push-hub")
+    spec = hub_cache.make_hub_cache(tmp / "cache")
+    proc = _xetfs("pack", "--hub-cache", spec.root, tmp / "store", "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    (tmp / "extra").mkdir()
+    (tmp / "extra" / "notes.txt").write_bytes(random_bytes(300_000, 9))
+    proc = _xetfs("pack", tmp / "extra", tmp / "store", "--no-progress")  # and a names manifest
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp / "store" / CATALOGUE_NAME).is_file() and (tmp / "store" / MANIFEST_NAME).is_file()
+    return tmp / "store"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[servers.Server]:
+    with servers.moto_s3() as server:
+        servers.make_bucket(server.url, BUCKET)
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3: servers.Server, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """The S3 variables, in this process (for ``cli``) and for subprocesses."""
+    env = {**servers.S3_ENV, "AWS_ENDPOINT_URL": s3.url}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return {**os.environ, **env}
+
+
+def _bucket_objects(url: str) -> dict[str, int]:
+    return open_target(url).objects()
+
+
+# -- to S3 ---------------------------------------------------------------------------------------
+
+
+def test_push_to_s3_is_a_store_and_a_second_push_sends_nothing(
+    hub_store: Path, s3: servers.Server, s3_env: dict[str, str], cli: CliRunner
+) -> None:
+    url = f"s3://{BUCKET}/hub"
+    first = _xetfs("push", hub_store, url, env=s3_env)
+    assert first.returncode == 0, first.stderr
+    source = dict(local_listing(hub_store).objects)
+    there = _bucket_objects(url)
+    assert {n: s for n, s in there.items() if n != LISTING_NAME} == source
+    listed = Listing.parse(open_target(url).read(LISTING_NAME) or b"", where=url)
+    assert dict(listed.objects) == source
+    for name in (MANIFEST_NAME, CATALOGUE_NAME):
+        assert open_target(url).read(name) == (hub_store / name).read_bytes()
+    # The server's ETags are MD5s, so every upload above was checked against the MD5 of what was sent.
+    import obstore
+    from obstore.store import from_url
+
+    meta = obstore.head(from_url(url, client_options={"allow_http": True}), MANIFEST_NAME)
+    assert (meta["e_tag"] or "").strip('"') == hashlib.md5((hub_store / MANIFEST_NAME).read_bytes()).hexdigest()
+    assert f"{len(source) + 1} objects sent" in first.stderr, first.stderr
+    report = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
+    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
+    local = cli("ls", "--json", "--files", hub_store)
+    remote = cli("ls", "--json", "--files", url, "--disk-cache-size", 0)
+    assert remote.returncode == 0, remote.stderr
+    assert json.loads(remote.stdout) == json.loads(local.stdout)
+
+    puts = servers.requests_logged(s3, "PUT")
+    again = _xetfs("push", hub_store, url, env=s3_env)
+    assert again.returncode == 0, again.stderr
+    assert servers.requests_logged(s3, "PUT") == puts, again.stderr
+    assert "0 objects sent (0 bytes)" in again.stderr, again.stderr
+    assert again.stderr.count("\n") == 1  # one summary line, no bar (not a terminal)
+
+
+def test_push_replaces_a_changed_manifest_and_nothing_else(
+    hub_store: Path, s3: servers.Server, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    subprocess.run(["cp", "-a", str(hub_store), str(store)], check=True)
+    url = f"s3://{BUCKET}/changed"
+    assert _xetfs("push", store, url, env=s3_env).returncode == 0
+    data = (store / MANIFEST_NAME).read_bytes()
+    name = next(e for e in json.loads(data) if e["type"] == "file")["path"].encode()
+    renamed = name[:-1] + (b"x" if name[-1:] != b"x" else b"y")
+    (store / MANIFEST_NAME).write_bytes(data.replace(b'"' + name + b'"', b'"' + renamed + b'"'))  # same size
+    assert len((store / MANIFEST_NAME).read_bytes()) == len(data)
+    puts = servers.requests_logged(s3, "PUT")
+    proc = _xetfs("push", store, url, env=s3_env)
+    assert proc.returncode == 0, proc.stderr
+    assert servers.requests_logged(s3, "PUT") == puts + 1, proc.stderr
+    assert open_target(url).read(MANIFEST_NAME) == (store / MANIFEST_NAME).read_bytes()
+
+
+# -- to a directory ------------------------------------------------------------------------------
+
+
+def _files_state(top: Path) -> dict[str, tuple[int, int]]:
+    return {p.relative_to(top).as_posix(): (p.stat().st_ino, p.stat().st_mtime_ns) for p in top.rglob("*")
+            if p.is_file()}  # fmt: skip
+
+
+def test_push_to_a_directory_serves_and_a_second_push_writes_nothing(
+    hub_store: Path, tmp_path: Path, cli: CliRunner
+) -> None:
+    target = tmp_path / "www" / "hub"
+    proc = _xetfs("push", hub_store, target)
+    assert proc.returncode == 0, proc.stderr
+    assert not (target / ".xetfs-push").exists()
+    assert cli("verify", "--no-progress", target).returncode == 0
+    before = _files_state(target)
+    assert set(before) == {n for n, _ in local_listing(hub_store).objects} | {LISTING_NAME}
+    again = _xetfs("push", hub_store, target)
+    assert again.returncode == 0, again.stderr
+    assert "0 objects sent" in again.stderr
+    assert _files_state(target) == before  # not one file written again (a new file would be a new inode)
+    with servers.nginx(tmp_path / "www") as web:
+        report = cli("verify", "--no-progress", f"{web.url}/hub", "--disk-cache-size", 0)
+        assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
+
+
+# -- order, and what push refuses ----------------------------------------------------------------
+
+
+@dataclass
+class RecordingTarget:
+    """A target in memory that records the order of its uploads (a fake, for push's ordering alone)."""
+
+    location: str = "memory"
+    held: dict[str, bytes] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)
+
+    def objects(self) -> dict[str, int]:
+        return {n: len(d) for n, d in self.held.items()}
+
+    def read(self, name: str) -> bytes | None:
+        return self.held.get(name)
+
+    def put(self, name: str, data: bytes) -> None:
+        self.held[name] = data
+        self.order.append(name)
+
+    def clean(self) -> int:
+        return 0
+
+
+def test_push_order_is_xorbs_shards_listing_manifest_catalogue(hub_store: Path) -> None:
+    target = RecordingTarget()
+    report = push(hub_store, target, jobs=4)
+    phases = [phase_of(name) for name in target.order]
+    assert phases == sorted(phases), target.order
+    assert {XORBS, SHARDS, LISTING, META} <= set(phases)
+    assert target.order[-2:] == [MANIFEST_NAME, CATALOGUE_NAME]
+    assert report.sent == len(target.order)
+    again = push(hub_store, target, jobs=4)
+    assert again.sent == 0 and target.order.count(MANIFEST_NAME) == 1
+    assert phase_of("xet/xorbs/shards/" + "a" * 64 + ".mdb") == SHARDS
+    assert phase_of("xorbs/" + "b" * 64) == XORBS
+    assert phase_of("README.md") == OTHER
+
+
+def test_push_refuses_http_and_a_target_inside_the_store(hub_store: Path, cli: CliRunner) -> None:
+    out = cli("push", hub_store, "http://127.0.0.1:9/store")
+    assert out.returncode == 1 and "cannot push there" in out.stderr
+    out = cli("push", hub_store, hub_store / "copy")
+    assert out.returncode == 1 and "inside the store" in out.stderr
+    assert not (hub_store / "copy").exists()
+    with pytest.raises(PushError, match="cannot push there"):
+        open_target("ftp://host/x")
+
+
+def test_directory_target_checks_what_it_wrote(tmp_path: Path) -> None:
+    target = DirTarget(tmp_path / "t")
+    target.put("a/b", b"hello")
+    assert (tmp_path / "t/a/b").read_bytes() == b"hello"
+    assert target.objects() == {"a/b": 5}
+    (tmp_path / "t/.xetfs-push").mkdir(exist_ok=True)
+    (tmp_path / "t/.xetfs-push/left.tmp").write_bytes(b"half")
+    assert target.objects() == {"a/b": 5}  # temporaries are not objects
+    assert target.clean() == 1 and not (tmp_path / "t/.xetfs-push").exists()
+
+
+def test_credentials_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "# keys\nexport AWS_ACCESS_KEY_ID=abc\nAWS_SECRET_ACCESS_KEY = 'x=y z'\n\nXETFS_HTTP_TOKEN=\"t\"\n"
+    assert parse_credentials(text, where="f") == {"AWS_ACCESS_KEY_ID": "abc", "AWS_SECRET_ACCESS_KEY": "x=y z",
+                                                  "XETFS_HTTP_TOKEN": "t"}  # fmt: skip
+    with pytest.raises(CredentialsError, match="f: line 2: not NAME=VALUE"):
+        parse_credentials("A=1\nsecret-without-name\n", where="f")
+    path = tmp_path / "creds"
+    path.write_text("XETFS_TEST_CRED=42\n")
+    path.chmod(0o644)
+    with pytest.raises(CredentialsError, match="other users may read it"):
+        load_credentials(path)
+    path.chmod(0o600)
+    monkeypatch.delenv("XETFS_TEST_CRED", raising=False)
+    assert load_credentials(path) == {"XETFS_TEST_CRED": "42"}
+    assert os.environ["XETFS_TEST_CRED"] == "42"
+    monkeypatch.delenv("XETFS_TEST_CRED")
+    with pytest.raises(CredentialsError, match="cannot read"):
+        load_credentials(tmp_path / "missing")
+
+
+# -- interrupted pushes --------------------------------------------------------------------------
+
+
+@dataclass
+class Growing:
+    """A store that grows: ``files`` (name -> bytes) is what its manifest names now."""
+
+    top: Path
+    builder: StoreBuilder
+    files: dict[str, bytes] = field(default_factory=dict)
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    def add(self, count: int, seed: int) -> None:
+        """``count`` files of 60-200 KB, each in its own xorb, a shard every four files; then the manifest."""
+        rnd = random.Random(seed)
+        for n in range(count):
+            name = f"part{seed}/file{n:03}.bin"
+            data = random_bytes(rnd.randrange(60_000, 200_000), seed * 1000 + n)
+            self.hashes[name] = hashes.to_hex(self.builder.add_file(data, chunk_size=16 * 1024))
+            self.files[name] = data
+            self.builder.seal_xorb()
+            if n % 4 == 3:
+                self.builder.flush_shard()
+        self.builder.finish()
+        entries = [{"type": "file", "path": n, "size": len(d), "xetHash": self.hashes[n]}
+                   for n, d in sorted(self.files.items())]  # fmt: skip
+        (self.top / MANIFEST_NAME).write_text(json.dumps(entries, indent=1))
+
+
+def _grown(tmp_path: Path) -> Growing:
+    store = Growing(tmp_path / "store", StoreBuilder(tmp_path / "store"))
+    store.add(8, seed=1)
+    return store
+
+
+def _kill_during(cmd: list[str], env: dict[str, str], count: Any, low: int, high: int, seed: int) -> int:
+    """Run ``cmd`` (a push) and SIGKILL it once ``count()`` objects are at the target, a random number in
+    ``[low, high)``; returns that number.
+
+    The push runs in slices of about a millisecond (SIGCONT, then SIGSTOP), and the target is counted while
+    it is stopped, so it is killed where chosen however fast it runs, in the middle of an object or between.
+    """
+    stop_at = random.Random(seed).randrange(low, high)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while True:
+            proc.send_signal(signal.SIGSTOP)
+            wait_until(lambda: _state(proc.pid) in ("T", "Z", None), 10, "the push to stop")
+            if proc.poll() is not None or _state(proc.pid) == "Z":
+                pytest.fail(f"the push ended before {stop_at} objects were at the target: {proc.stderr.read()!r}")  # type: ignore[union-attr]
+            if count() >= stop_at:
+                proc.send_signal(signal.SIGKILL)
+                break
+            assert time.monotonic() < deadline, f"no {stop_at} objects at the target after 120 s"
+            proc.send_signal(signal.SIGCONT)
+            time.sleep(0.001)  # (a time slice for the push, not a wait for something to be ready)
+    finally:
+        proc.kill()
+        proc.wait(10)
+        assert proc.stderr is not None
+        proc.stderr.close()
+    return stop_at
+
+
+def _state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``T`` stopped, ``Z`` exited), or None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _check_names(mnt: Path, files: dict[str, bytes]) -> None:
+    for name, data in files.items():
+        assert (mnt / name).read_bytes() == data, name
+
+
+@pytest.mark.parametrize("seed", [random.randrange(1 << 30)])
+def test_push_killed_at_a_random_point_then_again_gives_a_store_that_verifies(
+    tmp_path: Path, s3: servers.Server, s3_env: dict[str, str], cli: CliRunner, seed: int
+) -> None:
+    store = _grown(tmp_path)
+    url = f"s3://{BUCKET}/grown-{seed}"
+    assert _xetfs("push", store.top, url, env=s3_env).returncode == 0
+    old_files = dict(store.files)
+    store.add(24, seed=2)  # 24 xorbs and 6 shards more, and a manifest that names them
+    before = len(_bucket_objects(url))
+    total = before + 24 + 6
+    cmd = [sys.executable, "-m", "xetfs", "push", "--jobs", "1", str(store.top), url]
+    killed_at = _kill_during(cmd, s3_env, lambda: len(_bucket_objects(url)), before + 1, total - 1, seed)
+    assert before < len(_bucket_objects(url)) < total, killed_at  # (the old manifest and listing are still there)
+    # A node that mounts now sees the old names, every one of them backed by its objects.
+    with mounted(url, "--cache-dir", str(tmp_path / "cache")) as m:
+        _check_names(m.path, old_files)
+        assert not (m.path / "part2").exists()
+        warnings = [line for line in m.log().splitlines() if "WARNING" in line]
+        assert not warnings, warnings
+    again = _xetfs("push", store.top, url, env=s3_env)
+    assert again.returncode == 0, again.stderr
+    report = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
+    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
+    with mounted(url, "--disk-cache-size", "0") as m:
+        _check_names(m.path, store.files)
+
+
+@pytest.mark.parametrize("seed", [random.randrange(1 << 30)])
+def test_push_to_a_directory_killed_then_again(tmp_path: Path, cli: CliRunner, seed: int) -> None:
+    store = _grown(tmp_path)
+    store.add(24, seed=3)
+    target = tmp_path / "target"
+    total = len(local_listing(store.top).objects)
+    cmd = [sys.executable, "-m", "xetfs", "push", "--jobs", "1", str(store.top), str(target)]
+
+    def count() -> int:
+        return sum(1 for p in target.rglob("*") if p.is_file() and ".xetfs-push" not in p.parts)
+
+    _kill_during(cmd, dict(os.environ), count, 1, total - 2, seed)  # before the listing and the manifest
+    assert not (target / MANIFEST_NAME).exists() and not (target / LISTING_NAME).exists()
+    left = list((target / ".xetfs-push").iterdir()) if (target / ".xetfs-push").is_dir() else []
+    again = _xetfs("push", store.top, target)
+    assert again.returncode == 0, again.stderr
+    assert (f"{len(left)} temporary files of an interrupted push removed" in again.stderr) == bool(left)
+    assert not (target / ".xetfs-push").exists()
+    report = cli("verify", "--no-progress", target)
+    assert report.returncode == 0, report.stdout + report.stderr
+    with mounted(target) as m:
+        _check_names(m.path, store.files)
+
+
+def test_push_takes_its_keys_from_a_credentials_file(
+    hub_store: Path, s3: servers.Server, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    url = f"s3://{BUCKET}/from-file"
+    creds = tmp_path / "s3.env"
+    creds.write_text("".join(f"{k}={v}\n" for k, v in {**servers.S3_ENV, "AWS_ENDPOINT_URL": s3.url}.items()))
+    creds.chmod(0o600)
+    without = _xetfs("push", hub_store, url, env=env)
+    assert without.returncode == 1 and without.stderr.startswith("xetfs: error:"), without.stderr
+    proc = _xetfs("push", "--credentials", creds, hub_store, url, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert servers.S3_ENV["AWS_SECRET_ACCESS_KEY"] not in proc.stderr + without.stderr
+    assert MANIFEST_NAME in open_target(url).objects()
