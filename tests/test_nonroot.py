@@ -140,7 +140,8 @@ def test_a_user_who_is_not_root_mounts_reads_and_unmounts(cli: CliRunner) -> Non
                 _as(USER, python, "-m", "xetfs", "umount", mnt, env=env)
                 wait_until(lambda: not is_mounted(mnt), 20, f"{mnt} to be unmounted")
                 wait_until(lambda: not _processes_of(user.pw_uid), 20, "the daemon to exit")
-                assert not any("Traceback" in p.read_text() for p in logs)
+                # (a log the daemon removed at a clean end held nothing at warning or above)
+                assert not any("Traceback" in p.read_text() for p in logs if p.exists())
             finally:
                 if is_mounted(mnt):
                     force_unmount(mnt)
