@@ -161,8 +161,8 @@ class XetFS(_ReadOnly):
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
         self._failures_logged: TTLCache[str, None] = TTLCache(maxsize=256, ttl=REPEATS_QUIET)
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store only grows (``replace``)
-        self.refresh: RefreshCounters | None = None  # set by the daemon, with its refresher
-        self.refresh_error: Callable[[], str] = str
+        self.refresh = RefreshCounters()  # counted by the daemon's refresher (refresh.Refresher)
+        self.refresh_error = ""  # why the last refresh failed ("" after one that did not)
         self._next_fh = 1
         self._stats_open = 0  # open handles of .xetfs/stats
         self._stats_latest: bytes | None = None  # the document taken at the latest open of .xetfs/stats
@@ -432,11 +432,8 @@ class XetFS(_ReadOnly):
         r = self.reader.statistics()
         groups = {"reads": self._reads, "cache": r.cache, "layouts": r.layouts, "decode": r.decode, "store": r.store,
                   "prefetch": r.prefetch, "workers": r.workers, "errors": r.errors, "index": self.index_counters,
-                  "remote": r.remote}  # fmt: skip
-        if self.refresh is not None:
-            groups["refresh"] = self.refresh
+                  "remote": r.remote, "refresh": self.refresh}  # fmt: skip
         doc = document(groups, self._started)
         doc["pid"] = os.getpid()  # (``xetfs refresh`` signals it)
-        if self.refresh is not None:
-            doc["refresh_error"] = self.refresh_error()
+        doc["refresh_error"] = self.refresh_error
         return (json.dumps(doc, indent=2) + "\n").encode()

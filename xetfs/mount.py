@@ -378,10 +378,7 @@ async def _watch_signals(nursery: trio.Nursery, received: list[int], refresher: 
 
 def _refresher(fs: XetFS, config: MountConfig) -> Refresher:
     store = fs.reader.store
-    refresher = Refresher(fs, store, lambda index: _build_tree(config, store, index))
-    fs.refresh = refresher.counters
-    fs.refresh_error = lambda: refresher.error
-    return refresher
+    return Refresher(fs, store, lambda index: _build_tree(config, store, index))
 
 
 async def _refresh_every(refresher: Refresher, seconds: float) -> None:

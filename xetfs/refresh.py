@@ -57,13 +57,12 @@ class Refresher:
     """Refreshes of one mount: ``refresh`` is safe to call at any time from the daemon's trio thread."""
 
     def __init__(self, fs: RefreshTarget, store: Store, build_tree: Callable[[Index], TreeLike]) -> None:
-        """``fs``: what serves the index and tree; ``build_tree``: the mount's tree of an index (its layout,
-        catalogue or names read afresh from the store), which may raise ``XetfsError``."""
+        """``fs``: what serves the index and tree, and holds the counters; ``build_tree``: the mount's tree
+        of an index (its layout, catalogue or names read afresh from the store), which may raise
+        ``XetfsError``."""
         self.fs = fs
         self.store = store
         self.build_tree = build_tree
-        self.counters = RefreshCounters()
-        self.error = ""  # why the last refresh failed ("" after one that did not)
         self._lock = trio.Lock()
 
     async def refresh(self) -> None:
@@ -72,19 +71,19 @@ class Refresher:
             try:
                 update = await trio.to_thread.run_sync(self._prepare, self.fs.current_index(), self.fs.current_tree())
             except (XetfsError, OSError) as exc:
-                self.counters.failures += 1
-                self.counters.last_failure = int(time.time())
-                self.error = str(exc)
+                self.fs.refresh.failures += 1
+                self.fs.refresh.last_failure = int(time.time())
+                self.fs.refresh_error = str(exc)
                 log.warning("refresh failed, the mount is as it was: %s", exc)
                 return
             files = len(update.index) - len(self.fs.current_index())
             self.fs.replace(update.index, update.tree)
-            c = self.counters
+            c = self.fs.refresh
             c.refreshes += 1
             c.last_refresh = int(time.time())
             c.files_added += files
             c.shards_added += update.shards
-            self.error = ""
+            self.fs.refresh_error = ""
             log.info("refreshed: %d new shards, %d new files, %d new names", update.shards, files,
                      update.changes.added)  # fmt: skip
             await _invalidate(update.changes)
@@ -102,7 +101,10 @@ class Refresher:
 
 
 class RefreshTarget(Protocol):
-    """What a refresh changes: the served index and tree (``fs.XetFS``)."""
+    """What a refresh changes: the served index and tree (``fs.XetFS``), and where it counts."""
+
+    refresh: RefreshCounters
+    refresh_error: str
 
     def current_index(self) -> Index: ...
 
