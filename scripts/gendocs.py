@@ -170,13 +170,15 @@ def stats_page() -> str:
         "Every mount has a hidden file `MNT/.xetfs/stats`: a JSON document of live counters, taken afresh at",
         "every open (while a reader holds it open, its size and bytes do not change). `xetfs stats MNT`",
         "prints it as a table, `xetfs stats MNT --json` as JSON. Each group is counted by the component",
-        "where its events happen; every value is an integer, except `uptime_seconds`.",
+        "where its events happen; every value is an integer, except `uptime_seconds` and `refresh_error`.",
         "",
         "| group | what it counts |",
         "|---|---|",
     ]
     out += [f"| [`{g}`](#{g}) | {_cell(docs[cls.__name__][0]) or '-'} |" for g, cls in stats.GROUPS.items()]
-    out += ["| `uptime_seconds` | seconds since the mount started (a float) |"]
+    out += ["| `uptime_seconds` | seconds since the mount started (a float) |",
+            "| `pid` | the daemon's process id (`xetfs refresh` signals it) |",
+            "| `refresh_error` | why the last refresh failed (a string; empty after one that did not) |"]  # fmt: skip
     for group, cls in stats.GROUPS.items():
         intro, field_docs = docs[cls.__name__]
         out += ["", f"## {group}", ""]

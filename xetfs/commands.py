@@ -7,7 +7,9 @@ import errno
 import json
 import logging
 import os
+import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +72,9 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                         "(default 30)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="decode worker processes (default: one per CPU, up to 8; 0: decode in the daemon)")  # fmt: skip
+    p.add_argument("--refresh-every", type=float, default=None, metavar="SECONDS",
+                   help="load what was added to the store every SECONDS, as xetfs refresh does (default: "
+                        "only when asked)")  # fmt: skip
     p.add_argument("--log-file", type=Path,
                    help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log, which is removed again "
                         "when the mount ends cleanly with nothing logged at warning or above; a file given "
@@ -77,6 +82,12 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--drop-clean-log", action="store_true", help=argparse.SUPPRESS)  # the default log file
     p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("refresh", help="make a live mount load what was added to its store since it was mounted")
+    p.add_argument("mountpoint", help="where the store is mounted (the mount's owner or root)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="how long to wait for the mount to finish (default 600)")  # fmt: skip
+    p.set_defaults(func=cmd_refresh)
 
     p = sub.add_parser("umount", help="unmount a xetfs mount")
     p.add_argument("mountpoint", help="where the store is mounted")
@@ -133,6 +144,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         cache_dir=args.cache_dir.absolute() if args.cache_dir else None,
         disk_cache_size=args.disk_cache_size,
         headers=tuple(args.headers),
+        refresh_every=args.refresh_every,
     )
 
 
@@ -152,6 +164,8 @@ def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
         argv += ["--cache-dir", str(config.cache_dir)]
     if args.workers is not None:
         argv += ["--workers", str(args.workers)]
+    if args.refresh_every is not None:
+        argv += ["--refresh-every", str(args.refresh_every)]
     argv += ["--log-level", args.log_level, "--layout", args.layout]
     if config.names:
         argv += ["--names", str(config.names)]
@@ -214,6 +228,47 @@ def cmd_umount(args: argparse.Namespace) -> int:
 
     unmount(Path(args.mountpoint), lazy=args.lazy, force=args.force)
     return 0
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    """Signal the mount's daemon (``SIGUSR1``; only its owner or root may) and wait for the refresh to end."""
+    mountpoint = Path(args.mountpoint)
+    before = _stats_doc(mountpoint)
+    if "refresh" not in before:
+        raise XetfsError(f"{mountpoint}: this mount cannot refresh (its daemon is older)")
+    done = before["refresh"]["refreshes"] + before["refresh"]["failures"]
+    try:
+        os.kill(int(before["pid"]), signal.SIGUSR1)
+    except PermissionError:
+        raise XetfsError(f"{mountpoint}: only the mount's owner or root may refresh it") from None
+    except ProcessLookupError:
+        raise XetfsError(f"{mountpoint}: its daemon is gone (xetfs umount {mountpoint})") from None
+    deadline = time.monotonic() + args.timeout
+    while True:
+        doc = _stats_doc(mountpoint)
+        r = doc["refresh"]
+        if r["refreshes"] + r["failures"] > done:
+            break
+        if time.monotonic() > deadline:
+            raise XetfsError(f"{mountpoint}: the refresh did not end within {args.timeout:g} s")
+        time.sleep(0.05)
+    if r["last_failure"] >= r["last_refresh"] and r["failures"] > before["refresh"]["failures"]:
+        raise XetfsError(f"{mountpoint}: refresh failed, the mount is as it was: {doc['refresh_error']}")
+    files = r["files_added"] - before["refresh"]["files_added"]
+    shards = r["shards_added"] - before["refresh"]["shards_added"]
+    print(f"refreshed {mountpoint}: {plural(shards, 'new shard')}, {plural(files, 'new file')}", file=sys.stderr)
+    return 0
+
+
+def _stats_doc(mountpoint: Path) -> dict[str, Any]:
+    """The mount's ``.xetfs/stats`` document; ``XetfsError`` if it is not a xetfs mount."""
+    try:
+        doc: dict[str, Any] = json.loads((mountpoint / STATS_PATH).read_bytes())
+    except FileNotFoundError:
+        if not mountpoint.is_dir():
+            raise XetfsError(f"{mountpoint}: no such directory") from None
+        raise XetfsError(f"{mountpoint}: not a xetfs mount (no {STATS_PATH})") from None
+    return doc
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -101,5 +101,7 @@ class DirSource:
             os.close(fd)
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
-        return None  # (the listing comes from ``listing``)
+        """The objects of ``listing`` under ``prefix`` (their times: the directory's)."""
+        listing = self.listing()
+        return [(name, size, listing.mtime) for name, size in listing.objects if name.startswith(prefix)]
 

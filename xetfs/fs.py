@@ -27,11 +27,13 @@ import trio
 from cachetools import TTLCache
 
 from xetfs.errors import XetfsError
+from xetfs.index import Index
 from xetfs.policy import DEFAULT_MAXIMUM
 from xetfs.reader import Reader
 from xetfs.sessions import Session, Sessions
-from xetfs.stats import IndexCounters, ReadCounters, document
-from xetfs.tree import Kind, Node, Tree
+from xetfs.stabletree import TreeLike
+from xetfs.stats import IndexCounters, ReadCounters, RefreshCounters, document
+from xetfs.tree import Kind, Node
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +147,9 @@ class XetFS(_ReadOnly):
     enable_writeback_cache = False
 
     def __init__(
-        self, tree: Tree, reader: Reader, options: FsOptions | None = None, index_counters: IndexCounters | None = None
-    ) -> None:
+        self, tree: TreeLike, reader: Reader, options: FsOptions | None = None,
+        index_counters: IndexCounters | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.tree = tree
         self.reader = reader
@@ -157,13 +160,32 @@ class XetFS(_ReadOnly):
         self._handles: dict[int, _Handle] = {}
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
         self._failures_logged: TTLCache[str, None] = TTLCache(maxsize=256, ttl=REPEATS_QUIET)
-        self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store never changes
+        self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store only grows (``replace``)
+        self.refresh = RefreshCounters()  # counted by the daemon's refresher (refresh.Refresher)
+        self.refresh_error = ""  # why the last refresh failed ("" after one that did not)
         self._next_fh = 1
         self._stats_open = 0  # open handles of .xetfs/stats
         self._stats_latest: bytes | None = None  # the document taken at the latest open of .xetfs/stats
         # The kernel's page cache keeps what was read, unless --direct-io.
         self.sessions = Sessions(reader, prefetch=self.options.prefetch, prefetch_max=self.options.prefetch_max,
                                  keep_cache=not self.options.direct_io)  # fmt: skip
+
+    # -- a refresh (refresh.Refresher) ---------------------------------------
+
+    def current_index(self) -> Index:
+        return self.reader.index
+
+    def current_tree(self) -> TreeLike:
+        return self.tree
+
+    def replace(self, index: Index, tree: TreeLike) -> None:
+        """Serve ``index`` and ``tree`` from now on: the same files and more, inodes the kernel knows kept."""
+        self.reader.replace_index(index)
+        self.tree = tree
+        self._total_bytes = sum(e.size for e in index)
+        self._names.clear()
+        c = self.index_counters
+        c.files, c.terms, c.xorbs, c.shards = len(index), index.terms, len(index.all_xorbs), index.shards
 
     def start_background(self, nursery: trio.Nursery) -> None:
         """Give the filesystem a nursery for readahead tasks."""
@@ -410,5 +432,8 @@ class XetFS(_ReadOnly):
         r = self.reader.statistics()
         groups = {"reads": self._reads, "cache": r.cache, "layouts": r.layouts, "decode": r.decode, "store": r.store,
                   "prefetch": r.prefetch, "workers": r.workers, "errors": r.errors, "index": self.index_counters,
-                  "remote": r.remote}  # fmt: skip
-        return (json.dumps(document(groups, self._started), indent=2) + "\n").encode()
+                  "remote": r.remote, "refresh": self.refresh}  # fmt: skip
+        doc = document(groups, self._started)
+        doc["pid"] = os.getpid()  # (``xetfs refresh`` signals it)
+        doc["refresh_error"] = self.refresh_error
+        return (json.dumps(doc, indent=2) + "\n").encode()

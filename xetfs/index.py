@@ -95,6 +95,20 @@ class Index:
         self.shards = 0
         self.terms = 0
 
+    def copy(self) -> Index:
+        """An index with the same files, to which more shards can be added without changing this one.
+
+        Entries are shared: their xorb ids mean the same in both (ids are only ever appended).
+        """
+        other = Index()
+        other.files = dict(self.files)
+        other.xorbs = list(self.xorbs)
+        other._xorb_ids = dict(self._xorb_ids)
+        other._term_refs = array("I", self._term_refs)
+        other.listed_xorbs = set(self.listed_xorbs)
+        other.shards, other.terms = self.shards, self.terms
+        return other
+
     def add_shard(self, shard: Shard) -> None:
         """Add every file and CAS record of a parsed shard (first occurrence wins)."""
         self.shards += 1

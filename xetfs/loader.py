@@ -31,6 +31,7 @@ from xetfs.decode_worker import Fetched
 from xetfs.errors import StoreTimeoutError, XetfsError
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_chunks_into
+from xetfs.index import Index
 from xetfs.pool import DecodePool, WorkerLost
 from xetfs.runs import Loaded, Run, RunStore
 from xetfs.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
@@ -99,6 +100,10 @@ class Loader:
         self._remote = remote or RemoteCounters()
         self._decode = DecodeCounters()
         self._store = StoreCounters()
+
+    def replace_index(self, index: Index) -> None:
+        """Ask ``index`` from now on whether other terms use a xorb (a refresh added terms)."""
+        self._shared = index.shared
 
     def statistics(self) -> tuple[DecodeCounters, StoreCounters, WorkerCounters]:
         workers = self._pool.statistics() if self._pool is not None else WorkerCounters()

@@ -44,6 +44,7 @@ from xetfs.objects import is_url, public_url
 from xetfs.policy import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
 from xetfs.pool import DecodePool, default_workers, slots_for
 from xetfs.reader import Reader
+from xetfs.refresh import Refresher
 from xetfs.remote import open_store
 from xetfs.stats import RemoteCounters
 from xetfs.store import Store
@@ -84,6 +85,7 @@ class MountConfig:
     cache_dir: Path | None = None  # disk cache of remote stores; None: the default
     disk_cache_size: int = DEFAULT_DISK_CACHE
     headers: tuple[str, ...] = ()  # for a remote store: extra header lines (the environment adds more)
+    refresh_every: float | None = None  # seconds between refreshes of the live mount; None: only when asked
 
 
 def parse_options(values: list[str]) -> frozenset[str]:
@@ -329,9 +331,12 @@ def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
 async def _serve(fs: XetFS, config: MountConfig, ready_fd: int | None) -> list[int]:
     """Serve until unmounted or signalled; returns the signal that ended it (``[]`` for an unmount)."""
     signals: list[int] = []
+    refresher = _refresher(fs, config)
     async with trio.open_nursery() as nursery:
         fs.start_background(nursery)
-        nursery.start_soon(_watch_signals, nursery.cancel_scope, signals)
+        nursery.start_soon(_watch_signals, nursery, signals, refresher)
+        if config.refresh_every:
+            nursery.start_soon(_refresh_every, refresher, config.refresh_every)
         nursery.start_soon(_when_answering, fs, config, ready_fd, nursery)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()
@@ -356,14 +361,30 @@ async def _when_answering(fs: XetFS, config: MountConfig, ready_fd: int | None, 
     fs.reader.start(nursery)
 
 
-async def _watch_signals(scope: trio.CancelScope, received: list[int]) -> None:
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+async def _watch_signals(nursery: trio.Nursery, received: list[int], refresher: Refresher) -> None:
+    """SIGINT, SIGTERM and SIGHUP unmount; SIGUSR1 (``xetfs refresh``) refreshes."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1) as signals:
         async for signum in signals:
+            if signum == signal.SIGUSR1:
+                log.info("received SIGUSR1, refreshing")
+                nursery.start_soon(refresher.refresh)
+                continue
             received.append(signum)
             log.info("received %s, unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
-            scope.cancel()
+            nursery.cancel_scope.cancel()
             return
+
+
+def _refresher(fs: XetFS, config: MountConfig) -> Refresher:
+    store = fs.reader.store
+    return Refresher(fs, store, lambda index: _build_tree(config, store, index))
+
+
+async def _refresh_every(refresher: Refresher, seconds: float) -> None:
+    while True:
+        await trio.sleep(seconds)
+        await refresher.refresh()
 
 
 MAX_REPORTED_WARNINGS = 20

@@ -113,6 +113,15 @@ class Reader:
         self._prefetch_requests = 0
         self._files: dict[bytes, FileCounters] = {}  # by file hash: what its reads decoded
 
+    @property
+    def store(self) -> Store:
+        return self._loader.store
+
+    def replace_index(self, index: Index) -> None:
+        """Read files of ``index`` from now on: a copy of the current one with more shards (a refresh)."""
+        self.index = index
+        self._loader.replace_index(index)
+
     def statistics(self) -> ReaderStatistics:
         prefetch = replace(self.runs.prefetch_statistics(), requests=self._prefetch_requests)
         decode, store, workers = self._loader.statistics()

@@ -46,8 +46,14 @@ def publish(top: str | os.PathLike[str]) -> tuple[Path, Listing]:
     return path, listing
 
 
-def load_listing(source: ObjectSource) -> Listing:
-    """The store's listing: listed by the service when it can, else its ``xetfs-listing.json``."""
+def load_listing(source: ObjectSource, *, fallback: bool = True) -> Listing:
+    """The store's listing: listed by the service when it can, else its ``xetfs-listing.json``.
+
+    Without ``fallback``, a disk cache in between is not used when the server cannot answer: the
+    listing is the server's or an error (a refresh must not take an old listing for a new one).
+    """
+    if not fallback and isinstance(source, CachedSource):
+        source = source.inner
     listed = source.list("")
     if listed is not None:
         mtime = max((t for *_, t in listed), default=0.0)

@@ -150,6 +150,18 @@ class IndexCounters:
     shards_skipped: int = 0  # bad shards skipped with a warning (--strict refuses them instead)
 
 
+@dataclass
+class RefreshCounters:
+    """Refreshes of the live mount (``xetfs refresh``, ``--refresh-every``): what they added, when, how many failed."""
+
+    refreshes: int = 0  # refreshes done (whether or not the store had changed)
+    failures: int = 0  # refreshes that failed and left the mount as it was (the reason: ``refresh_error``)
+    files_added: int = 0  # files the refreshes added to the index
+    shards_added: int = 0  # shards the refreshes indexed
+    last_refresh: int = 0  # when the last refresh was done (Unix time, seconds), 0 if never
+    last_failure: int = 0  # when the last refresh failed (Unix time, seconds), 0 if never
+
+
 # The groups of ``.xetfs/stats``, by name, in the document's order (``fs.XetFS.stats_document``).
 GROUPS: dict[str, type] = {
     "reads": ReadCounters,
@@ -162,6 +174,7 @@ GROUPS: dict[str, type] = {
     "errors": ErrorCounters,
     "index": IndexCounters,
     "remote": RemoteCounters,
+    "refresh": RefreshCounters,
 }
 
 

@@ -223,6 +223,23 @@ class Store:
         self._files = OpenFiles(MAX_OPEN_FILES)
         self._lock = threading.Lock()
 
+    def add(self, listing: Listing) -> list[ShardFile]:
+        """Take in the objects ``listing`` names that this store did not know (a store only grows: nothing is
+        forgotten), and return the shards among them.  For a refresh of a live mount; any thread."""
+        known = set(self._shards)
+        new = [(name, size) for name, size in listing.objects if name not in self._objects]
+        with self._lock:
+            self._objects.update(new)
+            base = f"{self._root}/" if self._root else ""
+            for name, size in new:
+                m = XORB_NAME.fullmatch(name[len(base) + 6 :]) if name.startswith(base + "xorbs/") else None
+                if m:
+                    self._xorbs.setdefault(hashes.from_hex(m.group(1)), (name, size))
+            shard_dir = base + "shards/"
+            names = [n[len(shard_dir) :] for n, _ in new if n.startswith(shard_dir)]
+            self._shards = sorted({*self._shards, *(n for n in names if SHARD_NAME.fullmatch(n))})
+        return [s for s in self.shard_files() if s.name not in known]
+
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> Store:
         """The store directory at ``path`` (``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``)."""

@@ -1,0 +1,144 @@
+"""``xetfs refresh``: a live mount loads what was added to its store, without a remount.
+
+A store packed from a Hugging Face cache (written by huggingface_hub's own
+functions) is mounted, locally and over nginx.  While a reader streams a
+file and another process has read ``refs/main``, a new revision of the
+model is packed into the store (on the server, for nginx) and the mount is
+refreshed: the reader's bytes are unchanged, the new revision loads by repo
+id through ``refs/main`` in the process that read the old ref, and inodes
+handed out before keep their numbers.  A refresh against a stopped server
+fails with a message and changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import hub_cache
+import pytest
+import servers
+from mounting import Mount, mounted
+from oracle import hf_xet_env
+from test_hub import Imported, xetfs
+
+from xetfs.remote import publish
+
+fuse = pytest.mark.fuse
+
+# A client that reads refs/main, waits for a line on stdin, then reads it again and loads by repo id.
+CLIENT = r"""
+import json, sys
+from pathlib import Path
+from huggingface_hub import hf_hub_download
+cache, repo = Path(sys.argv[1]), sys.argv[2]
+ref = cache / ("models--" + repo.replace("/", "--")) / "refs" / "main"
+print(json.dumps({"before": ref.read_text()}), flush=True)
+sys.stdin.readline()
+path = hf_hub_download(repo, "config.json")
+print(json.dumps({"after": ref.read_text(), "config": Path(path).read_text()}), flush=True)
+"""
+
+
+@pytest.fixture
+def imported(tmp_path: Path) -> Imported:
+    spec = hub_cache.make_hub_cache(tmp_path / "cache")
+    store = tmp_path / "store"
+    return Imported(spec, store, tmp_path, xetfs(tmp_path, "pack", "--hub-cache", spec.root, store, "--no-progress"))
+
+
+def _new_revision(imported: Imported) -> str:
+    """Pack a new revision of the model (a changed config.json) as ``main``; its commit id."""
+    main = imported.spec.model_commits[-1]
+    src = imported.spec.root / "models--acme--tiny-bert" / "snapshots" / main
+    revision = imported.tmp / "rev4"
+    shutil.copytree(src, revision, symlinks=False)
+    config = json.loads((revision / "config.json").read_text())
+    config["num_hidden_layers"] = 4
+    (revision / "config.json").unlink()
+    (revision / "config.json").write_text(json.dumps(config))
+    (revision / "extra.txt").write_text("added in revision 4\n")
+    commit = hashlib.sha1(b"tiny-bert rev 4").hexdigest()
+    xetfs(imported.tmp, "pack", revision, imported.store, "--repo", hub_cache.MODEL, "--revision", "main",
+          "--commit", commit, "--no-progress")  # fmt: skip
+    return commit
+
+
+def _refresh(m: Mount) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "xetfs", "refresh", str(m.path)], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+
+
+def _while_reading(m: Mount, imported: Imported) -> None:
+    """Refresh while a file is being streamed and a client has read the old ref; check what each sees."""
+    folder = m.path / "models--acme--tiny-bert"
+    old_main = imported.spec.model_commits[-1]
+    weights = folder / "snapshots" / old_main / "model.safetensors"
+    expected = (imported.spec.root / weights.relative_to(m.path)).read_bytes()
+    inode_before = os.stat(folder / "refs" / "main").st_ino
+    env = dict(hf_xet_env(imported.tmp / "hf_xet"), HF_HUB_CACHE=str(m.path), HF_HUB_OFFLINE="1",
+               HF_HOME=str(imported.tmp / "hf_home"))  # fmt: skip
+    with subprocess.Popen([sys.executable, "-c", CLIENT, str(m.path), hub_cache.MODEL], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env) as client:  # fmt: skip
+        assert client.stdout is not None and client.stdin is not None
+        assert json.loads(client.stdout.readline()) == {"before": old_main}
+        with open(weights, "rb") as reader:
+            head = reader.read(len(expected) // 3)
+            commit = _new_revision(imported)
+            done = _refresh(m)
+            assert done.returncode == 0, done.stderr
+            assert "refreshed" in done.stderr and "new file" in done.stderr, done.stderr
+            rest = reader.read()
+        assert head + rest == expected  # the reader's bytes did not change
+        client.stdin.write("go\n")
+        client.stdin.flush()
+        after = json.loads(client.stdout.readline())
+        client.stdin.close()
+        assert client.wait(30) == 0
+    assert after["after"] == commit  # refs/main moved, for a process that had read it before
+    assert json.loads(after["config"])["num_hidden_layers"] == 4
+    assert (folder / "snapshots" / commit / "extra.txt").read_text() == "added in revision 4\n"
+    assert os.stat(folder / "refs" / "main").st_ino == inode_before  # an inode keeps its number
+    assert (folder / "snapshots" / old_main / "config.json").exists()  # the old revision stays
+    stats = m.stats()
+    assert stats["refresh"]["refreshes"] == 1 and stats["refresh"]["failures"] == 0, stats["refresh"]
+    assert stats["refresh"]["files_added"] >= 1 and stats["refresh"]["last_refresh"] > 0
+
+
+@fuse
+def test_refresh_of_a_local_mount(imported: Imported) -> None:
+    with mounted(imported.store) as m:
+        _while_reading(m, imported)
+
+
+@fuse
+def test_refresh_over_http_and_a_stopped_server(imported: Imported) -> None:
+    publish(imported.store)
+    port = servers.free_port()
+    with servers.nginx(imported.store, port=port) as web, mounted(web.url, "--cache-dir",
+                                                                  str(imported.tmp / "disk-cache")) as m:  # fmt: skip
+        _while_reading(m, imported)
+        names = sorted(os.listdir(m.path / "models--acme--tiny-bert" / "snapshots"))
+        web.stop()
+        failed = _refresh(m)
+        assert failed.returncode == 1
+        assert "refresh failed, the mount is as it was" in failed.stderr and "127.0.0.1" in failed.stderr, failed.stderr
+        assert sorted(os.listdir(m.path / "models--acme--tiny-bert" / "snapshots")) == names
+        stats = m.stats()
+        assert stats["refresh"]["failures"] == 1 and stats["refresh"]["refreshes"] == 1, stats["refresh"]
+
+
+@fuse
+def test_refresh_every_loads_a_new_pack_by_itself(imported: Imported) -> None:
+    with mounted(imported.store, "--refresh-every", "0.2") as m:
+        folder = m.path / "models--acme--tiny-bert"
+        commit = _new_revision(imported)
+        from mounting import wait_until
+
+        wait_until(lambda: (folder / "refs" / "main").read_text() == commit, 20, "the periodic refresh")
+        assert (folder / "snapshots" / commit / "extra.txt").read_text() == "added in revision 4\n"
