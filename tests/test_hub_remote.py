@@ -1,7 +1,7 @@
 """The Hugging Face cache layout from a store on a web server and in a bucket, read by the real clients.
 
 A store packed from a Hugging Face cache (written with huggingface_hub's own
-functions) is served by nginx, or copied to the S3 server, and mounted by
+functions) is served by nginx, or pushed to the S3 server (``xetfs push``), and mounted by
 URL on a fresh mount point with a fresh disk cache.  With ``HF_HUB_CACHE``
 set to the mount and ``HF_HUB_OFFLINE=1``, every client call
 (``hub_clients.py``: hf_hub_download, snapshot_download, AutoConfig,
@@ -88,7 +88,10 @@ def s3_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[servers.Server]:
 def test_hub_cache_from_a_bucket(imported: Imported, expected: dict[str, object], tmp_path: Path,
                                  s3_env: servers.Server) -> None:  # fmt: skip
     url = "s3://mirror/hub"
-    servers.upload_dir(url, s3_env.url, imported.store)
+    servers.make_bucket(s3_env.url, "mirror")
+    pushed = subprocess.run([sys.executable, "-m", "xetfs", "push", str(imported.store), url, "--no-progress"],
+                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert pushed.returncode == 0, pushed.stderr
     cache = tmp_path / "disk-cache"
     _the_cache_through(url, imported, expected, cache)
     s3_env.stop()

@@ -27,8 +27,6 @@ from mounting import Mount, mounted
 from oracle import hf_xet_env
 from test_hub import Imported, xetfs
 
-from xetfs.remote import publish
-
 fuse = pytest.mark.fuse
 
 # A client that reads refs/main, waits for a line on stdin, then reads it again and loads by repo id.
@@ -52,8 +50,15 @@ def imported(tmp_path: Path) -> Imported:
     return Imported(spec, store, tmp_path, xetfs(tmp_path, "pack", "--hub-cache", spec.root, store, "--no-progress"))
 
 
-def _new_revision(imported: Imported) -> str:
-    """Pack a new revision of the model (a changed config.json) as ``main``; its commit id."""
+def _push(imported: Imported, target: Path) -> None:
+    pushed = subprocess.run([sys.executable, "-m", "xetfs", "push", str(imported.store), str(target), "--no-progress"],
+                            capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert pushed.returncode == 0, pushed.stderr
+
+
+def _new_revision(imported: Imported, push_to: Path | None = None) -> str:
+    """Pack a new revision of the model (a changed config.json) as ``main``, and push it to ``push_to``; its
+    commit id."""
     main = imported.spec.model_commits[-1]
     src = imported.spec.root / "models--acme--tiny-bert" / "snapshots" / main
     revision = imported.tmp / "rev4"
@@ -66,6 +71,8 @@ def _new_revision(imported: Imported) -> str:
     commit = hashlib.sha1(b"tiny-bert rev 4").hexdigest()
     xetfs(imported.tmp, "pack", revision, imported.store, "--repo", hub_cache.MODEL, "--revision", "main",
           "--commit", commit, "--no-progress")  # fmt: skip
+    if push_to is not None:
+        _push(imported, push_to)
     return commit
 
 
@@ -74,7 +81,7 @@ def _refresh(m: Mount) -> subprocess.CompletedProcess[str]:
                           timeout=120, check=False)  # fmt: skip
 
 
-def _while_reading(m: Mount, imported: Imported) -> None:
+def _while_reading(m: Mount, imported: Imported, push_to: Path | None = None) -> None:
     """Refresh while a file is being streamed and a client has read the old ref; check what each sees."""
     folder = m.path / "models--acme--tiny-bert"
     old_main = imported.spec.model_commits[-1]
@@ -89,7 +96,7 @@ def _while_reading(m: Mount, imported: Imported) -> None:
         assert json.loads(client.stdout.readline()) == {"before": old_main}
         with open(weights, "rb") as reader:
             head = reader.read(len(expected) // 3)
-            commit = _new_revision(imported)
+            commit = _new_revision(imported, push_to)
             done = _refresh(m)
             assert done.returncode == 0, done.stderr
             assert "refreshed" in done.stderr and "new file" in done.stderr, done.stderr
@@ -118,11 +125,13 @@ def test_refresh_of_a_local_mount(imported: Imported) -> None:
 
 @fuse
 def test_refresh_over_http_and_a_stopped_server(imported: Imported) -> None:
-    publish(imported.store)
+    """The mirror: packed on one side, pushed to the directory nginx serves, mounted by URL on the other."""
+    served = imported.tmp / "served"
+    _push(imported, served)
     port = servers.free_port()
-    with servers.nginx(imported.store, port=port) as web, mounted(web.url, "--cache-dir",
-                                                                  str(imported.tmp / "disk-cache")) as m:  # fmt: skip
-        _while_reading(m, imported)
+    with servers.nginx(served, port=port) as web, mounted(web.url, "--cache-dir",
+                                                          str(imported.tmp / "disk-cache")) as m:  # fmt: skip
+        _while_reading(m, imported, push_to=served)
         names = sorted(os.listdir(m.path / "models--acme--tiny-bert" / "snapshots"))
         web.stop()
         failed = _refresh(m)
