@@ -46,6 +46,7 @@ def expected(imported: Imported) -> dict[str, object]:
 
 def _the_cache_through(url: str, imported: Imported, expected: dict[str, object], cache: Path) -> None:
     with mounted(url, "--cache-dir", str(cache)) as m:
+        m.wait_for_workers()  # (until they are ready, the daemon decodes by itself)
         assert sorted(p.name for p in m.path.iterdir()) == sorted(p.name for p in imported.spec.root.iterdir())
         assert diff(imported.spec.root, m.path) == ""
         got = clients(m.path, imported.tmp)

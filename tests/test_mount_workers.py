@@ -89,3 +89,34 @@ def test_unmount_ends_the_workers(basic_store: OracleStore) -> None:
         pids = _workers(m)
     # mounted() has unmounted and waited for the daemon
     wait_until(lambda: not any(_alive(p) for p in pids), 10, "the workers to exit")
+
+
+def test_a_killed_worker_costs_no_read_of_a_remote_store(big_store: OracleStore, tmp_path: Path) -> None:
+    """Over nginx, the workers fetch, decode and verify; killed during a read, the daemon takes over."""
+    import oracle
+    import servers
+
+    from xetfs.remote import publish
+
+    copy = oracle.copy_store(big_store, tmp_path / "store")
+    publish(copy.path)
+    f = big_store["big.bin"]
+    with (
+        servers.nginx(copy.path) as web,
+        mounted(web.url, "--workers", "2", "--direct-io", "--disk-cache-size", "0", allow_errors=True) as m,
+    ):
+        path = m / f".xetfs/by-hash/{f.hash}"
+        _wait_for_workers(m, 2)
+        with open(path, "rb") as src:
+            src.read(8 << 20)  # the workers are busy with prefetch now
+            assert m.stats()["decode"]["in_workers"] > 0  # remote runs decode in workers
+            for pid in _workers(m):
+                os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: not _workers(m), 10, "the killed workers to be reaped", m.proc, m.log_path)
+            rest = src.read()
+        assert len(rest) == f.size - (8 << 20)
+        assert _sha256(path) == f.sha256
+        stats = m.stats()
+        assert stats["workers"]["lost"] == 2, stats["workers"]
+        assert stats["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0, "io": 0}
+        assert stats["remote"]["failed_reads"] == 0

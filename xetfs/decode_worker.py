@@ -202,10 +202,12 @@ class Worker:
         start, end = first.phys[0], last.phys[-1]
         if self.source is None:
             return errors.StoreError(f"xorb {to_hex(job.xorb_hash)}: no source to fetch from")
+        buffer = bytearray(end - start)
         try:
-            return self.source.read_range(job.source.name, start, end)
+            self.source.read_range_into(job.source.name, start, end, memoryview(buffer))
         except XetfsError as exc:
             return exc
+        return buffer
 
     def decode(self, job: DecodeJob, fetched: Buffer | XetfsError | None) -> Decoded:
         """Decode ``job``: from ``fetched`` (the bytes a fetch thread brought, or its error), else from a local file."""

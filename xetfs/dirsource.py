@@ -100,6 +100,9 @@ class DirSource:
         finally:
             os.close(fd)
 
+    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        out[:] = self.read_range(name, start, end)
+
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         """The objects of ``listing`` under ``prefix`` (their times: the directory's)."""
         listing = self.listing()

@@ -281,6 +281,9 @@ class CachedSource:
     def read_range(self, name: str, start: int, end: int) -> bytes | memoryview:
         return self.inner.read_range(name, start, end)
 
+    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        self.inner.read_range_into(name, start, end, out)
+
     def local_path(self, name: str) -> str | None:
         return None
 

@@ -23,6 +23,7 @@ Calls may come from any thread.
 from __future__ import annotations
 
 import configparser
+import http.client
 import os
 import random
 import re
@@ -78,6 +79,10 @@ class ObjectSource(Protocol):
 
     def read_range(self, name: str, start: int, end: int) -> bytes | memoryview:
         """Bytes ``[start, end)`` of object ``name``: exactly that many, or an error."""
+        ...
+
+    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        """``read_range`` into ``out``, which holds exactly ``end - start`` bytes."""
         ...
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
@@ -194,6 +199,7 @@ class ObstoreSource:
         except Exception as exc:  # obstore raises its own errors for bad configuration
             raise StoreError(f"store {self.location}: {self._message(exc)}") from None
         self.lists = not url.lower().startswith(("http://", "https://"))
+        self._http = _HttpRanges.for_url(url, options)
 
     # -- ObjectSource ------------------------------------------------------
 
@@ -222,6 +228,20 @@ class ObstoreSource:
         data = self._call(f"{name} bytes [{start}, {end})", get, name=name)
         self._count(len(data))
         return data
+
+    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        """``read_range`` into ``out`` (exactly ``end - start`` bytes).
+
+        From a plain HTTP(S) server, the body goes straight from the socket
+        into ``out`` (``http.client``, a kept-alive connection per thread): no
+        copy in between, and about half the CPU of the general client.
+        """
+        if self._http is None:
+            out[:] = self.read_range(name, start, end)
+            return
+        http = self._http
+        self._call(f"{name} bytes [{start}, {end})", lambda: http.get_into(name, start, end, out), name=name)
+        self._count(end - start)
 
     def local_path(self, name: str) -> str | None:
         return None
@@ -326,6 +346,88 @@ class ObstoreSource:
 
 class _Transient(Exception):
     """A response that was not what was asked for (e.g. a short body); worth another try."""
+
+
+class _HttpRanges:
+    """Range requests to a plain HTTP(S) store with ``http.client``, into the caller's buffer.
+
+    Only for URLs without credentials or a query (which the general client
+    handles); its errors read as the general client's do to ``_call``
+    (``status code: N``, ``ConnectError``), so retries, deadlines and health
+    are the same.
+    """
+
+    def __init__(self, scheme: str, host: str, port: int | None, base: str, options: RemoteOptions) -> None:
+        self.https = scheme == "https"
+        self.host, self.port, self.base = host, port, base
+        self.headers = dict(options.headers)
+        self.timeout = options.request_timeout
+        self._local = threading.local()
+        self._open: set[http.client.HTTPConnection] = set()  # every thread's, so that they can be closed
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_url(cls, url: str, options: RemoteOptions) -> _HttpRanges | None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme.lower() not in ("http", "https") or parts.username or parts.query or not parts.hostname:
+            return None
+        return cls(parts.scheme.lower(), parts.hostname, parts.port, parts.path.rstrip("/"), options)
+
+    def get_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        conn = self._connection()
+        path = f"{self.base}/{urllib.parse.quote(name)}"
+        try:
+            conn.request("GET", path, headers={**self.headers, "Range": f"bytes={start}-{end - 1}"})
+            response = conn.getresponse()
+        except ConnectionRefusedError as exc:
+            self._drop()
+            raise _Transient(f"ConnectError: {exc.strerror}") from None
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop()
+            raise _Transient(f"request failed: {exc}") from None
+        if response.status != 206:
+            response.read()
+            raise _Transient(f"server answered with status code: {response.status}")
+        got = 0
+        try:
+            while got < len(out):
+                n = response.readinto(out[got:])
+                if not n:
+                    break
+                got += n
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop()
+            raise _Transient(f"body failed after {got} bytes: {exc}") from None
+        if got != end - start or (not response.isclosed() and response.read(1)):
+            self._drop()
+            raise _Transient(f"short body: {got} of {end - start} bytes")
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            conn = self._local.conn = kind(self.host, self.port, timeout=self.timeout)
+            with self._lock:
+                self._open.add(conn)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+            with self._lock:
+                self._open.discard(conn)
+
+    def close(self) -> None:
+        """Close every thread's connection (a thread that reads again opens a new one)."""
+        with self._lock:
+            conns, self._open = self._open, set()
+        for conn in conns:
+            conn.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def _status(message: str) -> int | None:

@@ -326,7 +326,9 @@ class Store:
             raise XorbFormatError(f"{where}: truncated: wanted bytes [{start}, {end}), file ends at {size}")
         path = self.source.local_path(name)
         if path is None:
-            return self.source.read_range(name, start, end)
+            buffer = bytearray(end - start)
+            self.source.read_range_into(name, start, end, memoryview(buffer))
+            return buffer
         with self._open(path, xorb_hash) as fd:
             return read_range(fd, start, end, where=where)
 
