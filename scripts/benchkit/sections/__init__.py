@@ -29,9 +29,20 @@ class Section:
 
 
 def _groups() -> tuple[ModuleType, ...]:
-    from benchkit.sections import fio, hub, load, mount, parquet, parts, remote, same_file, sequential
+    from benchkit.sections import (
+        fio,
+        hub,
+        load,
+        mount,
+        parquet,
+        parts,
+        remote,
+        same_file,
+        sequential,
+        small_files,
+    )
 
-    return (sequential, mount, load, parquet, fio, same_file, parts, remote, hub)
+    return (sequential, mount, load, parquet, fio, same_file, parts, remote, hub, small_files)
 
 
 GROUPS = _groups()
