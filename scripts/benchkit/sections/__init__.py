@@ -31,6 +31,7 @@ class Section:
 def _groups() -> tuple[ModuleType, ...]:
     from benchkit.sections import (
         fio,
+        first_read,
         hub,
         load,
         mount,
@@ -42,7 +43,7 @@ def _groups() -> tuple[ModuleType, ...]:
         small_files,
     )
 
-    return (sequential, mount, load, parquet, fio, same_file, parts, remote, hub, small_files)
+    return (sequential, mount, load, parquet, fio, same_file, parts, remote, hub, small_files, first_read)
 
 
 GROUPS = _groups()
