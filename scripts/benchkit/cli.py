@@ -34,11 +34,13 @@ SECTION_MODULES = {
     "remote": ("obstore", "safetensors"),
     "remote-load": ("safetensors",),
     "hub": ("safetensors", "transformers", "huggingface_hub"),
+    "serve": ("huggingface_hub", "hypercorn", "starlette"),
 }
 SECTION_TOOLS = {
     "fio": ("fio",),
     "remote": ("nginx", "curl"),
     "remote-load": ("nginx",),
+    "serve": ("nginx", "curl"),
     "small-files": ("sha256sum", "ls", "find", "xargs", "stat"),
 }
 

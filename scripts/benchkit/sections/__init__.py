@@ -40,10 +40,11 @@ def _groups() -> tuple[ModuleType, ...]:
         remote,
         same_file,
         sequential,
+        serve,
         small_files,
     )
 
-    return (sequential, mount, load, parquet, fio, same_file, parts, remote, hub, small_files, first_read)
+    return (sequential, mount, load, parquet, fio, same_file, parts, remote, hub, small_files, first_read, serve)
 
 
 GROUPS = _groups()
