@@ -153,7 +153,8 @@ def client_dirs(r: Runner, what: str) -> Iterator[Path]:
 def t_serve(r: Runner, ds: Dataset, rnd: int, plain: bool) -> None:
     store = packed(r, ds)
     cat_to_null(store.xorbs)
-    with servers.xetfs_serve(store.store) as web, client_dirs(r, "hub") as cache:
+    # At its default log level, as users run it (the test helper's info level logs every request).
+    with servers.xetfs_serve(store.store, "--log-level", "warning") as web, client_dirs(r, "hub") as cache:
         if web.proc is None:
             raise BenchError("xetfs serve has no process to account CPU to")
         env = dict(os.environ, HF_ENDPOINT=web.url, HF_HUB_CACHE=str(cache / "hub"), HF_HOME=str(cache / "home"),
