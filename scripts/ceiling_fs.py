@@ -2,8 +2,10 @@
 """The ceiling: a trivial read-only pyfuse3 filesystem that serves files from memory.
 
     scripts/ceiling_fs.py MOUNTPOINT FILE [FILE ...] [--direct-io] [--read-ahead KB]
+    scripts/ceiling_fs.py MOUNTPOINT --dir DIR [...]
 
-Every FILE is mapped into memory once (``mmap`` with ``MAP_POPULATE``, so the
+Every FILE (or every regular file of DIR, such as thousands of small
+files, with ``--dir``) is mapped into memory once (``mmap`` with ``MAP_POPULATE``, so the
 bytes are resident before the mount answers) and shown at the root of the
 mount under its base name.  A read returns a ``memoryview`` slice of the
 mapping: no decoding, no hashing, no copy in Python.  This is what FUSE in
@@ -12,7 +14,8 @@ with it.
 
 It mounts with the same options as ``xetfs mount``: the same libfuse mount
 options (pyfuse3's defaults plus ``ro``), ``keep_cache`` on open (or
-``direct_io`` with ``--direct-io``), 1 MiB ``st_blksize``, long attribute and
+``direct_io`` with ``--direct-io``), ``flush`` answered with ``ENOSYS`` (so
+the kernel never sends it again), 1 MiB ``st_blksize``, long attribute and
 entry timeouts, and the kernel read-ahead of the mount raised through
 ``/sys/class/bdi/<dev>/read_ahead_kb`` once FUSE INIT is done (INIT resets
 it), the device found via ``/proc/self/mountinfo`` (the same steps as
@@ -113,7 +116,8 @@ class CeilingFS(pyfuse3.Operations):
         pass
 
     async def flush(self, fh: int) -> None:
-        pass
+        # As xetfs: ENOSYS tells the kernel never to send a flush again (one round trip less per close).
+        raise pyfuse3.FUSEError(errno.ENOSYS)
 
     async def forget(self, inode_list: Any) -> None:
         pass
@@ -166,13 +170,19 @@ async def serve(mountpoint: str, read_ahead_kb: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("mountpoint")
-    p.add_argument("files", nargs="+", help="files to serve (by base name)")
+    p.add_argument("files", nargs="*", help="files to serve (by base name)")
+    p.add_argument("--dir", type=Path, help="also serve every regular file of DIR (not its subdirectories)")
     p.add_argument("--direct-io", action="store_true", help="open files with direct_io instead of keep_cache")
     p.add_argument("--read-ahead", type=int, default=1024, metavar="KB", help="kernel read-ahead (default 1024)")
     args = p.parse_args(argv)
+    paths = list(args.files)
+    if args.dir is not None:
+        paths += sorted(str(e.path) for e in os.scandir(args.dir) if e.is_file(follow_symlinks=False))
+    if not paths:
+        p.error("no file to serve (give FILE or --dir)")
 
     files = []
-    for path in args.files:
+    for path in paths:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size == 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 
 from benchkit import cli
-from benchkit.data import model_shapes
+from benchkit.data import SMALL_MAX, SMALL_MIN, model_shapes, small_file_sizes
 from benchkit.report import Table, cell_text, fmt_value, missing, render, to_json
 from benchkit.rounds import rotations
-from benchkit.rows import CURRENT, Results, Row, Target, Variant, per_gib, percentile, ratio
-from benchkit.sections import GROUPS, SECTIONS, hub, remote
+from benchkit.rows import CURRENT, Results, Row, Target, Variant, busy, busy_row, cores, per_gib, percentile, ratio
+from benchkit.sections import GROUPS, SECTIONS, hub, load, parquet, remote, serve, small_files
 from benchkit.sections.fio import fio_command, parse_fio
 from benchkit.util import parse_size
 
@@ -249,3 +250,105 @@ def test_hub_parses_the_pack_summary_and_sizes_its_model() -> None:
     with pytest.raises(cli.BenchError, match="unexpected"):
         hub.parse_pack("nothing packed")
     assert hub.tensor_mib(cli.parse_args(["--quick"])) == 2 and hub.tensor_mib(cli.parse_args([])) == 16
+
+
+SPEED = Row("speed", "speed", "GB/s")
+WALL = Row("wall", "wall", "s")
+CPU_A = Row("cpu_a", "cpu a", "s/GiB")
+CPU_B = Row("cpu_b", "cpu b", "s/GiB")
+CPU_S = Row("cpu_s", "cpu seconds", "s")
+
+
+def _get(values: dict[Row, float | None]) -> Callable[[Row], float | None]:
+    return lambda row: values.get(row)
+
+
+def test_busy_relates_cpu_to_wall_time_over_the_cores() -> None:
+    # 1 GiB at 2**30 / 1e9 GB/s takes 1 s; 1.5 CPU s on 2 cores over 1 s: 75 % busy
+    speed = 2**30 / 1e9
+    f = busy(SPEED, (CPU_A, CPU_B), ncores=2)
+    assert f(_get({SPEED: speed, CPU_A: 1.0, CPU_B: 0.5})) == pytest.approx(75.0)
+    assert f(_get({SPEED: speed, CPU_A: 1.0})) is None  # a CPU row missing: no figure
+    assert busy(WALL, (CPU_S,), ncores=4)(_get({WALL: 2.0, CPU_S: 4.0})) == pytest.approx(50.0)
+    # CPU per GiB of a 0.5 GiB file: 3 s/GiB is 1.5 CPU s; over 1 s on one core, 150 %
+    assert busy(WALL, (CPU_A,), ncores=1, gib=0.5)(_get({WALL: 1.0, CPU_A: 3.0})) == pytest.approx(150.0)
+    assert busy(WALL, (CPU_S,), ncores=1)(_get({WALL: 0.0, CPU_S: 1.0})) is None
+    with pytest.raises(ValueError, match="without gib"):
+        busy(WALL, (CPU_A,))
+    with pytest.raises(ValueError, match="mixed units"):
+        busy(SPEED, (CPU_A, CPU_S))
+    row = busy_row("x", "something", A, (CPU_A,))
+    assert row.key == "busy_x" and row.unit == "%" and row.xetfs and row.derive is not None
+
+
+def test_busy_rows_are_taken_per_round_from_results() -> None:
+    r = Results()
+    row = busy_row("t", "t", WALL, (CPU_S,))
+    for rnd, (wall, cpu) in enumerate([(1.0, 1.0), (2.0, 1.0)]):
+        r.add(WALL, "", rnd, wall)
+        r.add(CPU_S, "", rnd, cpu)
+    n = cores()
+    assert r.values(row, "") == pytest.approx([100 / n, 50 / n])
+
+
+class _FakeRunner:
+    def __init__(self, data: dict[str, object], extra: dict[str, object] | None = None) -> None:
+        self.data, self.extra = data, extra or {}
+
+
+def test_runtime_busy_rows_have_keys_of_their_own() -> None:
+    from types import SimpleNamespace
+
+    ds = SimpleNamespace(main=SimpleNamespace(size=2**30))
+    made = [
+        *load.busy_rows(_FakeRunner({"model": ds})),
+        *parquet.busy_rows(_FakeRunner({"table": ds})),
+        *remote.load_busy_rows(_FakeRunner({"model": ds})),
+        *hub.busy_rows(_FakeRunner({}, {"hub": SimpleNamespace(tensor_bytes=2**30)})),
+    ]
+    declared = {row.key for g in GROUPS for row in vars(g).values() if isinstance(row, Row)}
+    keys = [row.key for row in made]
+    assert len(keys) == len(set(keys)) and len(keys) >= 12
+    assert not (set(keys) - {"busy_hub_import"}) & declared
+    assert load.busy_rows(_FakeRunner({})) == ()
+
+
+def test_small_file_sizes_are_bounded_deterministic_and_mostly_small() -> None:
+    sizes = small_file_sizes(3000)
+    assert len(sizes) == 3000 and sizes == small_file_sizes(3000)
+    assert min(sizes) >= SMALL_MIN and max(sizes) <= SMALL_MAX
+    assert sorted(sizes)[1500] < (SMALL_MIN + SMALL_MAX) / 2  # log-uniform: the median is well below the middle
+
+
+def test_small_files_checks_sha256sum_output_and_rotates_the_tree_tools(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"abc")
+    (tmp_path / "b b").write_bytes(b"")
+    want = (
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad  a\n"
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855  b b\n"
+    )
+    assert small_files.sha256sum_expected(["a", "b b"], tmp_path) == want.encode()
+    orders = [small_files.tree_order(rnd) for rnd in range(3)]
+    assert [o[0] for o in orders] == ["ls", "find", "stat"] and all(sorted(o) == sorted(orders[0]) for o in orders)
+    took, out = small_files.run_tool(["sha256sum", "--", "a", "b b"], tmp_path, 30)
+    assert out == want.encode() and took > 0
+    with pytest.raises(cli.BenchError, match="failed"):
+        small_files.run_tool(["sha256sum", "--", "missing"], tmp_path, 30)
+
+
+def test_the_new_sections_are_registered_with_their_options() -> None:
+    assert {"small-files", "first-read", "serve"} <= set(SECTIONS)
+    args = cli.parse_args(["--quick", "--only", "serve,small-files", "--kinds", "float32,text,random"])
+    assert args.small_files == 3000 and args.tree_files == 100_000
+    assert serve.kinds(args) == ("text", "random")  # issue 31: text and random only
+    assert serve.columns(args, {"serve"}) == ["text", "random"] and serve.columns(args, {"load"}) == []
+    assert small_files.columns(args, set(args.only)) == []  # its stores are made by its tasks
+    assert cli.parse_args(["--small-files", "500", "--tree-files", "2000"]).tree_files == 2000
+
+
+def test_ceiling_fs_needs_a_file_or_a_directory(capsys: pytest.CaptureFixture[str]) -> None:
+    import ceiling_fs
+
+    with pytest.raises(SystemExit):
+        ceiling_fs.main(["/nonexistent-mountpoint"])
+    assert "no file to serve" in capsys.readouterr().err

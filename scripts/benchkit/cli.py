@@ -34,8 +34,15 @@ SECTION_MODULES = {
     "remote": ("obstore", "safetensors"),
     "remote-load": ("safetensors",),
     "hub": ("safetensors", "transformers", "huggingface_hub"),
+    "serve": ("huggingface_hub", "hypercorn", "starlette"),
 }
-SECTION_TOOLS = {"fio": ("fio",), "remote": ("nginx", "curl"), "remote-load": ("nginx",)}
+SECTION_TOOLS = {
+    "fio": ("fio",),
+    "remote": ("nginx", "curl"),
+    "remote-load": ("nginx",),
+    "serve": ("nginx", "curl"),
+    "small-files": ("sha256sum", "ls", "find", "xargs", "stat"),
+}
 
 
 def parse_sections(text: str) -> list[str]:
@@ -73,6 +80,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--mount-files", type=int, default=10_000, help="files in the mount-time store (default 10000)")
     p.add_argument("--mount-shards", type=int, default=100, help="shards in that store (default 100)")
+    p.add_argument("--small-files", type=int, default=3000, metavar="N",
+                   help="files of 200 B-20 KB for the small-files section (default 3000)")  # fmt: skip
+    p.add_argument("--tree-files", type=int, default=100_000, metavar="N",
+                   help="files in the tree store of small-files (ls -lR, find, stat; default 100000)")  # fmt: skip
     p.add_argument("--mount-terms", type=int, help="terms in the second mount-time store (default 1M; quick 100k)")
     p.add_argument("--random-reads", type=int, help="4 KiB reads per random-read measurement (default 2000; quick 500)")
     p.add_argument("--read-ahead", type=int, default=1024, metavar="KB",

@@ -499,3 +499,92 @@ def synthetic_terms(data_dir: Path, terms: int, files: int = 100, shards: int = 
         return {"files": files, "shards": len(b.shard_paths), "terms": written}
 
     return _synthetic(data_dir, f"terms{terms}-files{files}-shards{shards}-v{DATA_VERSION}", build)
+
+
+# -- stores packed with `xetfs pack` ---------------------------------------------------
+
+SMALL_MIN, SMALL_MAX = 200, 20_000  # bytes per small file
+
+
+def small_file_sizes(count: int, seed: int = 9) -> list[int]:
+    """``count`` sizes between ``SMALL_MIN`` and ``SMALL_MAX`` bytes, log-uniform (most files are small)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in np.exp(rng.uniform(math.log(SMALL_MIN), math.log(SMALL_MAX), count))]
+
+
+@dataclass(frozen=True)
+class PackedDir:
+    """A directory of files and the store ``xetfs pack`` made of it (the files at the root of a mount)."""
+
+    root: Path
+    files: Path  # the directory packed: the original files
+    store: Path
+    names: tuple[str, ...]
+    total_bytes: int
+
+    @property
+    def xorbs(self) -> list[Path]:
+        return xorb_files(self.store)
+
+
+def _pack(src: list[Path], store: Path, cache_dir: Path, *extra: str) -> None:
+    env = hf_xet_env(cache_dir)
+    proc = subprocess.run([sys.executable, "-m", "xetfs", "pack", *map(str, src), str(store), "--no-progress",
+                           "--strict", *extra], capture_output=True, text=True, env=env, cwd=REPO,
+                          check=False)  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(f"xetfs pack into {store} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+
+
+def small_files(data_dir: Path, count: int) -> PackedDir:
+    """``count`` files of ``SMALL_MIN``-``SMALL_MAX`` bytes (text-like and random, alternately) in one
+    directory, and the store ``xetfs pack`` writes of it; built on first use."""
+    root = data_dir / "data" / f"small{count}-v{DATA_VERSION}"
+    meta_path = root / "meta.json"
+    if not meta_path.exists():
+        import numpy as np
+
+        if root.exists():
+            shutil.rmtree(root)
+        files = root / "files"
+        files.mkdir(parents=True)
+        log(f"building {count:,} small files and their store in {root} (once)")
+        t0 = time.monotonic()
+        rng = np.random.default_rng(10)
+        text = b"".join(_text_batches(SMALL_MAX * 64, 11))
+        names = []
+        for i, n in enumerate(small_file_sizes(count)):
+            name = f"f{i:06d}.{'txt' if i % 2 else 'bin'}"
+            if i % 2:
+                at = int(rng.integers(0, len(text) - n))
+                body = text[at : at + n]
+            else:
+                body = rng.bytes(n)
+            (files / name).write_bytes(body)
+            names.append(name)
+        _pack([files], root / "store", root / "hf_xet-cache")
+        total = sum((files / n).stat().st_size for n in names)
+        took = round(time.monotonic() - t0, 1)
+        meta_path.write_text(json.dumps({"names": names, "bytes": total, "build_seconds": took}))
+    meta = json.loads(meta_path.read_text())
+    return PackedDir(root, root / "files", root / "store", tuple(meta["names"]), meta["bytes"])
+
+
+def repo_store(data_dir: Path, ds: Dataset, repo: str) -> PackedDir:
+    """The main file of ``ds`` (as ``data.bin``) packed as the ``main`` revision of Hub repo ``repo``: a store
+    that ``xetfs serve`` serves; built on first use (the file is hard-linked, not copied)."""
+    root = data_dir / "data" / f"repo-{ds.kind}-{ds.main.size}-v{DATA_VERSION}"
+    meta_path = root / "meta.json"
+    if not meta_path.exists():
+        if root.exists():
+            shutil.rmtree(root)
+        files = root / "files"
+        files.mkdir(parents=True)
+        os.link(ds.main.path, files / "data.bin")
+        log(f"packing {ds.kind} as the repo {repo} in {root} (once)")
+        _pack([files], root / "store", root / "hf_xet-cache", "--repo", repo)
+        meta_path.write_text(json.dumps({"names": ["data.bin"], "bytes": ds.main.size, "repo": repo}))
+    meta = json.loads(meta_path.read_text())
+    return PackedDir(root, root / "files", root / "store", tuple(meta["names"]), meta["bytes"])

@@ -173,18 +173,26 @@ class Mounts:
             d.stop()
 
     @contextlib.contextmanager
-    def ceiling(self, files: Sequence[Path], *, direct_io: bool = False) -> Iterator[Daemon]:
+    def ceiling(
+        self, files: Sequence[Path], *, direct_io: bool = False, directory: Path | None = None
+    ) -> Iterator[Daemon]:
+        """The ceiling FS serving ``files`` (and every file of ``directory``) at its root; always unmounted."""
         work = self._new_dir("ceiling")
         mnt = work / "mnt"
         mnt.mkdir()
         cmd = [sys.executable, str(CEILING), str(mnt), *map(str, files), "--read-ahead", str(self.args.read_ahead)]
+        if directory is not None:
+            cmd += ["--dir", str(directory)]
+            probe = next(e.name for e in os.scandir(directory) if e.is_file())
+        else:
+            probe = files[0].name
         if direct_io:
             cmd.append("--direct-io")
         with open(work / "ceiling.out", "wb") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         d = Daemon("ceiling FS", proc, mnt, work / "ceiling.out")
         try:
-            self._wait_ready(d, mnt / files[0].name, lambda: b"ready" in d.log_path.read_bytes())
+            self._wait_ready(d, mnt / probe, lambda: b"ready" in d.log_path.read_bytes())
             self.read_ahead_seen["ceiling"].add(d.read_ahead)
             yield d
         finally:

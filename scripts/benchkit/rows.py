@@ -10,8 +10,9 @@ working tree, and the baseline with ``--baseline``).
 
 from __future__ import annotations
 
+import os
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 CURRENT = ""  # the variant name of the working tree's xetfs
@@ -67,6 +68,70 @@ def ratio(num: Row, den: Row) -> Callable[[Get], float | None]:
         return a / b if a is not None and b else None
 
     return f
+
+
+def cores() -> int:
+    """The cores this process may run on (its CPU affinity), which every process it starts inherits."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+SPEED_UNITS = {"GB/s": 1e9, "MB/s": 1e6}
+
+
+def busy(
+    time: Row, cpu: Sequence[Row], ncores: int | None = None, gib: float | None = None
+) -> Callable[[Get], float | None]:
+    """Per round: how busy the cores were, in percent: (CPU seconds / cores) / wall seconds x 100.
+
+    This is the inverse of "time / (CPU seconds / cores)": 100 % means every
+    core was busy all along (the figure is CPU-bound), 50 % that half of
+    the cores' time went unused.  ``cpu`` rows are summed.  Pairs of units
+    it understands, so that one measurement needs no extra row:
+
+    * ``time`` a speed (GB/s, MB/s of some bytes) and ``cpu`` in s/GiB of
+      the same bytes: the byte count cancels out;
+    * ``time`` in s and ``cpu`` in s (CPU seconds of the same measurement);
+    * ``time`` in s and ``cpu`` in s/GiB, given ``gib``, the GiB the CPU
+      rows are per.
+
+    Anything else raises ``ValueError`` when the row is declared.
+    """
+    n = ncores or cores()
+    units = {r.unit for r in cpu}
+    if len(units) != 1:
+        raise ValueError(f"busy({time.key}): CPU rows in mixed units {sorted(units)}")
+    (unit,) = units
+    if time.unit in SPEED_UNITS and unit == "s/GiB":
+        scale = SPEED_UNITS[time.unit] / 2**30
+
+        def from_speed(get: Get) -> float | None:
+            speed, used = get(time), _total(get, cpu)
+            return None if speed is None or used is None else 100 * used * speed * scale / n
+
+        return from_speed
+    if time.unit == "s" and (unit == "s" or (unit == "s/GiB" and gib)):
+        factor = gib if unit == "s/GiB" and gib else 1.0
+
+        def from_time(get: Get) -> float | None:
+            wall, used = get(time), _total(get, cpu)
+            return None if not wall or used is None else 100 * used * factor / n / wall
+
+        return from_time
+    why = " without gib" if unit == "s/GiB" else ""
+    raise ValueError(f"busy({time.key}): cannot relate {time.unit} to CPU in {unit}{why}")
+
+
+def _total(get: Get, rows: Sequence[Row]) -> float | None:
+    values = [get(r) for r in rows]
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def busy_row(key: str, what: str, time: Row, cpu: Sequence[Row], gib: float | None = None) -> Row:
+    """A derived row ``busy_KEY``: how busy the cores were during ``time`` (see ``busy``)."""
+    return Row(f"busy_{key}", f"cores busy, %: {what}", "%", derive=busy(time, cpu, gib=gib), xetfs=time.xetfs)
 
 
 def per_gib(nbytes: int, seconds: float) -> float:

@@ -29,9 +29,22 @@ class Section:
 
 
 def _groups() -> tuple[ModuleType, ...]:
-    from benchkit.sections import fio, hub, load, mount, parquet, parts, remote, same_file, sequential
+    from benchkit.sections import (
+        fio,
+        first_read,
+        hub,
+        load,
+        mount,
+        parquet,
+        parts,
+        remote,
+        same_file,
+        sequential,
+        serve,
+        small_files,
+    )
 
-    return (sequential, mount, load, parquet, fio, same_file, parts, remote, hub)
+    return (sequential, mount, load, parquet, fio, same_file, parts, remote, hub, small_files, first_read, serve)
 
 
 GROUPS = _groups()

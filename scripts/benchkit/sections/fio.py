@@ -30,7 +30,7 @@ from typing import Any
 
 from benchkit.data import Dataset, StoredFile, distinct_chunks
 from benchkit.rounds import Runner, Task
-from benchkit.rows import Row, Target, per_gib, ratio
+from benchkit.rows import Row, Target, busy_row, per_gib, ratio
 from benchkit.sections import Section
 from benchkit.sections.common import decoded_chunks, vs_floor
 from benchkit.sections.parts import parts_task
@@ -84,6 +84,14 @@ for _job, (_label, _) in JOBS.items():
     ROWS[_job, "cold", "vs_plain"] = Row(f"r_fio_{_job}_cold", f"{_label}, xetfs cold / plain ({_main})", "x",
                                          derive=ratio(ROWS[_job, "cold", _main], ROWS[_job, "plain", _main]),
                                          xetfs=True)  # fmt: skip
+
+# The sequential job reads the whole file, the bytes its CPU rows are per: how busy the cores were.
+ROWS["seq", "cold", "busy"] = busy_row(
+    "fio_seq_cold",
+    "1 MiB sequential read, xetfs cold (daemon + workers + fio)",
+    ROWS["seq", "cold", "gbps"],
+    tuple(ROWS["seq", "cold", f"cpu_{p}"] for p in ("daemon", "workers", "reader")),
+)
 
 SECTIONS = (
     Section(

@@ -31,7 +31,7 @@ from typing import Any
 
 from benchkit.paths import REPO
 from benchkit.rounds import Runner, Task
-from benchkit.rows import Row, per_gib, ratio
+from benchkit.rows import Row, busy_row, per_gib, ratio
 from benchkit.sections import Section
 from benchkit.sections.common import run_json
 from benchkit.util import BenchError, children_cpu
@@ -56,11 +56,28 @@ CPU_WARM = Row("cpu_hub_warm", "CPU same mount again (daemon + workers + loader)
 
 ROWS = (IMPORT, DEDUP, CPU_IMPORT, PLAIN, COLD, WARM, R_COLD, R_WARM, CPU_PLAIN, CPU_COLD, CPU_WARM)
 
+BUSY_IMPORT = busy_row("hub_import", "import", IMPORT, (CPU_IMPORT,))
+
+
+def busy_rows(r: Any) -> tuple[Row, ...]:
+    """How busy the cores were in each load (CPU per GiB of the model: its size relates them)."""
+    spec = r.extra.get("hub")
+    if spec is None:
+        return (BUSY_IMPORT,)
+    gib = spec.tensor_bytes / 2**30
+    return (
+        BUSY_IMPORT,
+        busy_row("hub_plain", "load from the cache dir (loader)", PLAIN, (CPU_PLAIN,), gib),
+        busy_row("hub_cold", "load through a fresh mount (daemon + workers + loader)", COLD, (CPU_COLD,), gib),
+        busy_row("hub_warm", "load again (daemon + workers + loader)", WARM, (CPU_WARM,), gib),
+    )
+
+
 SECTIONS = (
     Section(
         "hub",
         lambda r: f"Hugging Face cache: import, then AutoConfig + safetensors load by repo id ({_describe(r)})",
-        lambda r: ROWS,
+        lambda r: ROWS + busy_rows(r),
         lambda r: (COLUMN,),
     ),
 )

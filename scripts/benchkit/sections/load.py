@@ -38,7 +38,7 @@ from typing import Any
 
 from benchkit.data import Dataset
 from benchkit.rounds import Runner, Task
-from benchkit.rows import Row, Target, per_gib, ratio
+from benchkit.rows import Row, Target, busy_row, per_gib, ratio
 from benchkit.sections import Section
 from benchkit.sections.common import decoded_chunks, run_json, vs_floor
 from benchkit.sections.parts import parts_task
@@ -84,11 +84,33 @@ ROWS = (LOAD_XETFS, LOAD_DD, LOAD_PEER, LOAD_CEILING, LOAD_PLAIN, R_LOAD_PLAIN, 
         CPU_LOAD_CEILING_READER, CPU_LOAD_PLAIN, R_CPU_LOAD, LOAD_CPU_BOUND, R_LOAD_CPU_BOUND, CPU_LOAD_ALL,
         R_CPU_LOAD_PEER, CPU_DD_ALL, CPU_DD_READER, R_CPU_LOAD_DD)  # fmt: skip
 
+
+def busy_rows(r: Any) -> tuple[Row, ...]:
+    """How busy the cores were in each load (its CPU rows are per GiB of the model: the model's size relates them)."""
+    ds = r.data.get(COLUMN)
+    if ds is None:
+        return ()
+    gib = ds.main.size / 2**30
+    return (
+        busy_row("load_xetfs", "xetfs load (daemon + workers + loader)", LOAD_XETFS, (CPU_LOAD_ALL,), gib),
+        busy_row("load_dd", "xetfs cold dd (daemon + workers + dd)", LOAD_DD, (CPU_DD_ALL,), gib),
+        busy_row("load_peer", "hf_xet download, then load", LOAD_PEER, (CPU_LOAD_PEER,), gib),
+        busy_row(
+            "load_ceiling",
+            "ceiling FS (daemon + loader)",
+            LOAD_CEILING,
+            (CPU_LOAD_CEILING, CPU_LOAD_CEILING_READER),
+            gib,
+        ),
+        busy_row("load_plain", "plain file (loader)", LOAD_PLAIN, (CPU_LOAD_PLAIN,), gib),
+    )
+
+
 SECTIONS = (
     Section(
         "load",
         lambda r: f"Loading a safetensors model ({_describe(r)}), time to loaded, s",
-        lambda r: ROWS,
+        lambda r: ROWS + busy_rows(r),
         lambda r: (COLUMN,),
     ),
 )

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +77,20 @@ def t_mount(r: Runner, stores: dict[str, Path], rnd: int, variant: str) -> None:
 
 def time_mount(r: Runner, store: Path, variant: str) -> tuple[float, int | None]:
     """`xetfs mount STORE MNT` as a user runs it: seconds until it returns and the mount answers."""
+    with background_mount(r, store, variant) as (mnt, secs):
+        pid = find_daemon(mnt)
+        rss = tree_hwm(pid) if pid else None
+        return secs, rss
+
+
+@contextlib.contextmanager
+def background_mount(r: Runner, store: Path, variant: str, *options: str) -> Iterator[tuple[Path, float]]:
+    """`xetfs mount STORE MNT` as a user runs it (background mode); yields the mountpoint and the seconds until
+    the command returned and the mount answered.  Unmounted with `xetfs umount` when the block ends; a daemon
+    that does not exit then is killed."""
     v = r.variant(variant)
-    work, mnt, log_path, cmd = r.mounts.xetfs_mount_cmd("mount", store, variant=v)
+    work, mnt, log_path, cmd = r.mounts.xetfs_mount_cmd("mount", store, *options, variant=v)
     r.mounts.daemon_logs.append(("xetfs mount (background)", log_path))
-    pid = None
     try:
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, timeout=READY_DEADLINE * 3, check=False, cwd=work)
@@ -87,12 +98,11 @@ def time_mount(r: Runner, store: Path, variant: str) -> tuple[float, int | None]
             raise BenchError(f"xetfs mount failed ({proc.returncode}): {proc.stderr.decode(errors='replace')}")
         (mnt / STATS).stat()
         secs = time.perf_counter() - t0
-        pid = find_daemon(mnt)
-        rss = tree_hwm(pid) if pid else None
-        return secs, rss
+        yield mnt, secs  # no /proc scan before: a reader may start right away
     except subprocess.TimeoutExpired:
         raise BenchError("xetfs mount did not return") from None
     finally:
+        pid = find_daemon(mnt) if is_mounted(mnt) else None
         if is_mounted(mnt):
             subprocess.run([v.python, "-m", "xetfs", "umount", str(mnt)], capture_output=True, check=False, cwd=work)
         if pid is not None:

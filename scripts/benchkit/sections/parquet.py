@@ -23,7 +23,7 @@ from typing import Any
 
 from benchkit.data import Dataset
 from benchkit.rounds import Runner, Task
-from benchkit.rows import Row, per_gib, ratio
+from benchkit.rows import Row, busy_row, per_gib, ratio
 from benchkit.sections import Section
 from benchkit.sections.common import decoded_chunks, run_json, vs_floor
 from benchkit.sections.parts import parts_task
@@ -101,11 +101,40 @@ ROWS = tuple(
     )
 )
 
+
+def busy_rows(r: Any) -> tuple[Row, ...]:
+    """How busy the cores were in each query (its CPU rows are per GiB of the file: the file's size relates them)."""
+    ds = r.data.get(COLUMN)
+    if ds is None:
+        return ()
+    gib = ds.main.size / 2**30
+    out: list[Row] = []
+    for e in ENGINES:
+        out += [
+            busy_row(
+                f"pq_{e}_xetfs",
+                f"{e}: xetfs (daemon + workers + query)",
+                TIME[e, "xetfs"],
+                (CPU[e, "xetfs"], CPU_WORKERS[e], CPU_READER[e]),
+                gib,
+            ),
+            busy_row(
+                f"pq_{e}_ceiling",
+                f"{e}: ceiling FS (daemon; the query not counted)",
+                TIME[e, "ceiling"],
+                (CPU[e, "ceiling"],),
+                gib,
+            ),
+            busy_row(f"pq_{e}_plain", f"{e}: plain file (query)", TIME[e, "plain"], (CPU[e, "plain"],), gib),
+        ]
+    return tuple(out)
+
+
 SECTIONS = (
     Section(
         "parquet",
         lambda r: f"Parquet projection + filter ({_describe(r)}), time, s; CPU per GiB of the file",
-        lambda r: ROWS,
+        lambda r: ROWS + busy_rows(r),
         lambda r: (COLUMN,),
     ),
 )

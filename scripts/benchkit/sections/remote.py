@@ -39,7 +39,7 @@ from typing import Any
 from benchkit.data import Dataset
 from benchkit.paths import REPO
 from benchkit.rounds import Runner, Task
-from benchkit.rows import Row, Target, per_gib, ratio
+from benchkit.rows import Row, Target, busy_row, per_gib, ratio
 from benchkit.sections import Section
 from benchkit.sections.load import load
 from benchkit.util import BenchError, cat_to_null, children_cpu, dd, files_equal
@@ -90,10 +90,20 @@ SENT_FILL = Row("sent_remote_fill", "xorb bytes nginx sent / xorb bytes the file
 SENT_WARM = Row("sent_remote_warm", "xorb bytes nginx sent / xorb bytes the file needs: from the disk cache", "x",
                 xetfs=True)  # fmt: skip
 
+BUSY = (
+    busy_row("remote_curl", "curl", CURL, (CPU_CURL,)),
+    busy_row("remote_obstore", "obstore client", OBSTORE, (CPU_OBSTORE,)),
+    busy_row("remote_urllib", "http.client client", URLLIB, (CPU_URLLIB,)),
+    busy_row("remote_cold", "remote mount (daemon + workers + dd)", COLD, (CPU_COLD,)),
+    busy_row("remote_fill", "filling the disk cache (daemon + workers + dd)", FILL, (CPU_FILL,)),
+    busy_row("remote_warm", "from the disk cache (daemon + workers + dd)", WARM, (CPU_WARM,)),
+    busy_row("remote_local", "local mount (daemon + workers + dd)", LOCAL, (CPU_LOCAL,)),
+)
+
 ROWS = (CURL, OBSTORE, URLLIB, COLD, FILL, WARM, LOCAL, R_COLD_CURL, R_COLD_LOCAL, R_WARM_LOCAL, R_CLIENTS,
         CPU_CURL, CPU_OBSTORE, CPU_URLLIB, CPU_COLD, CPU_FILL, CPU_WARM, CPU_LOCAL,
         REQ_CURL, REQ_RANGES, REQ_COLD, REQ_FILL, REQ_WARM, R_CPU_COLD, R_CPU_WARM, R_CPU_FILL, SENT_COLD, SENT_FILL,
-        SENT_WARM)  # fmt: skip
+        SENT_WARM, *BUSY)  # fmt: skip
 
 LOAD_REMOTE = Row("rload_remote", "xetfs over nginx, fresh mount, no disk cache", "s", xetfs=True)
 LOAD_LOCAL = Row("rload_local", "xetfs, fresh mount of the store directory", "s", xetfs=True)
@@ -105,6 +115,19 @@ REQ_LOAD = Row("req_rload_remote", "requests per GiB: remote", "/GiB", xetfs=Tru
 
 LOAD_ROWS = (LOAD_REMOTE, LOAD_LOCAL, R_LOAD, CPU_LOAD_REMOTE, CPU_LOAD_LOCAL, REQ_LOAD)
 
+
+def load_busy_rows(r: Any) -> tuple[Row, ...]:
+    """How busy the cores were in each load (CPU per GiB of the model: its size relates them)."""
+    ds = r.data.get(MODEL)
+    if ds is None:
+        return ()
+    gib = ds.main.size / 2**30
+    return (
+        busy_row("rload_remote", "remote load (daemon + workers + loader)", LOAD_REMOTE, (CPU_LOAD_REMOTE,), gib),
+        busy_row("rload_local", "local load (daemon + workers + loader)", LOAD_LOCAL, (CPU_LOAD_LOCAL,), gib),
+    )
+
+
 SECTIONS = (
     Section(
         "remote",
@@ -115,7 +138,7 @@ SECTIONS = (
     Section(
         "remote-load",
         "Remote store: loading the safetensors model (safe_open + every get_tensor), time to loaded, s",
-        lambda r: LOAD_ROWS,
+        lambda r: LOAD_ROWS + load_busy_rows(r),
         lambda r: (MODEL,),
         also=("remote",),
     ),

@@ -13,7 +13,7 @@ from typing import Any
 
 from benchkit.data import Dataset
 from benchkit.rounds import Runner, Task
-from benchkit.rows import Row, per_gib, ratio
+from benchkit.rows import Row, busy_row, per_gib, ratio
 from benchkit.sections import Section
 from benchkit.sections.common import decoded_chunks, vs_floor
 from benchkit.sections.parts import parts_task
@@ -40,13 +40,20 @@ FLOOR = {n: Row(f"r_cpu_same_{n}", f"xetfs, {n} reader(s): CPU (daemon + workers
                 derive=vs_floor(CPU_DAEMON[n], CPU_WORKERS[n], CPU_CEILING[n]), xetfs=True)
          for n in READERS}  # fmt: skip
 
+BUSY = {n: busy_row(f"same_{n}", f"xetfs, {n} reader(s) (daemon + workers + dd)", XETFS_GBPS[n],
+                    (CPU_DAEMON[n], CPU_WORKERS[n], CPU_READER[n])) for n in READERS}  # fmt: skip
+
 ROWS = (
     *XETFS_GBPS.values(),
     *SCALE.values(),
     *AMP.values(),
     *CEILING_GBPS.values(),
     *CEILING_SCALE.values(),
-    *(row for n in READERS for row in (CPU_DAEMON[n], CPU_WORKERS[n], CPU_READER[n], CPU_CEILING[n], FLOOR[n])),
+    *(
+        row
+        for n in READERS
+        for row in (CPU_DAEMON[n], CPU_WORKERS[n], CPU_READER[n], CPU_CEILING[n], FLOOR[n], BUSY[n])
+    ),
 )
 
 SECTIONS = (

@@ -35,7 +35,7 @@ from typing import Any
 from benchkit import data as bench_data
 from benchkit.data import Dataset
 from benchkit.rounds import Runner, Task
-from benchkit.rows import Row, Target, per_gib, percentile, ratio
+from benchkit.rows import Row, Target, busy_row, per_gib, percentile, ratio
 from benchkit.sections import Section
 from benchkit.sections.common import vs_floor
 from benchkit.sections.parts import parts_task
@@ -125,6 +125,18 @@ CPU_RAND_WARM = Row("cpu_rand_warm", "xetfs chunk cached: daemon + workers CPU p
 CPU_PAR1 = Row("cpu_par1", "xetfs cold, 1 reader: daemon + workers", "s/GiB", xetfs=True)
 CPU_PAR4 = Row("cpu_par4", "xetfs cold, 4 readers: daemon + workers", "s/GiB", xetfs=True)
 
+BUSY_PLAIN = busy_row("plain", "dd of the plain file", PLAIN, (CPU_PLAIN_READER,))
+BUSY_PEER = busy_row("peer", "hf_xet download_files", PEER, (CPU_PEER,))
+BUSY_CEILING = busy_row("ceiling", "ceiling first read (daemon + dd)", CEILING, (CPU_CEILING, CPU_CEILING_READER))
+BUSY_COLD = busy_row("cold", "xetfs cold (daemon + workers + dd)", COLD,
+                     (CPU_COLD_DAEMON, CPU_COLD_WORKERS, CPU_COLD_READER))  # fmt: skip
+BUSY_WARM_PC = busy_row("warm_pc", "xetfs page-cache re-read (daemon + workers; dd not counted)", WARM_PC,
+                        (CPU_WARM_PC,))  # fmt: skip
+BUSY_WARM_CC = busy_row("warm_cc", "xetfs chunk-cache re-read (daemon + workers; dd not counted)", WARM_CC,
+                        (CPU_WARM_CC,))  # fmt: skip
+BUSY_PAR1 = busy_row("par1", "xetfs 1 reader (daemon + workers; dd not counted)", PAR1, (CPU_PAR1,))
+BUSY_PAR4 = busy_row("par4", "xetfs 4 readers (daemon + workers; dd not counted)", PAR4, (CPU_PAR4,))
+
 R_CPU_COLD = Row(
     "r_cpu_cold",
     "xetfs cold (daemon + workers) / (ceiling + parts)",
@@ -139,12 +151,23 @@ def _kinds(r: Any) -> tuple[str, ...]:
 
 
 SECTIONS = (
-    Section("plain", "Plain file (the original, page-cached)", lambda r: (PLAIN, CPU_PLAIN_READER), _kinds),
-    Section("peer", "hf_xet download_files from the same store", lambda r: (PEER, CPU_PEER, PEER_RSS), _kinds),
+    Section("plain", "Plain file (the original, page-cached)", lambda r: (PLAIN, CPU_PLAIN_READER, BUSY_PLAIN), _kinds),
+    Section(
+        "peer", "hf_xet download_files from the same store", lambda r: (PEER, CPU_PEER, BUSY_PEER, PEER_RSS), _kinds
+    ),
     Section(
         "ceiling",
         "Ceiling FS (zero-work pyfuse3 serving the same bytes from memory)",
-        lambda r: (CEILING, CEILING_PC, CEILING_PC2, CEILING_DIRECT, CEILING_RESIDENT, CPU_CEILING, CPU_CEILING_READER),
+        lambda r: (
+            CEILING,
+            CEILING_PC,
+            CEILING_PC2,
+            CEILING_DIRECT,
+            CEILING_RESIDENT,
+            CPU_CEILING,
+            CPU_CEILING_READER,
+            BUSY_CEILING,
+        ),
         _kinds,
     ),
     Section(
@@ -158,6 +181,7 @@ SECTIONS = (
             CPU_COLD_WORKERS,
             CPU_COLD_READER,
             R_CPU_COLD,
+            BUSY_COLD,
             RSS_SEQ,
         ),
         _kinds,
@@ -166,7 +190,17 @@ SECTIONS = (
         "warm",
         "xetfs re-reads (page cache; chunk cache with --direct-io), and how much the page cache held (fincore)",
         lambda r: (
-            (WARM_PC, WARM_PC2, WARM_CC, WARM_RESIDENT, CPU_WARM_PC, CPU_WARM_CC, RSS_DIRECT)
+            (
+                WARM_PC,
+                WARM_PC2,
+                WARM_CC,
+                WARM_RESIDENT,
+                CPU_WARM_PC,
+                CPU_WARM_CC,
+                BUSY_WARM_PC,
+                BUSY_WARM_CC,
+                RSS_DIRECT,
+            )
             + ((R_WARM, R_WARM2, R_CEILING_PC, R_CEILING_PC2) if "plain" in r.selected else ())
             + (R_CC,)
         ),
@@ -199,6 +233,8 @@ SECTIONS = (
             R_CEILING_PAR,
             CPU_PAR1,
             CPU_PAR4,
+            BUSY_PAR1,
+            BUSY_PAR4,
             RSS_PAR1,
             RSS_PAR4,
         ),
