@@ -399,17 +399,20 @@ def test_object_store_urls_and_what_they_show() -> None:
     assert gcs.lists and gcs.location == "gs://bucket/prefix"
 
 
-def test_secrets_go_to_the_daemon_by_environment_not_argv(tmp_path: Path) -> None:
+def test_secrets_go_to_the_daemon_in_its_config_not_argv(tmp_path: Path) -> None:
     from xetfs.cli import build_parser
-    from xetfs.commands import _child_argv, _config
-    from xetfs.remoteargs import headers_env
+    from xetfs.commands import _config, daemon_argv
+    from xetfs.daemonconfig import dump_config, load_config
 
     args = build_parser().parse_args(
-        ["mount", "http://127.0.0.1:9/s", str(tmp_path), "--header", f"Authorization: Bearer {TOKEN}"]
+        ["mount", f"http://me:{TOKEN}@127.0.0.1:9/s", str(tmp_path), "--header", f"Authorization: Bearer {TOKEN}"]
     )
-    argv = _child_argv(args, _config(args))
+    config = _config(args)
+    argv = daemon_argv(args, config)
     assert not any(TOKEN in a for a in argv), argv
-    assert TOKEN in headers_env(args)["XETFS_HTTP_HEADERS"]
+    assert "http://127.0.0.1:9/s" in argv and str(tmp_path.resolve()) in argv
+    assert load_config(dump_config(config)) == config  # (the pipe's content: headers and URL as given)
+    assert config.headers == (f"Authorization: Bearer {TOKEN}",)
     assert redact(f"GET http://u:{TOKEN}@h/x Bearer {TOKEN}", [TOKEN]) == "GET http://***@h/x Bearer ***"
     signed = "error sending request for url (https://h/b/x.mdb?X-Amz-Signature=abc123&sig=def): reset"
     assert redact(signed, []) == "error sending request for url (https://h/b/x.mdb?***): reset"

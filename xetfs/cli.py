@@ -30,6 +30,7 @@ from xetfs.manifest import format_mtime
 from xetfs.messages import UserFormatter, plural, print_warning
 from xetfs.objects import is_url
 from xetfs.reader import Reader
+from xetfs.settings import CAT_BLOCK, CAT_CACHE_SIZE
 from xetfs.store import Store
 
 log = logging.getLogger("xetfs")
@@ -279,14 +280,11 @@ def _ls_row(e: FileEntry, *named: Any) -> dict[str, Any]:
     return row
 
 
-CAT_BLOCK = 8 * 1024 * 1024
-
-
 def cmd_cat(args: argparse.Namespace) -> int:
     store, index = open_index(args)
     entry = find_file(index, args.hash)
     end = entry.size if args.length is None else min(entry.size, args.offset + args.length)
-    reader = Reader(index, store, cache_size=64 * 1024 * 1024)
+    reader = Reader(index, store, cache_size=CAT_CACHE_SIZE)
     write = _stdout_writer()
 
     async def run() -> None:

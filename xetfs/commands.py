@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import logging
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from xetfs import settings
 from xetfs.daemonlog import LogFile
 from xetfs.errors import XetfsError
 from xetfs.messages import plural, print_warning
@@ -29,7 +31,8 @@ STATS_PATH = ".xetfs/stats"
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the mount-related sub-commands to ``sub``."""
     from xetfs.cli import parse_size
-    from xetfs.remoteargs import add_remote_args
+    from xetfs.mount import LAYOUTS
+    from xetfs.remoteargs import add_remote_args, size_text
 
     p = sub.add_parser("mount", help="mount a store as a read-only filesystem")
     p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
@@ -50,31 +53,34 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--uid", type=int, help="owner shown for every file (default: yours)")
     p.add_argument("--gid", type=int, help="group shown for every file (default: yours)")
     p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
-    p.add_argument("--cache-size", type=parse_size, default="512M",
+    p.add_argument("--cache-size", type=parse_size, default=settings.CACHE_SIZE,
                    help="decoded chunks kept, shared memory included, e.g. 512M, 2G; 0 keeps nothing "
-                        "beyond the reads in progress (default 512M)")  # fmt: skip
-    p.add_argument("--read-ahead", type=parse_size, default="1M",
-                   help="kernel read-ahead for the mount (default 1M; needs root)")  # fmt: skip
+                        f"beyond the reads in progress (default {size_text(settings.CACHE_SIZE)})")  # fmt: skip
+    p.add_argument("--read-ahead", type=parse_size, default=settings.READ_AHEAD,
+                   help=f"kernel read-ahead for the mount (default {size_text(settings.READ_AHEAD)}; "
+                        "needs root)")  # fmt: skip
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="no readahead of chunks")
     p.add_argument("--names", type=Path, help="names manifest (Hub tree-listing JSON)")
-    p.add_argument("--layout", choices=["auto", "hub", "names", "hash"], default="auto",
+    p.add_argument("--layout", choices=LAYOUTS, default=settings.LAYOUT,
                    help="what the root shows: the huggingface_hub cache layout of the store's catalogue (hub), "
                         "the named tree (names) or files by hash; auto: hub when there is a catalogue and "
                         "no --names, else names when there is a manifest, else hash")  # fmt: skip
     p.add_argument("--strict", action="store_true", help="refuse to mount if any shard is bad")
-    p.add_argument("--io-mode", choices=["auto", "inline", "thread"], default="auto",
+    p.add_argument("--io-mode", choices=["auto", "inline", "thread"], default=settings.IO_MODE,
                    help="read the store inline (fastest) or in worker threads with a time bound; "
                         "auto: threads when the store is on a network or FUSE filesystem")  # fmt: skip
-    p.add_argument("--io-timeout", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--io-timeout", type=float, default=settings.IO_TIMEOUT, metavar="SECONDS",
                    help="with threaded or remote store reads, fail a read that takes longer with EIO "
-                        "(default 30)")  # fmt: skip
+                        f"(default {settings.IO_TIMEOUT:g})")  # fmt: skip
     p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="decode worker processes (default: one per CPU, up to 8; 0: decode in the daemon)")  # fmt: skip
+                   help=f"decode worker processes (default: one per CPU, up to {settings.MAX_WORKERS}; "
+                        "0: decode in the daemon)")  # fmt: skip
     p.add_argument("--log-file", type=Path,
                    help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log, which is removed again "
                         "when the mount ends cleanly with nothing logged at warning or above; a file given "
                         "here is kept)")  # fmt: skip
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--config-fd", type=int, help=argparse.SUPPRESS)  # the daemon's MountConfig (daemonconfig)
     p.add_argument("--drop-clean-log", action="store_true", help=argparse.SUPPRESS)  # the default log file
     p.set_defaults(func=cmd_mount)
 
@@ -111,55 +117,33 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
 
 def _config(args: argparse.Namespace) -> MountConfig:
+    """The mount's configuration from its command line: each field of ``MountConfig`` from the option of
+    its name, those below made absolute or converted."""
     from xetfs.mount import MountConfig, parse_options
     from xetfs.objects import is_url
 
-    return MountConfig(
-        store=args.store if is_url(args.store) else str(Path(args.store).resolve()),
-        mountpoint=Path(args.mountpoint).resolve(),
-        options=parse_options(args.options),
-        uid=args.uid,
-        gid=args.gid,
-        direct_io=args.direct_io,
-        cache_size=args.cache_size,
-        names=args.names.resolve() if args.names else None,
-        read_ahead_kb=max(4, args.read_ahead // 1024),
-        strict=args.strict,
-        prefetch=args.prefetch,
-        io_mode=args.io_mode,
-        io_timeout=args.io_timeout,
-        workers=args.workers,
-        layout=args.layout,
-        cache_dir=args.cache_dir.absolute() if args.cache_dir else None,
-        disk_cache_size=args.disk_cache_size,
-        headers=tuple(args.headers),
-    )
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(MountConfig) if hasattr(args, f.name)}
+    return MountConfig(**{
+        **values,
+        "store": args.store if is_url(args.store) else str(Path(args.store).resolve()),
+        "mountpoint": Path(args.mountpoint).resolve(),
+        "options": parse_options(args.options),
+        "names": args.names.resolve() if args.names else None,
+        "read_ahead_kb": max(4, args.read_ahead // 1024),
+        "cache_dir": args.cache_dir.absolute() if args.cache_dir else None,
+        "headers": tuple(args.headers),
+    })  # fmt: skip
 
 
-def _child_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
+def daemon_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
+    """The daemon's command line: what it serves, where, and how it logs; the configuration itself goes
+    on a pipe (``daemonconfig``), so nothing here spells a mount option or holds a secret."""
     from xetfs.mount import python_argv
+    from xetfs.objects import is_url, public_url
 
-    argv = [*python_argv(), "mount", str(config.store), str(config.mountpoint)]
-    if config.options:
-        argv += ["-o", ",".join(sorted(config.options))]
-    argv += ["--io-mode", args.io_mode, "--io-timeout", str(args.io_timeout)]
-    for flag, value in (("--uid", args.uid), ("--gid", args.gid)):
-        if value is not None:
-            argv += [flag, str(value)]
-    argv += ["--cache-size", str(args.cache_size), "--read-ahead", str(args.read_ahead)]
-    argv += ["--disk-cache-size", str(args.disk_cache_size)]  # --header values go by environment
-    if config.cache_dir:
-        argv += ["--cache-dir", str(config.cache_dir)]
-    if args.workers is not None:
-        argv += ["--workers", str(args.workers)]
-    argv += ["--log-level", args.log_level, "--layout", args.layout]
-    if config.names:
-        argv += ["--names", str(config.names)]
-    for flag, on in (("--direct-io", args.direct_io), ("--strict", args.strict),
-                     ("--no-prefetch", not args.prefetch), ("--debug", args.debug)):  # fmt: skip
-        if on:
-            argv.append(flag)
-    return argv
+    store = public_url(str(config.store)) if is_url(str(config.store)) else str(config.store)
+    argv = [*python_argv(), "mount", store, str(config.mountpoint), "--log-level", args.log_level]
+    return argv + (["--debug"] if args.debug else []) + ([] if args.log_file else ["--drop-clean-log"])
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
@@ -170,7 +154,12 @@ def cmd_mount(args: argparse.Namespace) -> int:
         from xetfs.credentials import load_credentials
 
         load_credentials(args.credentials)
-    config = _config(args)
+    if args.config_fd is not None:  # the daemon that xetfs mount started: its whole configuration
+        from xetfs.daemonconfig import read_config
+
+        config = read_config(args.config_fd)
+    else:
+        config = _config(args)
     if args.foreground:
         handler = None
         if args.log_file:
@@ -182,8 +171,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
             handler.drop_if_clean()
         return status
     # Check what can be checked here, so the usual mistakes fail fast and plainly.
+    from xetfs.daemonconfig import dump_config
     from xetfs.objects import is_url, public_url
-    from xetfs.remoteargs import headers_env
 
     if not is_url(str(config.store)):
         choose_layout(config, Store.open(config.store))  # (reads and checks the catalogue, if it shows one)
@@ -191,8 +180,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         load_manifest(config.names)
     check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
     log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
-    argv = _child_argv(args, config) + ([] if args.log_file else ["--drop-clean-log"])
-    warnings, n = spawn_daemon(argv, config.mountpoint, log_file, env=headers_env(args))
+    warnings, n = spawn_daemon(daemon_argv(args, config), config.mountpoint, log_file, dump_config(config))
     for warning in warnings:
         print_warning(warning)
     count = f" with {plural(n, 'warning')} about the store" if n else ""

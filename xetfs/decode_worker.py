@@ -49,13 +49,12 @@ from xetfs.format.xorb import ChunkRun, XorbLayout, check_in_place, decode_chunk
 from xetfs.hashes import to_hex
 from xetfs.malloc import keep_freed_memory
 from xetfs.objects import ObjectSource, RemoteOptions
+from xetfs.settings import MAX_OPEN_FILES, WORKER_FETCHES
 from xetfs.stats import RemoteCounters
 from xetfs.store import ChunkSource, OpenFiles, open_xorb, read_chunk_run, read_layout
 
 FRAME = struct.Struct("<I")
-MAX_OPEN_FILES = 64
 MAX_IN_PLACE_CHUNKS = 256  # two buffers a chunk in one preadv: within IOV_MAX (1024)
-FETCHES = 4  # fetches of a remote store under way at once, per worker
 
 # What a worker may name in an error, mapped back to the class the daemon raises.
 _ERROR_CLASSES: dict[str, type[XetfsError]] = {
@@ -302,7 +301,7 @@ def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> 
     if not isinstance(setup, Setup):
         return
     worker = Worker(shared, slot_size, setup)
-    fetcher = ThreadPoolExecutor(FETCHES) if worker.source is not None else None
+    fetcher = ThreadPoolExecutor(WORKER_FETCHES) if worker.source is not None else None
     jobs: queue.Queue[tuple[Job, Future[Buffer | XetfsError] | None] | None] = queue.Queue()
 
     def receive() -> None:

@@ -55,7 +55,6 @@ from xetfs.stats import RemoteCounters
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SIZE = 10 * 1024**3
 _MAGIC = b"XETFSC1\n"
 _HEADER = struct.Struct("<8sQ32s32s")  # magic, payload length, blake3(key), blake3(payload)
 _STALE_TMP = 3600.0  # seconds after which a temporary file is a crashed writer's

@@ -29,10 +29,9 @@ from dataclasses import dataclass
 
 from xetfs.format.xorb import XorbLayout
 from xetfs.runs import Run
+from xetfs.settings import EXTENTS_LIMIT, PAGED_MAX
 
-DEFAULT_LIMIT = 65536
 PAGE = 4096
-PAGED_MAX = 256 * 1024  # extents up to this size are also found by page: small random reads' runs
 
 
 @dataclass(slots=True)
@@ -63,7 +62,7 @@ def _pages(extent: Extent) -> range:
 
 
 class Extents:
-    def __init__(self, limit: int = DEFAULT_LIMIT, page_limit: int | None = None) -> None:
+    def __init__(self, limit: int = EXTENTS_LIMIT, page_limit: int | None = None) -> None:
         """At most ``limit`` extents and ``page_limit`` page entries (default: 16 per extent, a 64 KiB
         run's worth) are kept; past either, the memo starts afresh."""
         self.limit = limit

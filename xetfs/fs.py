@@ -27,9 +27,9 @@ import trio
 from cachetools import TTLCache
 
 from xetfs.errors import XetfsError
-from xetfs.policy import DEFAULT_MAXIMUM
 from xetfs.reader import Reader
 from xetfs.sessions import Session, Sessions
+from xetfs.settings import BLOCK_SIZE, ENTRY_TIMEOUT, PREFETCH_MAXIMUM, REPEATS_QUIET
 from xetfs.stats import IndexCounters, ReadCounters, document
 from xetfs.tree import Kind, Node, Tree
 
@@ -38,13 +38,10 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-BLOCK_SIZE = 1024 * 1024  # st_blksize: tells tools to read in large pieces
-ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
 XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
 # A file's decode counters as JSON, for ``xetfs stats MNT FILE``.  Not listed by listxattr: its value
 # changes with every read, and ``getfattr -d`` shows what a file is, not how it was read.
 FILE_STATS_XATTR = b"user.xetfs.stats"
-REPEATS_QUIET = 10.0  # seconds the same failed read is not logged again
 
 
 @dataclass(frozen=True)
@@ -54,7 +51,7 @@ class FsOptions:
     direct_io: bool = False
     mtime_ns: int = 0
     prefetch: bool = True
-    prefetch_max: int = DEFAULT_MAXIMUM  # how far ahead of a sequential reader prefetch may go
+    prefetch_max: int = PREFETCH_MAXIMUM  # how far ahead of a sequential reader prefetch may go
 
 
 @dataclass

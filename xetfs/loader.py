@@ -33,14 +33,12 @@ from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_chunks_into
 from xetfs.pool import DecodePool, WorkerLost
 from xetfs.runs import Loaded, Run, RunStore
+from xetfs.settings import MAX_RUN_BYTES, RUN_BYTES
 from xetfs.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.store import ChunkSource, Store
 
 T = TypeVar("T")
 Io = Callable[..., Awaitable[Any]]
-
-RUN_BYTES = 1024 * 1024  # decoded bytes per run at most (without workers; with them, a slot)
-MAX_RUN_BYTES = 8 * 1024 * 1024  # one store read covers at most this much of a xorb
 
 
 async def inline_io(fn: Callable[..., T], *args: Any) -> T:

@@ -30,32 +30,40 @@ import trio
 
 from xetfs.catalogue import CATALOGUE_NAME, Catalogue, store_catalogue
 from xetfs.decode_worker import Setup
-from xetfs.diskcache import DEFAULT_SIZE as DEFAULT_DISK_CACHE
 from xetfs.errors import XetfsError, describe
 from xetfs.exitstatus import ExitStatus
 from xetfs.fs import FsOptions, XetFS
 from xetfs.hubtree import build_hub_tree
 from xetfs.index import Index
 from xetfs.indexer import load_index
-from xetfs.loader import RUN_BYTES, inline_io, threaded_io
+from xetfs.loader import inline_io, threaded_io
 from xetfs.malloc import keep_freed_memory
 from xetfs.manifest import MANIFEST_NAME, Manifest, load_manifest, store_manifest
 from xetfs.objects import is_url, public_url
-from xetfs.policy import DEFAULT_MAXIMUM as DEFAULT_PREFETCH
 from xetfs.pool import DecodePool, default_workers, slots_for
 from xetfs.reader import Reader
 from xetfs.remote import open_store
+from xetfs.settings import (
+    CACHE_SIZE,
+    DISK_CACHE_SIZE,
+    IO_MODE,
+    IO_TIMEOUT,
+    JOB_TIMEOUT_MARGIN,
+    LAYOUT,
+    PREFETCH_MAXIMUM,
+    READ_AHEAD,
+    READY_TIMEOUT,
+    REMOTE_FETCH_WIDTH,
+    REMOTE_PREFETCH,
+    REMOTE_RUN_BYTES,
+    RUN_BYTES,
+)
 from xetfs.stats import RemoteCounters
 from xetfs.store import Store
 from xetfs.tree import Tree, build_tree
 
 log = logging.getLogger(__name__)
 
-READY_TIMEOUT = 120.0  # seconds the parent waits for the daemon to report
-REMOTE_FETCH_WIDTH = 8  # requests in flight to a remote store
-REMOTE_RUN_BYTES = 4 * 1024 * 1024  # decoded bytes (about 64 chunks) per request to a remote store
-REMOTE_PREFETCH = 64 * 1024 * 1024  # how far prefetch may run ahead of a reader of a remote store
-JOB_TIMEOUT_MARGIN = 5.0  # seconds a worker's job on a remote store may take past --io-timeout
 FUSE_FLAGS = {"nodev", "nosuid", "noexec"}  # given to FUSE as they are (mount(8) passes them for "user")
 KNOWN_OPTIONS = {"allow_other", "allow_root", "nonempty", "ro", "default_permissions", *FUSE_FLAGS}
 
@@ -72,17 +80,17 @@ class MountConfig:
     uid: int | None = None
     gid: int | None = None
     direct_io: bool = False
-    cache_size: int = 512 * 1024 * 1024
+    cache_size: int = CACHE_SIZE
     names: Path | None = None
-    read_ahead_kb: int = 1024
+    read_ahead_kb: int = READ_AHEAD // 1024
     strict: bool = False
     prefetch: bool = True
-    io_mode: str = "auto"  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
-    io_timeout: float = 30.0
+    io_mode: str = IO_MODE  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
+    io_timeout: float = IO_TIMEOUT
     workers: int | None = None  # decode worker processes; None: one per CPU
-    layout: str = "auto"  # "hub", "names", "hash" or "auto" (see choose_layout)
+    layout: str = LAYOUT  # "hub", "names", "hash" or "auto" (see choose_layout)
     cache_dir: Path | None = None  # disk cache of remote stores; None: the default
-    disk_cache_size: int = DEFAULT_DISK_CACHE
+    disk_cache_size: int = DISK_CACHE_SIZE
     headers: tuple[str, ...] = ()  # for a remote store: extra header lines (the environment adds more)
 
 
@@ -197,7 +205,7 @@ def build_fs(config: MountConfig) -> XetFS:
         mtime_ns=int(store.mtime * 1e9),
         prefetch=config.prefetch,
         # A window is at most a quarter of the cache, so that what it decodes stays until it is read.
-        prefetch_max=min(REMOTE_PREFETCH if remote else DEFAULT_PREFETCH, max(config.cache_size // 4, 1 << 20)),
+        prefetch_max=min(REMOTE_PREFETCH if remote else PREFETCH_MAXIMUM, max(config.cache_size // 4, 1 << 20)),
     )
     return XetFS(tree, reader, options, counters)
 
@@ -390,29 +398,35 @@ def _report(fd: int | None, message: str) -> None:
 
 
 def spawn_daemon(
-    argv: list[str], mountpoint: Path, log_file: Path, env: dict[str, str] | None = None
+    argv: list[str], mountpoint: Path, log_file: Path, config: bytes, env: dict[str, str] | None = None
 ) -> tuple[list[str], int]:
-    """Start the daemon (``argv`` + ``--foreground --ready-fd N``) and wait until it serves.
+    """Start the daemon (``argv`` + ``--foreground --ready-fd N --config-fd M``) and wait until it serves.
 
-    ``env`` is added to the daemon's environment (secrets go there, never into
-    ``argv``).  Returns the daemon's warnings about the store to show (a long
+    ``config`` (``daemonconfig.dump_config``) reaches the daemon on a pipe, fd
+    ``M``, and ``env`` is added to its environment: secrets go there, never
+    into ``argv``.  Returns the daemon's warnings about the store to show (a long
     list ends with a line for the rest) and their number.  Raises
     ``MountError`` with the daemon's own message when it fails.
     """
     read_fd, write_fd = os.pipe()
+    config_fd, config_out = os.pipe()
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log_out:
         child = subprocess.Popen(
-            [*argv, "--foreground", "--ready-fd", str(write_fd), "--log-file", str(log_file)],
+            [*argv, "--foreground", "--ready-fd", str(write_fd), "--config-fd", str(config_fd),
+             "--log-file", str(log_file)],
             stdin=subprocess.DEVNULL,
             stdout=log_out,
             stderr=log_out,
-            pass_fds=(write_fd,),
+            pass_fds=(write_fd, config_fd),
             start_new_session=True,
             cwd="/",
             env={**os.environ, **(env or {})},
-        )
+        )  # fmt: skip
     os.close(write_fd)
+    os.close(config_fd)
+    with contextlib.suppress(BrokenPipeError), open(config_out, "wb") as out:  # (a dead daemon: reported below)
+        out.write(config)
     lines = _read_report(read_fd, child, READY_TIMEOUT).splitlines()
     warnings = [line.removeprefix("warning: ") for line in lines if line.startswith("warning: ")]
     counts = [int(line.split()[1]) for line in lines if re.fullmatch(r"warnings: \d+", line)]

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from xetfs.errors import MissingObjectError, StoreError, StoreTimeoutError
+from xetfs.settings import CONNECT_TIMEOUT, DOWN_SECONDS, FIRST_BACKOFF, IO_TIMEOUT, MAX_BACKOFF, REQUEST_TIMEOUT
 from xetfs.stats import RemoteCounters
 
 if TYPE_CHECKING:
@@ -46,9 +47,6 @@ T = TypeVar("T")
 SCHEMES = ("http", "https", "s3", "gs", "az", "abfs", "abfss")
 TOKEN_ENV = "XETFS_HTTP_TOKEN"  # bearer token for HTTP stores
 HEADERS_ENV = "XETFS_HTTP_HEADERS"  # extra HTTP headers: "Name: value" lines
-DOWN_SECONDS = 2.0
-FIRST_BACKOFF = 0.05
-MAX_BACKOFF = 1.0
 
 
 def is_url(location: str) -> bool:
@@ -104,9 +102,9 @@ class RemoteOptions:
     """How to reach a remote store.  ``headers`` may hold secrets: they are only ever sent."""
 
     headers: tuple[tuple[str, str], ...] = ()
-    request_timeout: float = 10.0
-    deadline: float = 30.0
-    connect_timeout: float = 5.0
+    request_timeout: float = REQUEST_TIMEOUT
+    deadline: float = IO_TIMEOUT
+    connect_timeout: float = CONNECT_TIMEOUT
 
     @classmethod
     def from_env(cls, token: str | None = None, headers: list[str] | None = None, **kw: Any) -> RemoteOptions:
@@ -129,7 +127,7 @@ class RemoteOptions:
         one request may stall for a third of it, leaving room for another try."""
         step = max(1.0, io_timeout / 3)
         return cls.from_env(headers=headers, deadline=io_timeout, request_timeout=step,
-                            connect_timeout=min(5.0, step))  # fmt: skip
+                            connect_timeout=min(CONNECT_TIMEOUT, step))  # fmt: skip
 
     def secrets(self) -> list[str]:
         out = []

@@ -48,13 +48,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-DEFAULT_INITIAL = 2 * 1024 * 1024
-DEFAULT_MAXIMUM = 16 * 1024 * 1024  # (32 MiB: the same 1 GiB model load time, 3 % more worker CPU)
-DEFAULT_SLACK = 4 * 1024 * 1024
-DEFAULT_MIN_STREAM = 256 * 1024
-DEFAULT_STREAMS = 8
-DEFAULT_SINGLES = 16
-DEFAULT_SMALL = 64 * 1024
+from xetfs.settings import (
+    PREFETCH_INITIAL,
+    PREFETCH_MAXIMUM,
+    PREFETCH_MIN_STREAM,
+    PREFETCH_SINGLES,
+    PREFETCH_SLACK,
+    PREFETCH_SMALL,
+    PREFETCH_STREAMS,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,13 +86,13 @@ class Stream:
 
 @dataclass
 class ReadPolicy:
-    initial: int = DEFAULT_INITIAL
-    maximum: int = DEFAULT_MAXIMUM
-    slack: int = DEFAULT_SLACK
-    min_stream: int = DEFAULT_MIN_STREAM
-    max_streams: int = DEFAULT_STREAMS
-    max_singles: int = DEFAULT_SINGLES
-    small: int = DEFAULT_SMALL  # reads shorter than this that continue nothing are singles
+    initial: int = PREFETCH_INITIAL
+    maximum: int = PREFETCH_MAXIMUM
+    slack: int = PREFETCH_SLACK
+    min_stream: int = PREFETCH_MIN_STREAM
+    max_streams: int = PREFETCH_STREAMS
+    max_singles: int = PREFETCH_SINGLES
+    small: int = PREFETCH_SMALL  # reads shorter than this that continue nothing are singles
     streams: list[Stream] = field(default_factory=list)  # most recently used first
     # Where each stream's reads end (one stream per offset: two that meet become one), and where the
     # last reads that continued no stream began, by where they ended.

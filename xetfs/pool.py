@@ -47,21 +47,11 @@ from xetfs.decode_worker import (
 from xetfs.errors import StoreTimeoutError
 from xetfs.format.xorb import ChunkRun, XorbLayout
 from xetfs.hashes import to_hex
+from xetfs.settings import KEEP_FREE_SLOTS, MAX_WORKERS, MIN_JOB_BYTES, SLOT_SIZE, SLOTS_PER_WORKER
 from xetfs.stats import WorkerCounters
 from xetfs.store import ChunkSource
 
 log = logging.getLogger(__name__)
-
-# Decoded bytes per job at most: the size of a sequential reader's run.  2 MiB halves the jobs, and the
-# 1 MiB FUSE replies that span two runs (a copy), of 1 MiB runs: the daemon's CPU per GiB fell by a
-# fifth; at 4 MiB the decode workers slowed again.
-SLOT_SIZE = 2 * 1024 * 1024
-SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones queued behind it
-# Free slots keep their pages, up to as many as a full set of jobs in flight needs plus this many (8 MiB);
-# the pages of the rest are returned.
-KEEP_FREE_SLOTS = 4
-MIN_JOB_BYTES = 256 * 1024  # smaller runs are decoded in the daemon
-MAX_WORKERS = 8
 
 
 def default_workers() -> int:

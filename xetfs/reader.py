@@ -38,9 +38,10 @@ from xetfs.errors import (
 from xetfs.extents import Extent, Extents
 from xetfs.format.xorb import XorbLayout
 from xetfs.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
-from xetfs.loader import RUN_BYTES, Io, Loader, inline_io
+from xetfs.loader import Io, Loader, inline_io
 from xetfs.pool import DecodePool
 from xetfs.runs import Loaded, Run, RunStore
+from xetfs.settings import BAD_LAYOUT_SECONDS, CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES
 from xetfs.stats import (
     CacheCounters,
     DecodeCounters,
@@ -53,10 +54,6 @@ from xetfs.stats import (
     WorkerCounters,
 )
 from xetfs.store import Store
-
-DEFAULT_CACHE_SIZE = 512 * 1024 * 1024
-LAYOUT_CACHE_SIZE = 32 * 1024 * 1024
-BAD_LAYOUT_SECONDS = 30.0  # a layout that failed its check is not checked again for this long
 
 
 class Span(NamedTuple):
@@ -89,7 +86,7 @@ class Reader:
         index: Index,
         store: Store,
         *,
-        cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_size: int = CACHE_SIZE,
         verify: bool = True,
         io: Io = inline_io,
         pool: DecodePool | None = None,

@@ -21,6 +21,7 @@ from xetfs.dirsource import DirSource
 from xetfs.diskcache import CachedSource, DiskCache, default_dir
 from xetfs.errors import MissingObjectError, StoreError
 from xetfs.objects import ObjectSource, ObstoreSource, RemoteOptions, is_url
+from xetfs.settings import IO_TIMEOUT
 from xetfs.stats import RemoteCounters
 from xetfs.store import LISTING_NAME, MAX_LISTING_BYTES, Listing, Store, replace_file
 
@@ -85,7 +86,7 @@ def open_remote(
 def open_store(
     location: str,
     *,
-    io_timeout: float = 30.0,
+    io_timeout: float = IO_TIMEOUT,
     headers: Sequence[str] = (),
     cache_dir: Path | None = None,
     disk_cache_size: int = 0,

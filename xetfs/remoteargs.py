@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from xetfs.diskcache import DEFAULT_SIZE
-from xetfs.objects import HEADERS_ENV, TOKEN_ENV, header_lines
+from xetfs import settings
+from xetfs.objects import HEADERS_ENV, TOKEN_ENV
 from xetfs.stats import RemoteCounters
 from xetfs.store import Store
 
@@ -20,11 +20,12 @@ def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> N
                         f"a bearer token from ${TOKEN_ENV})")  # fmt: skip
     p.add_argument("--cache-dir", type=Path, default=None,
                    help="shared on-disk cache of remote stores (default $XDG_CACHE_HOME/xetfs)")  # fmt: skip
-    p.add_argument("--disk-cache-size", type=parse_size, default=DEFAULT_SIZE,
-                   help="bound of the on-disk cache, e.g. 10G; 0 turns it off (default 10G)")  # fmt: skip
+    p.add_argument("--disk-cache-size", type=parse_size, default=settings.DISK_CACHE_SIZE,
+                   help="bound of the on-disk cache, e.g. 10G; 0 turns it off "
+                        f"(default {size_text(settings.DISK_CACHE_SIZE)})")  # fmt: skip
     if io_timeout:
-        p.add_argument("--io-timeout", type=float, default=30.0, metavar="SECONDS",
-                       help="a remote read that takes longer fails (default 30)")  # fmt: skip
+        p.add_argument("--io-timeout", type=float, default=settings.IO_TIMEOUT, metavar="SECONDS",
+                       help=f"a remote read that takes longer fails (default {settings.IO_TIMEOUT:g})")  # fmt: skip
 
 
 def open_location(args: argparse.Namespace, counters: RemoteCounters | None = None) -> Store:
@@ -42,7 +43,9 @@ def open_location(args: argparse.Namespace, counters: RemoteCounters | None = No
     return store
 
 
-def headers_env(args: argparse.Namespace) -> dict[str, str]:
-    """Environment for a child process that must send ``--header`` values (never in its argv)."""
-    lines = header_lines(args.headers)
-    return {HEADERS_ENV: "\n".join(lines)} if lines else {}
+def size_text(n: int) -> str:
+    """``n`` bytes as a size the options take: ``512M``, ``10G``, ``1M`` (the largest unit it is a whole number of)."""
+    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n and n % scale == 0:
+            return f"{n // scale}{unit}"
+    return str(n)

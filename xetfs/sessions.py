@@ -31,11 +31,9 @@ import trio
 from xetfs.index import FileEntry
 from xetfs.policy import ReadPolicy
 from xetfs.reader import Reader
+from xetfs.settings import MIN_CACHE_FOR_PREFETCH, PREFETCH_TASKS
 
 log = logging.getLogger(__name__)
-
-PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
-MIN_CACHE_FOR_PREFETCH = 64 * 1024 * 1024
 
 
 @dataclass

@@ -49,6 +49,7 @@ from xetfs.format.chunk import Buffer
 from xetfs.format.shard import MAGIC as SHARD_MAGIC
 from xetfs.format.xorb import HASHES_AT, XorbLayout, decode_run, footer_length, parse_footer, walk_headers_with
 from xetfs.objects import ObjectSource
+from xetfs.settings import MAX_OPEN_FILES, TAIL_BYTES
 
 if TYPE_CHECKING:
     from xetfs.chunkcache import CachedRange, ChunkCache
@@ -56,13 +57,11 @@ if TYPE_CHECKING:
 XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
 SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
 ROOTS = ("xet/xorbs", "xorbs", "")  # where shards/ and xorbs/ may lie, relative to the store's top
-MAX_OPEN_FILES = 64
 MAX_SHARD_BYTES = 1 << 30  # builders aim at 64 MiB
 MAX_META_BYTES = 64 * 1024 * 1024  # a manifest or catalogue file
 MAX_LISTING_BYTES = 256 * 1024 * 1024
 LISTING_NAME = "xetfs-listing.json"
 LISTING_FORMAT = "xetfs-listing"
-TAIL_BYTES = 128 * 1024  # a remote xorb's footer is read with one request for this much of its end
 
 
 @dataclass(frozen=True, slots=True)

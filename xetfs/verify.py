@@ -35,9 +35,8 @@ from xetfs.index import EMPTY_SHA256, Index
 from xetfs.indexer import shards_missing
 from xetfs.messages import plural
 from xetfs.reader import Reader
+from xetfs.settings import VERIFY_BLOCK, VERIFY_CACHE_SIZE
 from xetfs.store import Store
-
-READ_SIZE = 8 * 1024 * 1024
 
 
 class Progress(Protocol):
@@ -102,7 +101,7 @@ async def audit(store: Store, progress: Progress | None = None, names: Mapping[b
         for cas in shard.xorbs:
             _check_cas(a, cas)
     checked: set[bytes] = set()
-    reader = Reader(index, store, cache_size=256 * 1024 * 1024)
+    reader = Reader(index, store, cache_size=VERIFY_CACHE_SIZE)
     for shard in shards:
         for record in shard.files:
             if record.file_hash not in checked:
@@ -146,7 +145,7 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
     start = 0
     while start < layout.num_chunks:
         stop = start + 1
-        while stop < layout.num_chunks and layout.phys_ends[stop] - layout.phys_start(start) <= READ_SIZE:
+        while stop < layout.num_chunks and layout.phys_ends[stop] - layout.phys_start(start) <= VERIFY_BLOCK:
             stop += 1
         try:
             data = a.store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
@@ -232,8 +231,8 @@ async def _check_file(a: _Audit, index: Index, reader: Reader, record: FileRecor
         return
     digest = hashlib.sha256()
     try:
-        for offset in range(0, entry.size, READ_SIZE):
-            data = await reader.read(entry, offset, READ_SIZE)
+        for offset in range(0, entry.size, VERIFY_BLOCK):
+            data = await reader.read(entry, offset, VERIFY_BLOCK)
             digest.update(data)
             a.report.bytes_checked += len(data)
             a.progress.update(len(data))

@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from xetfs import settings
 from xetfs.errors import XetfsError
 
 log = logging.getLogger("xetfs.serve")
@@ -33,16 +34,18 @@ FUSE is needed.  See docs/serve.md for proxies, load balancers and security.
 
 def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     from xetfs.cli import parse_size
-    from xetfs.remoteargs import add_remote_args
+    from xetfs.remoteargs import add_remote_args, size_text
 
     p = sub.add_parser("serve", help="serve a store as an offline Hugging Face endpoint (HF_ENDPOINT)",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
     add_remote_args(p)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 or :: for all)",
+    p.add_argument("--host", default=settings.SERVE_HOST,
+                   help=f"address to listen on (default {settings.SERVE_HOST}: this machine only; "
+                        "0.0.0.0 or :: for all)",
                    )  # fmt: skip  # fmt: skip
-    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--port", type=int, default=settings.SERVE_PORT,
+                   help=f"port to listen on (default {settings.SERVE_PORT})")  # fmt: skip
     p.add_argument("--public-url", metavar="URL",
                    help="the address clients reach the server at, e.g. behind a proxy: every URL the server "
                         "hands out starts with it (default http://HOST:PORT)")  # fmt: skip
@@ -52,21 +55,22 @@ def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
     p.add_argument("--key-file", type=Path, metavar="FILE",
                    help="key that signs Xet tokens and xorb URLs, created if missing; give every process "
                         "behind one address the same file (default: a key for this process only)")  # fmt: skip
-    p.add_argument("--token-ttl", type=int, default=3600, metavar="SECONDS",
-                   help="lifetime of a Xet access token (default 3600; clients renew a token 60 s before it "
-                        "expires, so one of 120 or less is renewed at every use)")  # fmt: skip
-    p.add_argument("--url-ttl", type=int, default=3600, metavar="SECONDS",
-                   help="lifetime of a signed xorb-range URL (default 3600)")  # fmt: skip
-    p.add_argument("--max-fetch", type=parse_size, default="8M",
+    p.add_argument("--token-ttl", type=int, default=settings.SERVE_TOKEN_TTL, metavar="SECONDS",
+                   help=f"lifetime of a Xet access token (default {settings.SERVE_TOKEN_TTL}; clients renew a "
+                        "token 60 s before it expires, so one of 120 or less is renewed at every use)")  # fmt: skip
+    p.add_argument("--url-ttl", type=int, default=settings.SERVE_URL_TTL, metavar="SECONDS",
+                   help=f"lifetime of a signed xorb-range URL (default {settings.SERVE_URL_TTL})")  # fmt: skip
+    p.add_argument("--max-fetch", type=parse_size, default=settings.SERVE_MAX_FETCH,
                    help="largest xorb range in a reconstruction answer; each is held in memory while it is "
-                        "checked (default 8M)")  # fmt: skip
-    p.add_argument("--checks", type=int, default=8, metavar="N",
-                   help="xorb ranges read and checked at the same time (default 8)")  # fmt: skip
-    p.add_argument("--tree-page-size", type=int, default=1000, metavar="N",
-                   help="entries per page of a tree listing (default 1000, as the Hub)")  # fmt: skip
-    p.add_argument("--rescan", type=float, default=2.0, metavar="SECONDS",
+                        f"checked (default {size_text(settings.SERVE_MAX_FETCH)})")  # fmt: skip
+    p.add_argument("--checks", type=int, default=settings.SERVE_CHECKS, metavar="N",
+                   help=f"xorb ranges read and checked at the same time (default {settings.SERVE_CHECKS})")  # fmt: skip
+    p.add_argument("--tree-page-size", type=int, default=settings.SERVE_TREE_PAGE, metavar="N",
+                   help="entries per page of a tree listing "
+                        f"(default {settings.SERVE_TREE_PAGE}, as the Hub)")  # fmt: skip
+    p.add_argument("--rescan", type=float, default=settings.SERVE_RESCAN, metavar="SECONDS",
                    help="look for new packs in a local store at most this often, and on every miss "
-                        "(default 2)")  # fmt: skip
+                        f"(default {settings.SERVE_RESCAN:g})")  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 

@@ -38,12 +38,10 @@ from xetfs.loader import threaded_io
 from xetfs.objects import is_url
 from xetfs.reader import Reader
 from xetfs.serve.reconstruction import Term
+from xetfs.settings import IO_TIMEOUT, SERVE_CACHE_SIZE, SERVE_RESCAN
 from xetfs.store import Store, find_root
 
 log = logging.getLogger("xetfs.serve")
-
-CACHE_SIZE = 256 * 1024 * 1024  # decoded chunks kept for plain downloads
-RESCAN_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -103,8 +101,8 @@ class Contents:
         location: str,
         open_store: Callable[[str], Store],
         *,
-        rescan: float = RESCAN_SECONDS,
-        io_timeout: float = 30.0,
+        rescan: float = SERVE_RESCAN,
+        io_timeout: float = IO_TIMEOUT,
     ) -> None:
         self.location = location
         self._open_store = open_store
@@ -128,7 +126,7 @@ class Contents:
         return _Loaded(store, index, catalogue)
 
     def _make(self, loaded: _Loaded) -> Snapshot:
-        reader = Reader(loaded.index, loaded.store, cache_size=CACHE_SIZE, io=threaded_io(self._io_timeout))
+        reader = Reader(loaded.index, loaded.store, cache_size=SERVE_CACHE_SIZE, io=threaded_io(self._io_timeout))
         return Snapshot(loaded.store, loaded.index, loaded.catalogue, reader)
 
     def _catalogue(self, store: Store) -> Catalogue:

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from xetfs import hashes
 from xetfs.errors import IntegrityError, MissingObjectError
 from xetfs.format.xorb import XorbLayout
-
-MAX_FETCH_BYTES = 8 * 1024 * 1024
+from xetfs.settings import SERVE_MAX_FETCH
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +64,7 @@ def plan(
     start: int,
     end: int,
     *,
-    max_fetch: int = MAX_FETCH_BYTES,
+    max_fetch: int = SERVE_MAX_FETCH,
 ) -> Plan:
     """The reconstruction of file bytes ``[start, end)`` (``0 <= start < end <= file size``).
 
