@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from xetfs import settings
-from xetfs.cli import build_parser
-from xetfs.commands import _config, daemon_argv
-from xetfs.daemonconfig import ConfigError, dump_config, load_config
-from xetfs.mount import MountConfig
+from xetfs.base import settings
+from xetfs.commands.cli import build_parser
+from xetfs.commands.mount import _config, daemon_argv
+from xetfs.fuse.daemonconfig import ConfigError, dump_config, load_config
+from xetfs.fuse.mount import MountConfig
 
 EVERY_FIELD_SET = MountConfig(
     store="https://user:pw@host/store?sig=x",

@@ -24,8 +24,15 @@ import servers
 from mounting import force_unmount, is_mounted, mountinfo, wait_until
 from oracle import REPO_ROOT, CliRunner
 
-from xetfs.cli import build_parser
-from xetfs.mountopts import IGNORED, expand_mount_argv, expand_options, helper_argv, option_table, split_options
+from xetfs.commands.cli import build_parser
+from xetfs.commands.mountopts import (
+    IGNORED,
+    expand_mount_argv,
+    expand_options,
+    helper_argv,
+    option_table,
+    split_options,
+)
 
 pytestmark = pytest.mark.fuse
 

@@ -20,7 +20,7 @@ def _workers(m: Mount) -> list[int]:
     """Process ids of the daemon's decode workers."""
     pid = m.proc.pid
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"xetfs.decode_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return [int(c) for c in children if b"xetfs.read.decode_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 def _wait_for_workers(m: Mount, n: int) -> None:

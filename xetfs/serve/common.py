@@ -21,8 +21,8 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from xetfs import settings
-from xetfs.errors import (
+from xetfs.base import settings
+from xetfs.base.errors import (
     FormatError,
     IntegrityError,
     MissingObjectError,

@@ -28,18 +28,19 @@ from pathlib import Path
 
 import trio
 
-from xetfs import hashes
-from xetfs.catalogue import Catalogue, find_catalogue, store_catalogue
-from xetfs.errors import XetfsError
+from xetfs.base import hashes
+from xetfs.base.errors import XetfsError
+from xetfs.base.settings import IO_TIMEOUT, SERVE_CACHE_SIZE, SERVE_RESCAN
 from xetfs.format.xorb import decode_run
-from xetfs.index import FileEntry, Index
-from xetfs.indexer import load_index
-from xetfs.loader import threaded_io
-from xetfs.objects import is_url
-from xetfs.reader import Reader
+from xetfs.read.loader import threaded_io
+from xetfs.read.reader import Reader
 from xetfs.serve.reconstruction import Term
-from xetfs.settings import IO_TIMEOUT, SERVE_CACHE_SIZE, SERVE_RESCAN
-from xetfs.store import Store, find_root
+from xetfs.storage.catalogue import Catalogue, find_catalogue, store_catalogue
+from xetfs.storage.index import FileEntry, Index
+from xetfs.storage.indexer import load_index
+from xetfs.storage.layout import find_root
+from xetfs.storage.objects import is_url
+from xetfs.storage.store import Store
 
 log = logging.getLogger("xetfs.serve")
 
@@ -174,6 +175,6 @@ class Contents:
 
 
 def _shown(location: str) -> str:
-    from xetfs.objects import public_url
+    from xetfs.storage.objects import public_url
 
     return public_url(location) if is_url(location) else os.fspath(location)

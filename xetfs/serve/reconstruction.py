@@ -24,10 +24,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from xetfs import hashes
-from xetfs.errors import IntegrityError, MissingObjectError
+from xetfs.base import hashes
+from xetfs.base.errors import IntegrityError, MissingObjectError
+from xetfs.base.settings import SERVE_MAX_FETCH
 from xetfs.format.xorb import XorbLayout
-from xetfs.settings import SERVE_MAX_FETCH
 
 
 @dataclass(frozen=True, slots=True)
