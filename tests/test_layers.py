@@ -8,6 +8,8 @@ TYPE_CHECKING:`` are for the type checker only and are left out).
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -154,3 +156,42 @@ def test_the_checks_catch_what_they_look_for() -> None:
     source = "import xetfs.a\nif TYPE_CHECKING:\n    import xetfs.b\ndef f():\n    import xetfs.c\n"
     nodes = list(_imports(ast.parse(source)))
     assert [n.names[0].name for n in nodes if isinstance(n, ast.Import)] == ["xetfs.a", "xetfs.c"]
+
+
+# -- docs/architecture.md stays true to the tree -----------------------------------------------
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+def _section(title: str) -> str:
+    text = ARCHITECTURE.read_text()
+    assert f"\n## {title}\n" in text, f"docs/architecture.md: no section '## {title}'"
+    return text.partition(f"\n## {title}\n")[2].partition("\n## ")[0]
+
+
+def test_the_module_map_lists_every_folder_and_module() -> None:
+    listed = re.findall(r"^\| `(xetfs/[\w/]+(?:\.py|/))` \|", _section("Module map"), re.MULTILINE)
+    assert len(listed) == len(set(listed)), "a module is listed twice"
+    tree = {f"xetfs/{p.relative_to(PACKAGE).as_posix()}" for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    tree |= {f"xetfs/{p.parent.relative_to(PACKAGE).as_posix()}/" for p in PACKAGE.glob("*/__init__.py")}
+    assert set(listed) == tree, f"missing: {sorted(tree - set(listed))}; not in the tree: {sorted(set(listed) - tree)}"
+
+
+def test_the_listed_types_exist_and_their_counts_add_up() -> None:
+    section = _section("The types of one cold read")
+    count = re.search(r"\*\*Count:\*\* local (\d+), remote (\d+), together (\d+)\.", section)
+    assert count is not None
+    groups = {}
+    for name in ("Both local and remote", "Local only", "Remote only"):
+        found = re.search(rf"^{name} \((\d+)\):(.*?)(?=^\w|\Z)", section, re.MULTILINE | re.DOTALL)
+        assert found is not None, name
+        types = re.findall(r"`([a-z_.]+\.[A-Za-z_]+)`", found.group(2))
+        assert len(types) == int(found.group(1)), f"{name}: {len(types)} types listed, {found.group(1)} said"
+        groups[name] = types
+    both, local, remote = groups.values()
+    everything = [*both, *local, *remote]
+    assert len(set(everything)) == len(everything), "a type is listed twice"
+    assert [len(both) + len(local), len(both) + len(remote), len(everything)] == [int(n) for n in count.groups()]
+    for dotted in everything:
+        module, _, name = dotted.rpartition(".")
+        assert isinstance(getattr(importlib.import_module(f"xetfs.{module}"), name, None), type), dotted

@@ -1,4 +1,4 @@
-"""Sub-commands of the FUSE side: mount, umount, stats, publish (and pack, from pack.py)."""
+"""Sub-commands of the FUSE side: mount, umount, stats, publish (and it registers pack and push)."""
 
 from __future__ import annotations
 
