@@ -6,6 +6,8 @@ import contextlib
 import ctypes
 import ctypes.util
 
+from xetfs.base.settings import MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD
+
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
@@ -24,5 +26,5 @@ def keep_freed_memory() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.mallopt(M_ARENA_MAX, 1)
-        libc.mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024)
-        libc.mallopt(M_MMAP_THRESHOLD, 8 * 1024 * 1024)
+        libc.mallopt(M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD)
+        libc.mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD)

@@ -65,6 +65,14 @@ PREFETCH_SMALL = 64 * KiB  # reads shorter than this that continue nothing are s
 PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
 MIN_CACHE_FOR_PREFETCH = 64 * MiB  # with a smaller --cache-size, nothing is prefetched
 
+# -- the disk cache of remote stores --------------------------------------------------------
+DISK_CACHE_LOW_WATER = 0.9  # eviction deletes the oldest entries until the cache is below this share of its bound
+STALE_TMP_SECONDS = 3600.0  # a temporary file older than this is a crashed writer's
+
+# -- memory of the daemon and its workers (glibc malloc) ----------------------------------------
+MALLOC_TRIM_THRESHOLD = 64 * MiB  # freed memory up to this much is kept, not handed back to the kernel
+MALLOC_MMAP_THRESHOLD = 8 * MiB  # buffers up to this size come from the heap, not from mmap
+
 # -- remote stores -----------------------------------------------------------------------------
 REQUEST_TIMEOUT = 10.0  # one request, when no --io-timeout says otherwise
 CONNECT_TIMEOUT = 5.0
@@ -78,6 +86,9 @@ CAT_CACHE_SIZE = 64 * MiB  # xetfs cat: decoded chunks kept
 VERIFY_BLOCK = 8 * MiB  # xetfs verify: bytes read per step
 VERIFY_CACHE_SIZE = 256 * MiB  # xetfs verify: decoded chunks kept
 SERVE_CACHE_SIZE = 256 * MiB  # xetfs serve: decoded chunks kept for plain downloads
+PUSH_JOBS = 4  # xetfs push --jobs: objects sent at once
+PUSH_MAX_COMPARED_BYTES = 256 * MiB  # push: a file other than a xorb or shard larger than this is compared by size
+PACK_ROUND_MIN_SIZE = 1 * MiB  # pack --hub-cache: smaller files are a few chunks, not worth a round of their own
 
 # -- xetfs serve -------------------------------------------------------------------------------
 SERVE_HOST = "127.0.0.1"  # this machine only

@@ -50,6 +50,7 @@ from typing import Any, Protocol
 import blake3
 
 from xetfs.base.errors import StoreError, XetfsError
+from xetfs.base.settings import PUSH_JOBS, PUSH_MAX_COMPARED_BYTES
 from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.layout import LISTING_NAME, Listing
 from xetfs.storage.manifest import MANIFEST_NAME
@@ -57,10 +58,8 @@ from xetfs.storage.objects import RemoteOptions, aws_files_config, is_url, publi
 from xetfs.storage.remote import local_listing
 
 MAX_OBJECT_BYTES = 5 * 1024**3  # the largest single-request upload S3 accepts
-MAX_COMPARED_BYTES = 256 * 1024 * 1024  # a file other than a xorb or shard larger than this is compared by size
 TEMP_DIR = ".xetfs-push"  # a directory target's temporary files, hidden from stores and listings
 PUSH_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
-DEFAULT_JOBS = 4
 
 # The phases, in the order they are pushed.
 XORBS, SHARDS, OTHER, LISTING, META = range(5)
@@ -327,7 +326,7 @@ def push(
     top: Path,
     target: Target,
     *,
-    jobs: int = DEFAULT_JOBS,
+    jobs: int = PUSH_JOBS,
     progress: Callable[[int], None] = lambda n: None,
     total: Callable[[int], None] = lambda n: None,
 ) -> PushReport:
@@ -366,7 +365,7 @@ def _push_phase(items: list[Item], target: Target, there: dict[str, int], report
             raise PushError(f"{item.name}: {item.size} bytes, more than the {MAX_OBJECT_BYTES} one upload may hold")
         content_named = item.phase in (XORBS, SHARDS)
         if there.get(item.name) == item.size:
-            if content_named or item.size > MAX_COMPARED_BYTES:
+            if content_named or item.size > PUSH_MAX_COMPARED_BYTES:
                 return item, "present"
             data = item.read()
             if target.read(item.name) == data:
@@ -412,8 +411,8 @@ def add_push_parser(sub: Any) -> None:
     )
     p.add_argument("store", help="store directory (as written by 'xetfs pack')")
     p.add_argument("target", help="s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX, or a directory")
-    p.add_argument("--jobs", type=int, default=DEFAULT_JOBS, metavar="N",
-                   help=f"objects sent at once (default {DEFAULT_JOBS})")  # fmt: skip
+    p.add_argument("--jobs", type=int, default=PUSH_JOBS, metavar="N",
+                   help=f"objects sent at once (default {PUSH_JOBS})")  # fmt: skip
     p.add_argument("--credentials", type=Path, metavar="FILE",
                    help="read environment variables (AWS_ACCESS_KEY_ID=..., one per line) from FILE")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")

@@ -50,6 +50,7 @@ from pathlib import Path
 import blake3
 
 from xetfs.base.errors import MissingObjectError, StoreError, StoreTimeoutError
+from xetfs.base.settings import DISK_CACHE_LOW_WATER, STALE_TMP_SECONDS
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.objects import ObjectSource, RemoteOptions
 
@@ -57,8 +58,6 @@ log = logging.getLogger(__name__)
 
 _MAGIC = b"XETFSC1\n"
 _HEADER = struct.Struct("<8sQ32s32s")  # magic, payload length, blake3(key), blake3(payload)
-_STALE_TMP = 3600.0  # seconds after which a temporary file is a crashed writer's
-_LOW_WATER = 0.9
 
 
 def default_dir() -> Path:
@@ -170,7 +169,7 @@ class DiskCache:
             fcntl.flock(lock, fcntl.LOCK_EX)
             entries = sorted(self._scan(), key=lambda e: e[2])
             total = sum(size for _, size, _ in entries)
-            target = min(self.capacity, total if shrink else self.capacity) * _LOW_WATER
+            target = min(self.capacity, total if shrink else self.capacity) * DISK_CACHE_LOW_WATER
             evicted = 0
             for path, size, _ in entries:
                 if total <= target:
@@ -229,7 +228,7 @@ class DiskCache:
         with contextlib.suppress(OSError):
             for entry in os.scandir(self.tmp):
                 with contextlib.suppress(OSError):
-                    if now - entry.stat().st_mtime > _STALE_TMP:
+                    if now - entry.stat().st_mtime > STALE_TMP_SECONDS:
                         os.unlink(entry.path)
 
     def count(self, *, hits: int = 0, misses: int = 0, corrupt: int = 0) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 from xetfs.base import hashes
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import plural, print_warning
+from xetfs.base.settings import PACK_ROUND_MIN_SIZE
 from xetfs.storage.catalogue import (
     CATALOGUE_NAME,
     Catalogue,
@@ -132,9 +133,6 @@ def upload_checked(jobs: Sequence[Job], store_dir: Path, *, progress: bool, warn
     return out
 
 
-ROUND_MIN_SIZE = 1024 * 1024  # smaller files are a few chunks: not worth a round of their own
-
-
 def _rounds(files: Sequence[tuple[str, int]]) -> list[int]:
     """The upload round of each ``(family, size)``: the k-th large file of a family goes into round k.
 
@@ -144,7 +142,7 @@ def _rounds(files: Sequence[tuple[str, int]]) -> list[int]:
     seen: dict[str, int] = {}
     out = []
     for family, size in files:
-        if not family or size < ROUND_MIN_SIZE:
+        if not family or size < PACK_ROUND_MIN_SIZE:
             out.append(0)
             continue
         out.append(seen.get(family, 0))
