@@ -6,8 +6,9 @@ import random
 
 import pytest
 
+from xetfs.base.settings import PAGED_MAX
 from xetfs.format.xorb import XorbLayout
-from xetfs.read.extents import PAGE, PAGED_MAX, Extent, Extents
+from xetfs.read.extents import PAGE, Extent, Extents
 from xetfs.read.runs import Run
 
 F = b"f" * 32
