@@ -19,7 +19,7 @@ the kernel never sends it again), 1 MiB ``st_blksize``, long attribute and
 entry timeouts, and the kernel read-ahead of the mount raised through
 ``/sys/class/bdi/<dev>/read_ahead_kb`` once FUSE INIT is done (INIT resets
 it), the device found via ``/proc/self/mountinfo`` (the same steps as
-``xetfs.mount``).
+``xetfs.fuse.mount``).
 
 It runs in the foreground until SIGINT/SIGTERM (then unmounts) and prints
 ``ready`` on stdout once it serves.  Standalone: it does not import xetfs.

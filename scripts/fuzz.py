@@ -6,7 +6,7 @@
 Targets and what may escape them (anything else is a failure):
 
 * ``shard``    ``xetfs.format.shard.parse_shard``; an accepted shard is also
-  indexed (``xetfs.index``) and every term located.  Only ``FormatError``.
+  indexed (``xetfs.storage.index``) and every term located.  Only ``FormatError``.
 * ``xorb``     ``footer_length`` (never raises), then ``parse_footer`` or
   ``walk_headers`` (what ``Store.load_layout`` does, minus the file), then
   every chunk decoded and verified with ``format.xorb.decode_run``.  Only
@@ -15,9 +15,9 @@ Targets and what may escape them (anything else is a failure):
 * ``chunk``    ``parse_chunk_header`` + ``decode_chunk`` on the chunk's own
   header, and ``decode_chunk`` with other schemes and sizes.  Only
   ``FormatError``; a decoded chunk has exactly the declared size.
-* ``manifest`` ``xetfs.manifest.parse_manifest``; an accepted manifest must
+* ``manifest`` ``xetfs.storage.manifest.parse_manifest``; an accepted manifest must
   hold only safe, conflict-free paths, survive a ``dump_manifest`` round trip
-  and build a name tree (``xetfs.tree.build_tree``) whose every name is one
+  and build a name tree (``xetfs.names.tree.build_tree``) whose every name is one
   plain component.  Only ``ManifestError``.
 
 Seeds are valid objects built with the test writer (``tests/helpers/writer.py``)
@@ -66,14 +66,14 @@ sys.path.insert(0, str(REPO))
 from helpers import writer  # noqa: E402
 from helpers.writer import FileSpec, TermSpec, XorbSpec  # noqa: E402
 
-from xetfs import hashes  # noqa: E402
-from xetfs.errors import FormatError, IntegrityError, ManifestError  # noqa: E402
+from xetfs.base import hashes  # noqa: E402
+from xetfs.base.errors import FormatError, IntegrityError, ManifestError  # noqa: E402
 from xetfs.format.chunk import HEADER_SIZE, MAX_UNCOMPRESSED, decode_chunk, parse_chunk_header  # noqa: E402
 from xetfs.format.shard import parse_shard  # noqa: E402
 from xetfs.format.xorb import XorbLayout, decode_run, footer_length, parse_footer, walk_headers  # noqa: E402
-from xetfs.index import FileEntry, Index, TermSlice, chunk_span  # noqa: E402
-from xetfs.manifest import Manifest, dump_manifest, parse_manifest, path_problem  # noqa: E402
-from xetfs.tree import build_tree  # noqa: E402
+from xetfs.names.tree import build_tree  # noqa: E402
+from xetfs.storage.index import FileEntry, Index, TermSlice, chunk_span  # noqa: E402
+from xetfs.storage.manifest import Manifest, dump_manifest, parse_manifest, path_problem  # noqa: E402
 
 MiB = 1024 * 1024
 TARGETS = ("shard", "xorb", "chunk", "manifest")

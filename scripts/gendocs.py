@@ -5,9 +5,9 @@
     .venv/bin/python scripts/gendocs.py --check    # exit 1, naming the stale pages, if any differs
 
 * ``docs/usage.md`` comes from the ``xetfs`` argument parser itself
-  (``xetfs.cli.build_parser``): every command, its usage line and every
+  (``xetfs.commands.cli.build_parser``): every command, its usage line and every
   option with its help.
-* ``docs/stats.md`` comes from the counter groups of ``xetfs/stats.py``:
+* ``docs/stats.md`` comes from the counter groups of ``xetfs/base/stats.py``:
   the group's docstring, and each field with the comment on its line (a
   counter without a comment is an error here, so a new counter cannot go
   undocumented).  ``stats.GROUPS`` gives the groups' names and order.
@@ -85,7 +85,7 @@ def _fixed_width(parser: argparse.ArgumentParser) -> None:
 
 
 def usage_page() -> str:
-    from xetfs.cli import build_parser
+    from xetfs.commands.cli import build_parser
 
     parser = build_parser()
     commands = _subparsers(parser)
@@ -95,7 +95,7 @@ def usage_page() -> str:
         "# Usage",
         "",
         GENERATED,
-        "<!-- Source: the argument parser, xetfs/cli.py, xetfs/commands.py, xetfs/pack.py, xetfs/remoteargs.py. -->",
+        "<!-- Source: the argument parser, in the modules of xetfs/commands/. -->",
         "",
         f"{parser.description}  `python -m xetfs` is the same command.  "
         "What each command prints: [commands](commands.md); what it returns: [exit statuses](exit-status.md).",
@@ -157,7 +157,7 @@ class UndocumentedCounter(Exception):
 
 
 def stats_page() -> str:
-    from xetfs import stats
+    from xetfs.base import stats
 
     path = Path(stats.__file__)
     docs = counter_docs(path)
@@ -165,7 +165,7 @@ def stats_page() -> str:
         "# Stats keys",
         "",
         GENERATED,
-        "<!-- Source: the counter groups of xetfs/stats.py (class docstrings and field comments). -->",
+        "<!-- Source: the counter groups of xetfs/base/stats.py (class docstrings and field comments). -->",
         "",
         "Every mount has a hidden file `MNT/.xetfs/stats`: a JSON document of live counters, taken afresh at",
         "every open (while a reader holds it open, its size and bytes do not change). `xetfs stats MNT`",

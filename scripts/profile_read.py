@@ -32,10 +32,10 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from xetfs.errors import XetfsError
-from xetfs.hashes import is_hex
-from xetfs.mount import MountConfig, build_fs
-from xetfs.tree import BY_HASH_INODE
+from xetfs.base.errors import XetfsError
+from xetfs.base.hashes import is_hex
+from xetfs.fuse.mount import MountConfig, build_fs
+from xetfs.names.tree import BY_HASH_INODE
 
 UNITS = {"K": 1024, "M": 1024**2}
 

@@ -57,12 +57,12 @@ def big_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OracleStore]
 
 @pytest.fixture
 def cli(capsysbinary: pytest.CaptureFixture[bytes]) -> CliRunner:
-    """Run ``xetfs.cli.main(args)`` in this process and capture its output.
+    """Run ``xetfs.commands.cli.main(args)`` in this process and capture its output.
 
     Faster than a subprocess for many small calls.  ``main`` reconfigures
     logging on each call; the root logger is restored afterwards.
     """
-    from xetfs import cli as xetfs_cli
+    from xetfs.commands import cli as xetfs_cli
 
     def run(*args: object) -> CliResult:
         root = logging.getLogger()

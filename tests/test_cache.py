@@ -1,4 +1,4 @@
-"""LoadingCache (xetfs/cache.py) through its statistics, with a counting fake
+"""LoadingCache (xetfs/read/cache.py) through its statistics, with a counting fake
 loader.  Concurrency is made deterministic with trio events and
 ``trio.testing.wait_all_tasks_blocked`` (never sleeps).
 """
@@ -13,8 +13,8 @@ import pytest
 import trio
 import trio.testing
 
-from xetfs.cache import LoadingCache
-from xetfs.stats import LayoutCounters
+from xetfs.base.stats import LayoutCounters
+from xetfs.read.cache import LoadingCache
 
 
 def value_of(key: int) -> bytes:

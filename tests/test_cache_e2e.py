@@ -7,7 +7,7 @@ come from the store itself, through the oracle's own reader of shards and
 xorbs (``oracle.file_chunks``): which ``(xorb, chunk)`` pairs a byte range
 touches, and how big each decoded chunk is.
 
-Counting rules used throughout (xetfs/reader.py, xetfs/runs.py):
+Counting rules used throughout (xetfs/read/reader.py, xetfs/read/runs.py):
 
 * a FUSE read request looks up every chunk under each term slice it covers:
   one lookup per overlapping ``ChunkLoc``, each exactly one hit or miss;

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from xetfs.catalogue import (
+from xetfs.base.errors import CatalogueError
+from xetfs.storage.catalogue import (
     CATALOGUE_NAME,
     Catalogue,
     Content,
@@ -25,7 +26,6 @@ from xetfs.catalogue import (
     update_catalogue,
     write_catalogue,
 )
-from xetfs.errors import CatalogueError
 
 C1, C2, C3 = "1" * 40, "2" * 40, "3" * 40
 X1, X2 = "a" * 64, "b" * 64

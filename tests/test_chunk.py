@@ -11,7 +11,7 @@ import lz4.frame
 import pytest
 from helpers import writer
 
-from xetfs.errors import XorbFormatError
+from xetfs.base.errors import XorbFormatError
 from xetfs.format import chunk
 from xetfs.format.chunk import ChunkHeader, decode_chunk, parse_chunk_header
 

@@ -1,4 +1,4 @@
-"""The disk cache of chunk ranges (xetfs/chunkcache.py), alone and under the read path of a remote store.
+"""The disk cache of chunk ranges (xetfs/storage/chunkcache.py), alone and under the read path of a remote store.
 
 The read path runs over a store whose source fetches every xorb byte range
 it is asked for and counts them (a fake ``ObjectSource`` over a directory
@@ -17,15 +17,16 @@ import pytest
 from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
-from xetfs import hashes, index
-from xetfs.chunkcache import ChunkCache
-from xetfs.dirsource import DirSource
-from xetfs.diskcache import DiskCache
+from xetfs.base import hashes
+from xetfs.base.stats import RemoteCounters
 from xetfs.format.shard import parse_shard
-from xetfs.objects import RemoteOptions
-from xetfs.reader import Reader
-from xetfs.stats import RemoteCounters
-from xetfs.store import Store
+from xetfs.read.reader import Reader
+from xetfs.storage import index
+from xetfs.storage.chunkcache import ChunkCache
+from xetfs.storage.dirsource import DirSource
+from xetfs.storage.diskcache import DiskCache
+from xetfs.storage.objects import RemoteOptions
+from xetfs.storage.store import Store
 
 X = bytes(range(32))
 

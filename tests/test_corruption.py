@@ -214,7 +214,7 @@ def test_xorb_without_footer_still_reads(cli: CliRunner, store: OracleStore) -> 
 
 def test_verify_names_only_the_files_that_touch_the_damaged_chunk(tmp_path: Path) -> None:
     """Files sharing a xorb with a damaged chunk, but not the chunk, are still checked in full."""
-    from xetfs.store import Store
+    from xetfs.storage.store import Store
 
     sample = Path(__file__).resolve().parent.parent / "sample" / "store"
     store = tmp_path / "store"

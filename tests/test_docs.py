@@ -56,7 +56,7 @@ def test_check_mode_names_a_stale_page(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_usage_lists_every_command_and_option() -> None:
-    from xetfs.cli import build_parser
+    from xetfs.commands.cli import build_parser
 
     text = (REPO / "docs" / "usage.md").read_text()
     commands = gendocs._subparsers(build_parser())
@@ -74,12 +74,12 @@ def test_every_counter_has_its_row_and_the_groups_are_the_documents() -> None:
     """``stats.GROUPS`` is what ``.xetfs/stats`` holds: a filesystem over the sample store, no mount."""
     from dataclasses import fields
 
-    from xetfs import stats
-    from xetfs.fs import XetFS
-    from xetfs.indexer import load_index
-    from xetfs.reader import Reader
-    from xetfs.store import Store
-    from xetfs.tree import build_tree
+    from xetfs.base import stats
+    from xetfs.fuse.fs import XetFS
+    from xetfs.names.tree import build_tree
+    from xetfs.read.reader import Reader
+    from xetfs.storage.indexer import load_index
+    from xetfs.storage.store import Store
 
     store = Store.open(REPO / "sample" / "store")
     loaded = load_index(store)

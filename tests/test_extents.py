@@ -1,4 +1,4 @@
-"""The per-file memo of which run holds which file bytes (xetfs/extents.py)."""
+"""The per-file memo of which run holds which file bytes (xetfs/read/extents.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from xetfs.extents import PAGE, PAGED_MAX, Extent, Extents
+from xetfs.base.settings import PAGED_MAX
 from xetfs.format.xorb import XorbLayout
-from xetfs.runs import Run
+from xetfs.read.extents import PAGE, Extent, Extents
+from xetfs.read.runs import Run
 
 F = b"f" * 32
 G = b"g" * 32

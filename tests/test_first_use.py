@@ -22,10 +22,10 @@ import pytest
 from mounting import force_unmount, is_mounted, wait_until
 from oracle import OracleStore, run_xetfs
 
-from xetfs import hashes
-from xetfs.exitstatus import MEANING, ExitStatus
-from xetfs.manifest import ManifestFile, dump_manifest
-from xetfs.messages import plural
+from xetfs.base import hashes
+from xetfs.base.exitstatus import MEANING, ExitStatus
+from xetfs.base.messages import plural
+from xetfs.storage.manifest import ManifestFile, dump_manifest
 
 REPO = oracle.REPO_ROOT
 VENV_XETFS = REPO / ".venv" / "bin" / "xetfs"
@@ -182,7 +182,7 @@ def test_the_demo_runs_and_leaves_no_log_behind(tmp_path: Path) -> None:
 
 
 def test_every_option_has_help() -> None:
-    from xetfs.cli import build_parser
+    from xetfs.commands.cli import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -230,7 +230,7 @@ def test_counts_are_worded_with_their_plural() -> None:
 
 
 def test_exit_statuses_are_distinct_and_each_has_a_meaning() -> None:
-    from xetfs import cli
+    from xetfs.commands import cli
 
     assert len({int(s) for s in ExitStatus}) == len(ExitStatus) and set(MEANING) == set(ExitStatus)
     assert ExitStatus.SKIPPED not in (ExitStatus.ERROR, ExitStatus.USAGE, ExitStatus.PROBLEMS) and ExitStatus.SKIPPED
@@ -476,7 +476,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_pack_records_mtimes_in_the_manifest(packed: Path) -> None:
-    from xetfs.manifest import parse_mtime
+    from xetfs.storage.manifest import parse_mtime
 
     rows = json.loads((packed / "xetfs-manifest.json").read_bytes())
     files = {r["path"]: r for r in rows if r["type"] == "file"}
@@ -592,7 +592,7 @@ def test_mount_shows_the_store_as_the_source(packed: Path, tmp_path: Path) -> No
 
 
 def test_a_url_store_is_shown_without_its_password() -> None:
-    from xetfs.mount import MountConfig, fuse_options
+    from xetfs.fuse.mount import MountConfig, fuse_options
 
     opts = fuse_options(MountConfig("http://me:secret@127.0.0.1:8080/store?token=x", Path("/mnt")))
     assert "fsname=http://me@127.0.0.1:8080/store" not in opts  # a user with a password is dropped too

@@ -24,8 +24,15 @@ import servers
 from mounting import force_unmount, is_mounted, mountinfo, wait_until
 from oracle import REPO_ROOT, CliRunner
 
-from xetfs.cli import build_parser
-from xetfs.mountopts import IGNORED, expand_mount_argv, expand_options, helper_argv, option_table, split_options
+from xetfs.commands.cli import build_parser
+from xetfs.commands.mountopts import (
+    IGNORED,
+    expand_mount_argv,
+    expand_options,
+    helper_argv,
+    option_table,
+    split_options,
+)
 
 pytestmark = pytest.mark.fuse
 
@@ -146,8 +153,9 @@ def test_every_mount_option_has_an_o_spelling() -> None:
     mount = sub.choices["mount"]
     table = option_table(mount)
     longs = {s for a in mount._actions for s in a.option_strings if s.startswith("--")}
-    internal = {"--help", "--foreground", "--ready-fd", "--drop-clean-log"}  # (the last two: the parent's, hidden)
-    assert {flag for flag, _ in table.values()} == longs - internal
+    hidden = {s for a in mount._actions if a.help == argparse.SUPPRESS for s in a.option_strings}
+    assert hidden == {"--ready-fd", "--config-fd", "--drop-clean-log"}  # (between xetfs mount and its daemon)
+    assert {flag for flag, _ in table.values()} == longs - {"--help", "--foreground"} - hidden
     for name, (flag, takes_value) in table.items():
         given = f"{name}=1" if takes_value else name
         assert expand_options(["S", "M", "-o", given], table) == ["S", "M", flag, *(["1"] if takes_value else [])]

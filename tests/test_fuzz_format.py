@@ -25,13 +25,14 @@ from helpers.writer import FileSpec, StoreBuilder, TermSpec, XorbSpec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xetfs import hashes, index
-from xetfs.errors import FormatError, IntegrityError, ShardFormatError, XorbFormatError
+from xetfs.base import hashes
+from xetfs.base.errors import FormatError, IntegrityError, ShardFormatError, XorbFormatError
 from xetfs.format.chunk import MAX_UNCOMPRESSED, decode_chunk, parse_chunk_header
 from xetfs.format.shard import MAGIC, parse_shard
 from xetfs.format.xorb import XorbLayout, footer_length, parse_footer, walk_headers
-from xetfs.reader import Reader
-from xetfs.store import Store
+from xetfs.read.reader import Reader
+from xetfs.storage import index
+from xetfs.storage.store import Store
 
 T = TypeVar("T")
 EXAMPLES = int(os.environ.get("XETFS_FUZZ_EXAMPLES", "250"))

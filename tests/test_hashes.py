@@ -1,4 +1,4 @@
-"""Known answers for xetfs.hashes (docs/format.md section 1).
+"""Known answers for xetfs.base.hashes (docs/format.md section 1).
 
 The examples of docs/format.md 1.1-1.6 and the 18 reference vectors of xet-core's
 ``merklehash/aggregated_hashes.rs::test_correctness`` (huggingface/xet-core),
@@ -14,7 +14,7 @@ import random
 import blake3
 import pytest
 
-from xetfs import hashes
+from xetfs.base import hashes
 
 # rh(seed) from xet-core's generator: the node hash used for `seed` (its size is seed * 100).
 _NODE = {

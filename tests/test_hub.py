@@ -28,12 +28,12 @@ import pytest
 from mounting import force_unmount, is_mounted, mounted
 from oracle import REPO_ROOT, hf_xet_env
 
-from xetfs import hashes
-from xetfs.catalogue import CATALOGUE_NAME, load_catalogue, locked
-from xetfs.errors import CatalogueError
-from xetfs.exitstatus import ExitStatus
-from xetfs.indexer import load_index
-from xetfs.store import Store
+from xetfs.base import hashes
+from xetfs.base.errors import CatalogueError
+from xetfs.base.exitstatus import ExitStatus
+from xetfs.storage.catalogue import CATALOGUE_NAME, load_catalogue, locked
+from xetfs.storage.indexer import load_index
+from xetfs.storage.store import Store
 
 fuse = pytest.mark.fuse
 HERE = Path(__file__).resolve().parent
@@ -363,8 +363,8 @@ def test_verify_checks_the_catalogue_against_the_store(imported: Imported, tmp_p
 CHANGING_PACK = """
 import sys
 from pathlib import Path
-import xetfs.hubpack as hubpack
-from xetfs.cli import main
+import xetfs.write.hubpack as hubpack
+from xetfs.commands.cli import main
 
 victim = Path(sys.argv[1]).resolve()
 read = hubpack.digest_file

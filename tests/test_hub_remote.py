@@ -24,7 +24,7 @@ import servers
 from mounting import mounted
 from test_hub import Imported, clients, diff, xetfs
 
-from xetfs.remote import publish
+from xetfs.storage.remote import publish
 
 fuse = pytest.mark.fuse
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import hub_cache
 import pytest
 
-from xetfs.catalogue import Catalogue, Content
-from xetfs.hubcache import (
+from xetfs.storage.catalogue import Catalogue, Content
+from xetfs.write.hubcache import (
     CachedFile,
     CachedRepo,
     CachedRevision,
@@ -19,7 +19,7 @@ from xetfs.hubcache import (
     parse_repo_folder,
     scan_cache,
 )
-from xetfs.hubpack import Job, Stored, _catalogue, _check, _rounds, derive_commit
+from xetfs.write.hubpack import Job, Stored, _catalogue, _check, _rounds, derive_commit
 
 
 @pytest.fixture(scope="module")

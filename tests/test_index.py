@@ -15,11 +15,12 @@ from helpers.writer import FileSpec, TermSpec, XorbSpec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xetfs import hashes, index
-from xetfs.errors import IntegrityError, MissingObjectError
+from xetfs.base import hashes
+from xetfs.base.errors import IntegrityError, MissingObjectError
 from xetfs.format.shard import Shard, parse_shard
 from xetfs.format.xorb import XorbLayout
-from xetfs.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
+from xetfs.storage import index
+from xetfs.storage.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
 
 PROPERTY = settings(max_examples=250, deadline=None, derandomize=True)
 

@@ -33,8 +33,8 @@ from helpers.writer import StoreBuilder
 from mounting import Mount, mounted
 from oracle import OracleStore
 
-from xetfs import hashes
-from xetfs.manifest import ManifestFile, dump_manifest
+from xetfs.base import hashes
+from xetfs.storage.manifest import ManifestFile, dump_manifest
 
 pytestmark = pytest.mark.fuse
 

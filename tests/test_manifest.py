@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xetfs import hashes, manifest
-from xetfs.errors import ManifestError
-from xetfs.manifest import Manifest, ManifestFile, combine, dump_manifest, parse_manifest, path_problem
+from xetfs.base import hashes
+from xetfs.base.errors import ManifestError
+from xetfs.storage import manifest
+from xetfs.storage.manifest import Manifest, ManifestFile, combine, dump_manifest, parse_manifest, path_problem
 
 H1 = "a961cc336abf956bb689f545ea7d691ec2f156b97c4d103229835856e093916d"
 H2 = "a761aca208d2c117c0ba1b37dece516ccab58ed5fc9ebcbfad5ae78a5f77e500"

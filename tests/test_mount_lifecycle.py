@@ -26,8 +26,8 @@ import pytest
 from mounting import EXIT_DEADLINE, force_unmount, is_mounted, mount_device, mounted, wait_until
 from oracle import OracleStore, run_xetfs
 
-from xetfs import hashes
-from xetfs.manifest import ManifestFile, dump_manifest
+from xetfs.base import hashes
+from xetfs.storage.manifest import ManifestFile, dump_manifest
 
 pytestmark = pytest.mark.fuse
 

@@ -20,7 +20,7 @@ def _workers(m: Mount) -> list[int]:
     """Process ids of the daemon's decode workers."""
     pid = m.proc.pid
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"xetfs.decode_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return [int(c) for c in children if b"xetfs.read.decode_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
 
 
 def _wait_for_workers(m: Mount, n: int) -> None:
@@ -96,7 +96,7 @@ def test_a_killed_worker_costs_no_read_of_a_remote_store(big_store: OracleStore,
     import oracle
     import servers
 
-    from xetfs.remote import publish
+    from xetfs.storage.remote import publish
 
     copy = oracle.copy_store(big_store, tmp_path / "store")
     publish(copy.path)

@@ -1,9 +1,9 @@
-"""Which held run goes first (xetfs/order.py), on its own: runs made by hand, no store."""
+"""Which held run goes first (xetfs/read/order.py), on its own: runs made by hand, no store."""
 
 from __future__ import annotations
 
-from xetfs.order import EvictionOrder
-from xetfs.runs import Run
+from xetfs.read.order import EvictionOrder
+from xetfs.read.runs import Run
 
 
 def run(first: int, size: int = 100) -> Run:

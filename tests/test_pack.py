@@ -18,27 +18,24 @@ import hub_cache
 import pytest
 from oracle import CliRunner, hf_xet_env
 
-from xetfs import hashes
-from xetfs.errors import ManifestError, XetfsError
-from xetfs.exitstatus import ExitStatus
-from xetfs.index import EMPTY_SHA256
-from xetfs.indexer import load_index
-from xetfs.manifest import Entry, Manifest, ManifestFile
-from xetfs.pack import (
+from xetfs.base import hashes
+from xetfs.base.errors import ManifestError, XetfsError
+from xetfs.base.exitstatus import ExitStatus
+from xetfs.commands.pack import PackUsageError, add_pack_parser, cmd_pack, pack_targets
+from xetfs.names.tree import ROOT_INODE, build_tree
+from xetfs.storage.index import EMPTY_SHA256
+from xetfs.storage.indexer import load_index
+from xetfs.storage.manifest import Entry, Manifest, ManifestFile
+from xetfs.storage.store import Store
+from xetfs.write.pack import (
     MANIFEST_NAME,
     REDB_INDEX,
-    PackUsageError,
-    add_pack_parser,
-    cmd_pack,
     find_manifest,
     load_manifest,
     merge,
-    pack_targets,
     plan_pack,
     upload,
 )
-from xetfs.store import Store
-from xetfs.tree import ROOT_INODE, build_tree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -251,7 +248,7 @@ def test_load_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / MANIFEST_NAME
     path.write_text("[1]")
     assert len(load_manifest(path).warnings) == 1
-    monkeypatch.setattr("xetfs.manifest.MAX_MANIFEST_BYTES", 2)
+    monkeypatch.setattr("xetfs.storage.manifest.MAX_MANIFEST_BYTES", 2)
     with pytest.raises(ManifestError, match="3 bytes, the limit is 2"):
         load_manifest(path)
     with pytest.raises(FileNotFoundError):
@@ -469,7 +466,7 @@ def test_a_broken_manifest_stops_the_pack(tmp_path: Path) -> None:
 PROGRESS_SCRIPT = """
 import sys
 from pathlib import Path
-from xetfs.pack import upload
+from xetfs.write.pack import upload
 [info] = upload([Path(sys.argv[1])], Path(sys.argv[2]), progress=True)
 print(info.size)
 """

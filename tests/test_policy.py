@@ -1,11 +1,11 @@
-"""The per-handle read policy (xetfs.policy): sequential detection and the prefetch window."""
+"""The per-handle read policy (xetfs.read.policy): sequential detection and the prefetch window."""
 
 from __future__ import annotations
 
 import itertools
 import random
 
-from xetfs.policy import ReadPolicy
+from xetfs.read.policy import ReadPolicy
 
 MiB = 1024 * 1024
 SIZE = 1024 * MiB

@@ -1,4 +1,4 @@
-"""Decode worker processes (xetfs/pool.py, xetfs/decode_worker.py).
+"""Decode worker processes (xetfs/read/pool.py, xetfs/read/decode_worker.py).
 
 The pool must give exactly what decoding in the daemon gives (bytes and
 errors, message for message), hand its slots back whatever happens to the
@@ -25,14 +25,14 @@ import trio.testing
 from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
-from xetfs import index
-from xetfs.decode_worker import DecodeJob, Part, WorkerError, encode_frame
-from xetfs.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
+from xetfs.base.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
-from xetfs.pool import DecodePool, WorkerLost, _Pending
-from xetfs.reader import Reader
-from xetfs.store import ChunkSource, Store
+from xetfs.read.decode_worker import DecodeJob, Part, WorkerError, encode_frame
+from xetfs.read.pool import DecodePool, WorkerLost, _Pending
+from xetfs.read.reader import Reader
+from xetfs.storage import index
+from xetfs.storage.store import ChunkSource, Store
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -494,8 +494,8 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
 WRITE_STORM = """
 import sys, trio
 from xetfs.format.xorb import chunk_run
-from xetfs.pool import DecodePool
-from xetfs.store import ChunkSource, Store
+from xetfs.read.pool import DecodePool
+from xetfs.storage.store import ChunkSource, Store
 
 store = Store.open(sys.argv[1])
 xorbs = sorted(store.xorb_hashes())

@@ -16,13 +16,13 @@ import pytest
 import trio
 from helpers.writer import StoreBuilder
 
-from xetfs import hashes
-from xetfs import sessions as sessions_module
-from xetfs.fs import XetFS
-from xetfs.index import FileEntry
-from xetfs.mount import MountConfig, build_fs
-from xetfs.runs import Run, RunStore
-from xetfs.tree import BY_HASH_INODE
+from xetfs.base import hashes
+from xetfs.fuse.fs import XetFS
+from xetfs.fuse.mount import MountConfig, build_fs
+from xetfs.names.tree import BY_HASH_INODE
+from xetfs.read import sessions as sessions_module
+from xetfs.read.runs import Run, RunStore
+from xetfs.storage.index import FileEntry
 
 MiB = 1024 * 1024
 CACHE = 8 * MiB  # prefetch windows of a quarter of it: 2 MiB

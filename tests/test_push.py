@@ -29,12 +29,12 @@ from helpers.writer import StoreBuilder
 from mounting import mounted, wait_until
 from oracle import CliRunner, random_bytes
 
-from xetfs import hashes
-from xetfs.catalogue import CATALOGUE_NAME
-from xetfs.credentials import CredentialsError, load_credentials, parse_credentials
-from xetfs.pack import MANIFEST_NAME
-from xetfs.push import LISTING, META, OTHER, SHARDS, XORBS, DirTarget, PushError, open_target, phase_of, push
-from xetfs.remote import LISTING_NAME, Listing, local_listing
+from xetfs.base import hashes
+from xetfs.commands.credentials import CredentialsError, load_credentials, parse_credentials
+from xetfs.commands.push import LISTING, META, OTHER, SHARDS, XORBS, DirTarget, PushError, open_target, phase_of, push
+from xetfs.storage.catalogue import CATALOGUE_NAME
+from xetfs.storage.remote import LISTING_NAME, Listing, local_listing
+from xetfs.write.pack import MANIFEST_NAME
 
 pytestmark = pytest.mark.fuse
 

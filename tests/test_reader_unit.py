@@ -1,4 +1,4 @@
-"""Reader (xetfs/reader.py) over stores written by the test writer.
+"""Reader (xetfs/read/reader.py) over stores written by the test writer.
 
 Every read is compared with the original bytes; store reads, cache hits and
 error counts are checked through ``Reader.stats``.  Every test runs twice:
@@ -19,14 +19,15 @@ from helpers import writer
 from helpers.served import run_served
 from helpers.writer import FileSpec, StoreBuilder, TermSpec
 
-from xetfs import hashes, index
-from xetfs import loader as loader_module
-from xetfs.errors import IntegrityError, MissingObjectError, ObjectReadError, XorbFormatError
+from xetfs.base import hashes
+from xetfs.base.errors import IntegrityError, MissingObjectError, ObjectReadError, XorbFormatError
 from xetfs.format.shard import parse_shard
-from xetfs.index import FileEntry, Index
-from xetfs.pool import DecodePool, slots_for
-from xetfs.reader import Reader
-from xetfs.store import Store
+from xetfs.read import loader as loader_module
+from xetfs.read.pool import DecodePool, slots_for
+from xetfs.read.reader import Reader
+from xetfs.storage import index
+from xetfs.storage.index import FileEntry, Index
+from xetfs.storage.store import Store
 
 _pool: DecodePool | None = None  # set by the ``decoding`` fixture
 

@@ -25,14 +25,14 @@ import trio
 from mounting import mounted, wait_until
 from oracle import CliRunner, hf_xet_env
 
-from xetfs.diskcache import CachedSource, DiskCache
-from xetfs.errors import StoreError
-from xetfs.indexer import load_index
-from xetfs.objects import ObstoreSource, RemoteOptions, redact
-from xetfs.reader import Reader
-from xetfs.remote import open_remote
-from xetfs.stats import RemoteCounters
-from xetfs.store import LISTING_NAME
+from xetfs.base.errors import StoreError
+from xetfs.base.stats import RemoteCounters
+from xetfs.read.reader import Reader
+from xetfs.storage.diskcache import CachedSource, DiskCache
+from xetfs.storage.indexer import load_index
+from xetfs.storage.layout import LISTING_NAME
+from xetfs.storage.objects import ObstoreSource, RemoteOptions, redact
+from xetfs.storage.remote import open_remote
 
 pytestmark = pytest.mark.fuse
 
@@ -390,7 +390,7 @@ def test_cached_source_keeps_whole_objects_and_falls_back_when_down(tmp_path: Pa
 
 
 def test_object_store_urls_and_what_they_show() -> None:
-    from xetfs.objects import ObstoreSource, is_url, public_url
+    from xetfs.storage.objects import ObstoreSource, is_url, public_url
 
     assert is_url("s3://b/p") and is_url("HTTPS://h/p") and not is_url("/srv/store") and not is_url("store")
     assert public_url("https://user:pw@host:8080/a/b/?sig=secret") == "https://host:8080/a/b"
@@ -399,17 +399,20 @@ def test_object_store_urls_and_what_they_show() -> None:
     assert gcs.lists and gcs.location == "gs://bucket/prefix"
 
 
-def test_secrets_go_to_the_daemon_by_environment_not_argv(tmp_path: Path) -> None:
-    from xetfs.cli import build_parser
-    from xetfs.commands import _child_argv, _config
-    from xetfs.remoteargs import headers_env
+def test_secrets_go_to_the_daemon_in_its_config_not_argv(tmp_path: Path) -> None:
+    from xetfs.commands.cli import build_parser
+    from xetfs.commands.mount import _config, daemon_argv
+    from xetfs.fuse.daemonconfig import dump_config, load_config
 
     args = build_parser().parse_args(
-        ["mount", "http://127.0.0.1:9/s", str(tmp_path), "--header", f"Authorization: Bearer {TOKEN}"]
+        ["mount", f"http://me:{TOKEN}@127.0.0.1:9/s", str(tmp_path), "--header", f"Authorization: Bearer {TOKEN}"]
     )
-    argv = _child_argv(args, _config(args))
+    config = _config(args)
+    argv = daemon_argv(args, config)
     assert not any(TOKEN in a for a in argv), argv
-    assert TOKEN in headers_env(args)["XETFS_HTTP_HEADERS"]
+    assert "http://127.0.0.1:9/s" in argv and str(tmp_path.resolve()) in argv
+    assert load_config(dump_config(config)) == config  # (the pipe's content: headers and URL as given)
+    assert config.headers == (f"Authorization: Bearer {TOKEN}",)
     assert redact(f"GET http://u:{TOKEN}@h/x Bearer {TOKEN}", [TOKEN]) == "GET http://***@h/x Bearer ***"
     signed = "error sending request for url (https://h/b/x.mdb?X-Amz-Signature=abc123&sig=def): reset"
     assert redact(signed, []) == "error sending request for url (https://h/b/x.mdb?***): reset"
@@ -479,7 +482,7 @@ def _read_all(url: str, packed: Packed, counters: RemoteCounters, timeout: float
 
 
 def _raw(xet_hex: str) -> str:
-    from xetfs import hashes
+    from xetfs.base import hashes
 
     return hashes.from_hex(xet_hex).hex()
 

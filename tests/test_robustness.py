@@ -53,8 +53,8 @@ from helpers.writer import StoreBuilder
 from mounting import Mount, force_unmount, is_mounted, memory, mounted, wait_until
 from oracle import OracleStore, run_xetfs
 
-from xetfs import hashes
-from xetfs.errors import XorbFormatError
+from xetfs.base import hashes
+from xetfs.base.errors import XorbFormatError
 from xetfs.format.xorb import parse_footer
 
 T = TypeVar("T")

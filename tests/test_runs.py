@@ -1,4 +1,4 @@
-"""The store of decoded runs (xetfs/runs.py) with a counting fake loader.
+"""The store of decoded runs (xetfs/read/runs.py) with a counting fake loader.
 
 Chunk ``i`` of every xorb decodes to 10 bytes of ``i % 256``; a run's bytes
 are its chunks back to back.  Concurrency is made deterministic with trio
@@ -13,8 +13,8 @@ import pytest
 import trio
 import trio.testing
 
-from xetfs.errors import IntegrityError
-from xetfs.runs import Loaded, Run, RunStore
+from xetfs.base.errors import IntegrityError
+from xetfs.read.runs import Loaded, Run, RunStore
 
 X = b"x" * 32
 CHUNK = 10

@@ -39,7 +39,7 @@ from helpers.writer import StoreBuilder
 from mounting import Mount, force_unmount, is_mounted, mounted, mountinfo
 from oracle import OracleStore, run_xetfs
 
-from xetfs import hashes
+from xetfs.base import hashes
 
 fuse = pytest.mark.fuse
 
@@ -157,11 +157,11 @@ def test_daemon_refuses_writes_itself(named_store: NamedStore) -> None:
     """Without the kernel's ``ro`` flag in the way, every write handler of ``XetFS`` answers EROFS."""
     import pyfuse3
 
-    from xetfs.fs import XetFS
-    from xetfs.indexer import load_index
-    from xetfs.reader import Reader
-    from xetfs.store import Store
-    from xetfs.tree import ROOT_INODE, build_tree
+    from xetfs.fuse.fs import XetFS
+    from xetfs.names.tree import ROOT_INODE, build_tree
+    from xetfs.read.reader import Reader
+    from xetfs.storage.indexer import load_index
+    from xetfs.storage.store import Store
 
     store = Store.open(named_store.path)
     try:

@@ -33,12 +33,12 @@ import pytest
 from oracle import REPO_ROOT, hf_xet_env
 from servers import S3_ENV, Server, free_port, moto_s3, nginx_balancer, upload_dir, xetfs_serve
 
-from xetfs import hashes
-from xetfs.catalogue import load_catalogue
-from xetfs.indexer import load_index
-from xetfs.remote import LISTING_NAME
+from xetfs.base import hashes
 from xetfs.serve.signing import Signer
-from xetfs.store import Store
+from xetfs.storage.catalogue import load_catalogue
+from xetfs.storage.indexer import load_index
+from xetfs.storage.remote import LISTING_NAME
+from xetfs.storage.store import Store
 
 HERE = Path(__file__).resolve().parent
 MODEL, DATASET = hub_cache.MODEL, hub_cache.DATASET

@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from xetfs.catalogue import Content, Repo, Revision
-from xetfs.errors import IntegrityError
+from xetfs.base.errors import IntegrityError
 from xetfs.format.xorb import XorbLayout
 from xetfs.serve import hub
 from xetfs.serve.access import TokenFileError, UserTokens
 from xetfs.serve.common import BadRange, byte_range
 from xetfs.serve.reconstruction import Term, plan, v1_answer, v2_answer
 from xetfs.serve.signing import KeyFileError, Signer, load_key
+from xetfs.storage.catalogue import Content, Repo, Revision
 
 # -- reconstruction plans -------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ import pytest
 from helpers import writer
 from helpers.writer import FileSpec, TermSpec, XorbSpec
 
-from xetfs import hashes
-from xetfs.errors import ShardFormatError
+from xetfs.base import hashes
+from xetfs.base.errors import ShardFormatError
 from xetfs.format import shard
 from xetfs.format.shard import CasChunk, Term, parse_shard
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from helpers.writer import StoreBuilder
 
-from xetfs import hashes, index
+from xetfs.base import hashes
 from xetfs.format.shard import parse_shard
-from xetfs.stabletree import renumber
-from xetfs.store import Store
-from xetfs.tree import ROOT_INODE, build_tree
+from xetfs.names.stabletree import renumber
+from xetfs.names.tree import ROOT_INODE, build_tree
+from xetfs.storage import index
+from xetfs.storage.store import Store
 
 
 def _index(root: Path) -> index.Index:

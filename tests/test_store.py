@@ -1,4 +1,4 @@
-"""The local store (xetfs/store.py): reads of xorb files from several threads at once.
+"""The local store (xetfs/storage/store.py): reads of xorb files from several threads at once.
 
 With threaded I/O (``--io-mode thread``, and stores on network file systems)
 reads run in threads, and the store keeps a bounded cache of open xorb files:
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from helpers.writer import StoreBuilder
 
-from xetfs import store as store_module
-from xetfs.errors import ObjectReadError
-from xetfs.store import Store
+from xetfs.base.errors import ObjectReadError
+from xetfs.storage import store as store_module
+from xetfs.storage.store import Store
 
 
 def test_a_slow_read_keeps_its_file_while_other_reads_close_cached_descriptors(

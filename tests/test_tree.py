@@ -13,12 +13,8 @@ from collections import Counter
 import pytest
 from oracle import OracleStore
 
-from xetfs import hashes
-from xetfs.index import FileEntry, Index
-from xetfs.indexer import load_index
-from xetfs.manifest import Manifest, ManifestFile, parse_manifest
-from xetfs.store import Store
-from xetfs.tree import (
+from xetfs.base import hashes
+from xetfs.names.tree import (
     BY_HASH_INODE,
     BY_SHA256_INODE,
     FIRST_FILE_INODE,
@@ -30,6 +26,10 @@ from xetfs.tree import (
     Tree,
     build_tree,
 )
+from xetfs.storage.index import FileEntry, Index
+from xetfs.storage.indexer import load_index
+from xetfs.storage.manifest import Manifest, ManifestFile, parse_manifest
+from xetfs.storage.store import Store
 
 _NO_TERMS = array("I")
 _NO_ENDS = array("Q")

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from helpers import writer
 
-from xetfs import hashes
-from xetfs.errors import XorbFormatError
+from xetfs.base import hashes
+from xetfs.base.errors import XorbFormatError
 from xetfs.format import xorb
 from xetfs.format.xorb import XorbLayout, footer_length, parse_footer, walk_headers
 

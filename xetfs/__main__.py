@@ -1,3 +1,3 @@
-from xetfs.cli import main
+from xetfs.commands.cli import main
 
 raise SystemExit(main())

@@ -349,10 +349,10 @@ class Dataset:
 
 def distinct_chunks(store: Path, file_hash: str) -> int:
     """The number of distinct chunks (xorb, index) that make up a file, from the store's shards."""
-    from xetfs import index
+    from xetfs.base.hashes import from_hex
     from xetfs.format.shard import parse_shard
-    from xetfs.hashes import from_hex
-    from xetfs.store import Store
+    from xetfs.storage import index
+    from xetfs.storage.store import Store
 
     s = Store.open(store)
     idx = index.build(parse_shard(s.read_shard(sf), where=sf.name) for sf in s.shard_files())

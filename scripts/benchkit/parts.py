@@ -6,7 +6,7 @@ What a read path cannot do with less CPU in one Python process: each xorb
 is read into one reused buffer (``readinto``: the copy out of the page
 cache), then each chunk's header is parsed and its payload decoded with
 xetfs' own format code (``xetfs.format.chunk``), then each decoded chunk
-is hashed (``xetfs.hashes.chunk_hash``, BLAKE3 keyed).  The CPU time
+is hashed (``xetfs.base.hashes.chunk_hash``, BLAKE3 keyed).  The CPU time
 (``time.thread_time``) of the three steps is summed separately over the
 xorbs given; ``bytes`` is the decoded total, to divide by.  Runs standalone: the
 benchmark starts it as a child process.
@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
+from xetfs.base.hashes import chunk_hash
 from xetfs.format.chunk import HEADER_SIZE, decode_chunk, parse_chunk_header
 from xetfs.format.xorb import footer_length
-from xetfs.hashes import chunk_hash
 
 
 def run(paths: list[Path]) -> dict[str, float]:

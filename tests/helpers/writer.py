@@ -4,7 +4,7 @@ Builds chunks, xorbs, shards and whole store directories that xetfs must be
 able to read.  It is deliberately independent of ``xetfs.format``: binary
 layouts are re-declared here from docs/format.md, so a layout mistake in the
 reader is not silently mirrored by the writer.  Hashes come from
-``xetfs.hashes`` (those are checked separately against xet-core's vectors).
+``xetfs.base.hashes`` (those are checked separately against xet-core's vectors).
 
 Three levels:
 
@@ -15,7 +15,7 @@ Three levels:
 
 Tests import it as ``from helpers.writer import ...`` (pytest puts ``tests/``
 on ``sys.path``); scripts can add ``tests/`` to ``sys.path`` first.  Build
-time for big synthetic stores is dominated by ``xetfs.hashes.merkle_root``
+time for big synthetic stores is dominated by ``xetfs.base.hashes.merkle_root``
 (about 10 s per million chunks).  Not thread-safe; not for production use.
 """
 
@@ -33,7 +33,7 @@ from typing import Literal
 
 import lz4.frame
 
-from xetfs import hashes
+from xetfs.base import hashes
 
 # -- chunks (docs/format.md 2.2, 2.3) ------------------------------------------------
 

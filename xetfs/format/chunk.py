@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import lz4.block
 import lz4.frame
 
-from xetfs.errors import XorbFormatError
+from xetfs.base.errors import XorbFormatError
 
 HEADER_SIZE = 8
 MAX_UNCOMPRESSED = 128 * 1024

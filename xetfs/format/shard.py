@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from xetfs.errors import ShardFormatError
-from xetfs.hashes import MARKER_HASH, ZERO_HASH
+from xetfs.base.errors import ShardFormatError
+from xetfs.base.hashes import MARKER_HASH, ZERO_HASH
 
 MAGIC = bytes(
     [72, 70, 82, 101, 112, 111, 77, 101, 116, 97, 68, 97, 116, 97, 0, 85,

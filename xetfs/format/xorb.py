@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import NamedTuple
 
-from xetfs.errors import IntegrityError, XetfsError, XorbFormatError
+from xetfs.base.errors import IntegrityError, XetfsError, XorbFormatError
+from xetfs.base.hashes import HASH_SIZE, chunk_hash, to_hex
 from xetfs.format.chunk import (
     HEADER_SIZE,
     MAX_COMPRESSED,
@@ -26,7 +27,6 @@ from xetfs.format.chunk import (
     decode_chunk,
     parse_chunk_header,
 )
-from xetfs.hashes import HASH_SIZE, chunk_hash, to_hex
 
 FOOTER_IDENT = b"XETBLOB"
 HASHES_IDENT = b"XBLBHSH"

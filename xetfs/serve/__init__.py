@@ -5,5 +5,5 @@ Modules, from the bottom: ``signing`` (HMAC-signed tokens and URLs),
 range, pure), ``hub`` (catalogue lookups and tree entries, pure),
 ``contents`` (the one door to the store and the verified read path),
 ``common`` (settings, state, error answers), ``hubapi`` and ``cas`` (the
-routes), ``app`` (the ASGI application) and ``command`` (the CLI).
+routes), and ``app`` (the ASGI application); its command is ``xetfs.commands.serve``.
 """

@@ -12,7 +12,7 @@ import hmac
 import threading
 from pathlib import Path
 
-from xetfs.errors import XetfsError
+from xetfs.base.errors import XetfsError
 
 MAX_TOKEN_FILE_BYTES = 1024 * 1024
 

@@ -27,8 +27,8 @@ import re
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from xetfs import hashes
-from xetfs.errors import XetfsError
+from xetfs.base import hashes
+from xetfs.base.errors import XetfsError
 from xetfs.serve import reconstruction
 from xetfs.serve.common import BadRange, State, byte_range, error, read_error
 

@@ -21,7 +21,8 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from xetfs.errors import (
+from xetfs.base import settings
+from xetfs.base.errors import (
     FormatError,
     IntegrityError,
     MissingObjectError,
@@ -45,11 +46,11 @@ _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 @dataclass
 class Settings:
     public_url: str  # every URL handed out starts with it; no trailing slash
-    token_ttl: int = 3600  # seconds a Xet access token lives
-    url_ttl: int = 3600  # seconds a signed xorb-range URL lives
-    tree_page: int = 1000  # entries per page of a tree listing
-    max_fetch: int = 8 * 1024 * 1024  # serialized bytes of a xorb range in a reconstruction answer
-    checks_at_once: int = 8  # xorb ranges read and checked at the same time
+    token_ttl: int = settings.SERVE_TOKEN_TTL  # seconds a Xet access token lives
+    url_ttl: int = settings.SERVE_URL_TTL  # seconds a signed xorb-range URL lives
+    tree_page: int = settings.SERVE_TREE_PAGE  # entries per page of a tree listing
+    max_fetch: int = settings.SERVE_MAX_FETCH  # serialized bytes of a xorb range in a reconstruction answer
+    checks_at_once: int = settings.SERVE_CHECKS  # xorb ranges read and checked at the same time
 
 
 @dataclass

@@ -28,22 +28,21 @@ from pathlib import Path
 
 import trio
 
-from xetfs import hashes
-from xetfs.catalogue import Catalogue, find_catalogue, store_catalogue
-from xetfs.errors import XetfsError
+from xetfs.base import hashes
+from xetfs.base.errors import XetfsError
+from xetfs.base.settings import IO_TIMEOUT, SERVE_CACHE_SIZE, SERVE_RESCAN
 from xetfs.format.xorb import decode_run
-from xetfs.index import FileEntry, Index
-from xetfs.indexer import load_index
-from xetfs.loader import threaded_io
-from xetfs.objects import is_url
-from xetfs.reader import Reader
+from xetfs.read.loader import threaded_io
+from xetfs.read.reader import Reader
 from xetfs.serve.reconstruction import Term
-from xetfs.store import Store, find_root
+from xetfs.storage.catalogue import Catalogue, find_catalogue, store_catalogue
+from xetfs.storage.index import FileEntry, Index
+from xetfs.storage.indexer import load_index
+from xetfs.storage.layout import find_root
+from xetfs.storage.objects import is_url
+from xetfs.storage.store import Store
 
 log = logging.getLogger("xetfs.serve")
-
-CACHE_SIZE = 256 * 1024 * 1024  # decoded chunks kept for plain downloads
-RESCAN_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -103,8 +102,8 @@ class Contents:
         location: str,
         open_store: Callable[[str], Store],
         *,
-        rescan: float = RESCAN_SECONDS,
-        io_timeout: float = 30.0,
+        rescan: float = SERVE_RESCAN,
+        io_timeout: float = IO_TIMEOUT,
     ) -> None:
         self.location = location
         self._open_store = open_store
@@ -128,7 +127,7 @@ class Contents:
         return _Loaded(store, index, catalogue)
 
     def _make(self, loaded: _Loaded) -> Snapshot:
-        reader = Reader(loaded.index, loaded.store, cache_size=CACHE_SIZE, io=threaded_io(self._io_timeout))
+        reader = Reader(loaded.index, loaded.store, cache_size=SERVE_CACHE_SIZE, io=threaded_io(self._io_timeout))
         return Snapshot(loaded.store, loaded.index, loaded.catalogue, reader)
 
     def _catalogue(self, store: Store) -> Catalogue:
@@ -176,6 +175,6 @@ class Contents:
 
 
 def _shown(location: str) -> str:
-    from xetfs.objects import public_url
+    from xetfs.storage.objects import public_url
 
     return public_url(location) if is_url(location) else os.fspath(location)

@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from xetfs.catalogue import Content, Repo, is_commit
+from xetfs.storage.catalogue import Content, Repo, is_commit
 
 PREFIXES = {"model": "", "dataset": "datasets/", "space": "spaces/"}
 API_TYPES = {"models": "model", "datasets": "dataset", "spaces": "space"}

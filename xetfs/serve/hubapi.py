@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from xetfs.catalogue import Repo
-from xetfs.errors import XetfsError
+from xetfs.base.errors import XetfsError
 from xetfs.serve import hub
 from xetfs.serve.common import BadRange, State, byte_range, error, raw_path, read_error, segments, unauthorized
 from xetfs.serve.contents import Snapshot
+from xetfs.storage.catalogue import Repo
 
 log = logging.getLogger("xetfs.serve")
 

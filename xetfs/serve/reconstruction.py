@@ -24,11 +24,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from xetfs import hashes
-from xetfs.errors import IntegrityError, MissingObjectError
+from xetfs.base import hashes
+from xetfs.base.errors import IntegrityError, MissingObjectError
+from xetfs.base.settings import SERVE_MAX_FETCH
 from xetfs.format.xorb import XorbLayout
-
-MAX_FETCH_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +64,7 @@ def plan(
     start: int,
     end: int,
     *,
-    max_fetch: int = MAX_FETCH_BYTES,
+    max_fetch: int = SERVE_MAX_FETCH,
 ) -> Plan:
     """The reconstruction of file bytes ``[start, end)`` (``0 <= start < end <= file size``).
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from hashlib import sha256
 from pathlib import Path
 
-from xetfs.errors import XetfsError
+from xetfs.base.errors import XetfsError
 
 KEY_BYTES = 32
 

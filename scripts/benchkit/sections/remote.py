@@ -198,7 +198,7 @@ def xorb_sizes(ds: Dataset) -> dict[str, int]:
 def served(r: Runner, ds: Dataset) -> Iterator[servers.Server]:
     """nginx serving the data set's store (with the listing a remote store needs)."""
     if not r.extra.get(f"published:{ds.store}"):
-        from xetfs.remote import publish
+        from xetfs.storage.remote import publish
 
         publish(ds.store)
         r.extra[f"published:{ds.store}"] = True
@@ -211,9 +211,9 @@ def needed_xorb_bytes(r: Runner, ds: Dataset) -> int:
     """The stored bytes of the chunks the main file's terms use (each chunk once, headers included)."""
     key = f"needed:{ds.store}"
     if key not in r.extra:
-        from xetfs import hashes
-        from xetfs.indexer import load_index
-        from xetfs.store import Store
+        from xetfs.base import hashes
+        from xetfs.storage.indexer import load_index
+        from xetfs.storage.store import Store
 
         store = Store.open(ds.store)
         idx = load_index(store).index

@@ -1,0 +1,1 @@
+"""The base: errors, hashes, counters, settings, messages; imports nothing else of xetfs."""

@@ -1,0 +1,101 @@
+"""Every tuning constant and default of the read path, the mount and the commands, defined once.
+
+Modules import what they use from here (``from xetfs.base.settings import
+RUN_BYTES``); the command-line defaults and ``MountConfig``'s come from
+here too, so a default is changed in one line.  Limits that belong to a
+format or a layout (the largest chunk, a shard's record size, file names)
+stay with the code that parses them.  Sizes are in bytes, times in seconds.
+"""
+
+from __future__ import annotations
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+# -- the mount ---------------------------------------------------------------------------------
+CACHE_SIZE = 512 * MiB  # --cache-size: decoded chunks kept, shared memory of the decode workers included
+READ_AHEAD = 1 * MiB  # --read-ahead: the kernel's read-ahead for the mount
+IO_TIMEOUT = 30.0  # --io-timeout: a threaded or remote store read that takes longer fails
+IO_MODE = "auto"  # --io-mode
+LAYOUT = "auto"  # --layout
+DISK_CACHE_SIZE = 10 * GiB  # --disk-cache-size: bound of the disk cache of remote stores
+READY_TIMEOUT = 120.0  # the mounting command waits this long for the daemon to report
+JOB_TIMEOUT_MARGIN = 5.0  # a worker's job on a remote store may take this long past --io-timeout
+
+# -- the FUSE adapter --------------------------------------------------------------------------
+BLOCK_SIZE = 1 * MiB  # st_blksize: tells tools to read in large pieces
+ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
+REPEATS_QUIET = 10.0  # the same failed read is not logged again for this long
+
+# -- runs and store reads ----------------------------------------------------------------------
+RUN_BYTES = 1 * MiB  # decoded bytes per run at most (without workers; with them, a slot)
+MAX_RUN_BYTES = 8 * MiB  # one store read covers at most this much of a xorb
+REMOTE_RUN_BYTES = 4 * MiB  # decoded bytes (about 64 chunks) per request to a remote store
+REMOTE_FETCH_WIDTH = 8  # requests in flight to a remote store
+TAIL_BYTES = 128 * KiB  # a remote xorb's footer is read with one request for this much of its end
+MAX_OPEN_FILES = 64  # xorb files kept open, by the daemon and by each worker
+LAYOUT_CACHE_SIZE = 32 * MiB  # xorb layouts (footers) kept by the reader
+BAD_LAYOUT_SECONDS = 30.0  # a layout that failed its check is not checked again for this long
+EXTENTS_LIMIT = 65536  # held runs the reader finds by position
+PAGED_MAX = 256 * KiB  # extents up to this size are also found by page: small random reads' runs
+
+# -- decode workers ----------------------------------------------------------------------------
+# Decoded bytes per job at most: the size of a sequential reader's run.  2 MiB halves the jobs, and the
+# 1 MiB FUSE replies that span two runs (a copy), of 1 MiB runs: the daemon's CPU per GiB fell by a
+# fifth; at 4 MiB the decode workers slowed again.
+SLOT_SIZE = 2 * MiB
+SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones queued behind it
+# Free slots keep their pages, up to as many as a full set of jobs in flight needs plus this many (8 MiB);
+# the pages of the rest are returned.
+KEEP_FREE_SLOTS = 4
+MIN_JOB_BYTES = 256 * KiB  # smaller runs are decoded in the daemon
+MAX_WORKERS = 8  # --workers by default: one per CPU, at most this many
+WORKER_FETCHES = 4  # fetches of a remote store under way at once, per worker
+
+# -- prefetch ----------------------------------------------------------------------------------
+PREFETCH_INITIAL = 2 * MiB  # a sequential stream's first prefetch window
+PREFETCH_MAXIMUM = 16 * MiB  # its largest (32 MiB: the same 1 GiB model load time, 3 % more worker CPU)
+REMOTE_PREFETCH = 64 * MiB  # how far prefetch may run ahead of a reader of a remote store
+PREFETCH_SLACK = 4 * MiB
+PREFETCH_MIN_STREAM = 256 * KiB
+PREFETCH_STREAMS = 8
+PREFETCH_SINGLES = 16
+PREFETCH_SMALL = 64 * KiB  # reads shorter than this that continue nothing are singles
+PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
+MIN_CACHE_FOR_PREFETCH = 64 * MiB  # with a smaller --cache-size, nothing is prefetched
+
+# -- the disk cache of remote stores --------------------------------------------------------
+DISK_CACHE_LOW_WATER = 0.9  # eviction deletes the oldest entries until the cache is below this share of its bound
+STALE_TMP_SECONDS = 3600.0  # a temporary file older than this is a crashed writer's
+
+# -- memory of the daemon and its workers (glibc malloc) ----------------------------------------
+MALLOC_TRIM_THRESHOLD = 64 * MiB  # freed memory up to this much is kept, not handed back to the kernel
+MALLOC_MMAP_THRESHOLD = 8 * MiB  # buffers up to this size come from the heap, not from mmap
+
+# -- remote stores -----------------------------------------------------------------------------
+REQUEST_TIMEOUT = 10.0  # one request, when no --io-timeout says otherwise
+CONNECT_TIMEOUT = 5.0
+DOWN_SECONDS = 2.0  # a store that failed is not asked again for this long
+FIRST_BACKOFF = 0.05
+MAX_BACKOFF = 1.0
+
+# -- the commands ------------------------------------------------------------------------------
+CAT_BLOCK = 8 * MiB  # xetfs cat: bytes read per step
+CAT_CACHE_SIZE = 64 * MiB  # xetfs cat: decoded chunks kept
+VERIFY_BLOCK = 8 * MiB  # xetfs verify: bytes read per step
+VERIFY_CACHE_SIZE = 256 * MiB  # xetfs verify: decoded chunks kept
+SERVE_CACHE_SIZE = 256 * MiB  # xetfs serve: decoded chunks kept for plain downloads
+PUSH_JOBS = 4  # xetfs push --jobs: objects sent at once
+PUSH_MAX_COMPARED_BYTES = 256 * MiB  # push: a file other than a xorb or shard larger than this is compared by size
+PACK_ROUND_MIN_SIZE = 1 * MiB  # pack --hub-cache: smaller files are a few chunks, not worth a round of their own
+
+# -- xetfs serve -------------------------------------------------------------------------------
+SERVE_HOST = "127.0.0.1"  # this machine only
+SERVE_PORT = 8080
+SERVE_TOKEN_TTL = 3600  # seconds a Xet access token lives
+SERVE_URL_TTL = 3600  # seconds a signed xorb-range URL lives
+SERVE_MAX_FETCH = 8 * MiB  # serialized bytes of a xorb range in a reconstruction answer
+SERVE_CHECKS = 8  # xorb ranges read and checked at the same time
+SERVE_TREE_PAGE = 1000  # entries per page of a tree listing, as the Hub
+SERVE_RESCAN = 2.0  # a local store is looked at for new packs at most this often

@@ -1,0 +1,1 @@
+"""The xetfs command line and its sub-commands."""

@@ -1,0 +1,355 @@
+"""The ``xetfs`` command line: argument parsing, logging, exit codes.
+
+Each sub-command is a small function that assembles the parts.  Every
+deliberate error (``XetfsError``) and every ``OSError`` becomes one line on
+stderr and a non-zero exit status; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import trio
+
+from xetfs import __version__
+from xetfs.base import hashes
+from xetfs.base.errors import XetfsError, describe
+from xetfs.base.exitstatus import ExitStatus
+from xetfs.base.messages import UserFormatter, plural, print_warning
+from xetfs.base.settings import CAT_BLOCK, CAT_CACHE_SIZE
+from xetfs.commands.args import UsageError, parse_size
+from xetfs.read.reader import Reader
+from xetfs.storage.catalogue import Catalogue
+from xetfs.storage.index import FileEntry, Index
+from xetfs.storage.indexer import load_index
+from xetfs.storage.manifest import format_mtime
+from xetfs.storage.objects import is_url
+from xetfs.storage.store import Store
+
+log = logging.getLogger("xetfs")
+
+EXIT_OK = ExitStatus.OK
+EXIT_ERROR = ExitStatus.ERROR
+EXIT_USAGE = ExitStatus.USAGE
+EXIT_PROBLEMS = ExitStatus.PROBLEMS
+EXIT_BROKEN_PIPE = ExitStatus.BROKEN_PIPE
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--debug", action="store_true", help="show tracebacks and debug logging")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="least severe messages to log (default: warning)")  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="xetfs",
+        description="Read Hugging Face Xet storage as plain files.  'xetfs STORE MNT -o OPTIONS' (the form "
+        "'mount -t fuse.xetfs' and /etc/fstab run) is 'xetfs mount STORE MNT -o OPTIONS'.",
+    )
+    parser.add_argument("--version", action="version", version=f"xetfs {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    from xetfs.commands.args import add_remote_args
+
+    p = sub.add_parser("ls", help="list the repos and revisions of a store (its files when it has no catalogue)")
+    p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
+    add_remote_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--files", action="store_true",
+                   help="list the store's files even when it has a catalogue: hash, size, sha256, terms, chunks "
+                        "(distinct), and mtime and path when the store names them")  # fmt: skip
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("cat", help="write a file's bytes to stdout")
+    p.add_argument("store", help="store directory or URL")
+    add_remote_args(p)
+    p.add_argument("hash", help="xet hash of the file (a unique prefix of at least 8 digits is enough)")
+    p.add_argument("--offset", type=parse_size, default=0, help="first byte to write")
+    p.add_argument("--length", type=parse_size, default=None, help="bytes to write (default: to the end)")
+    p.set_defaults(func=cmd_cat)
+
+    p = sub.add_parser("verify", help="audit a whole store: every shard, xorb, chunk and file")
+    p.add_argument("store", help="store directory or URL")
+    add_remote_args(p)
+    p.add_argument("--use-cache", action="store_true",
+                   help="a remote store: read through the disk cache, auditing it too (by default every byte "
+                        "comes from the server)")  # fmt: skip
+    p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
+    p.set_defaults(func=cmd_verify)
+
+    from xetfs.commands import mount  # mount, umount, stats, publish, pack, push
+
+    mount.register(sub, _add_common)
+    from xetfs.commands.serve import add_serve_parser
+
+    add_serve_parser(sub, _add_common)
+    for choice in sub.choices.values():
+        if not any(a.dest == "debug" for a in choice._actions):
+            _add_common(choice)
+    return parser
+
+
+def setup_logging(level: str, debug: bool, stream: Any = None) -> None:
+    """Log to ``stream`` (stderr) as ``xetfs: warning: ...``, the style of every message to the user."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(UserFormatter())
+    logging.basicConfig(level=logging.DEBUG if debug else getattr(logging, level.upper()), handlers=[handler],
+                        force=True)  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from xetfs.commands.mountopts import expand_mount_argv, helper_argv
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    words = helper_argv(sys.argv[1:] if argv is None else [str(a) for a in argv], list(sub.choices))
+    try:
+        words = expand_mount_argv(words, parser)
+    except argparse.ArgumentTypeError as exc:
+        sub.choices["mount"].error(str(exc))
+    args = parser.parse_args(words)
+    setup_logging(args.log_level, args.debug)
+    try:
+        result: int = args.func(args)
+        sys.stdout.flush()
+        return result
+    except KeyboardInterrupt:
+        return ExitStatus.INTERRUPTED
+    except BrokenPipeError:
+        # The consumer (e.g. ``head``) stopped reading: the output is incomplete, so not a success.
+        # (A command whose status says more, like ``verify`` finding damage, returns that itself.)
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except (XetfsError, OSError, UsageError) as exc:
+        if args.debug:
+            raise
+        print(f"xetfs: error: {describe(exc)}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that flushing it at exit cannot fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+# -- store helpers -------------------------------------------------------------
+
+
+def open_index(args: argparse.Namespace) -> tuple[Store, Index]:
+    from xetfs.commands.args import open_location
+
+    store = open_location(args)
+    return store, load_index(store).index
+
+
+def find_file(index: Index, text: str) -> FileEntry:
+    """The file whose xet hash is ``text`` or starts with it (at least 8 digits)."""
+    key = text.lower()
+    if hashes.is_hex(key):
+        entry = index.get(hashes.from_hex(key))
+        if entry is None:
+            raise UsageError(f"no file with hash {key} in the store")
+        return entry
+    if len(key) < 8 or any(c not in "0123456789abcdef" for c in key):
+        raise UsageError(f"not a file hash or a hash prefix of at least 8 hex digits: {text!r}")
+    found = [e for e in index if e.hex.startswith(key)]
+    if len(found) != 1:
+        raise UsageError(f"{len(found)} files have a hash starting with {key}")
+    return found[0]
+
+
+# -- commands ------------------------------------------------------------------
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """The repos and revisions of the store's Hub catalogue, when it has one (and not ``--files``).
+
+    Otherwise one row per file, or, when the store has names, one per name
+    (then the files no name refers to): hash, size, sha256, terms, chunks
+    (distinct chunks: what ``xetfs stats MNT FILE`` measures decoding
+    against), then mtime and path.  A row is a dict, so that more columns
+    can join without breaking readers of ``--json``; the text form prints
+    its values in order, the path last.
+    """
+    from xetfs.commands.args import open_location
+    from xetfs.storage.catalogue import store_catalogue
+    from xetfs.storage.manifest import store_manifest
+
+    store = open_location(args)
+    catalogue = None if args.files else store_catalogue(store)
+    if catalogue is not None:
+        return _ls_catalogue(catalogue, as_json=args.json)
+    index = load_index(store).index
+    manifest = store_manifest(store)
+    rows: list[dict[str, Any]] = []
+    if manifest is None:
+        rows = [_ls_row(e) for e in sorted(index, key=lambda e: e.hex)]
+    else:
+        for warning in manifest.warnings:
+            log.warning("names: %s", warning)
+        named: set[bytes] = set()
+        for f in sorted(manifest.files, key=lambda f: f.path):
+            entry = index.get(f.xet_hash)
+            if entry is None:
+                log.warning("names: %r: file %s is not in the store; skipped", f.name, hashes.to_hex(f.xet_hash))
+                continue
+            named.add(f.xet_hash)
+            rows.append(_ls_row(entry, f.name, f.mtime_ns))
+        rows += [_ls_row(e, None, None) for e in sorted(index, key=lambda e: e.hex) if e.file_hash not in named]
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    for row in rows:
+        cells = [row["hash"], f"{row['size']:>14}", f"{row['sha256'] or '-':<64}", f"{row['terms']:>5}",
+                 f"{row['chunks']:>7}"]  # fmt: skip
+        if "path" in row:  # the time to the second
+            mtime = row["mtime"]
+            cells += [mtime.partition(".")[0].removesuffix("Z") + "Z" if mtime else "-", row["path"] or "-"]
+        print("  ".join(cells))
+    return EXIT_OK
+
+
+def _ls_catalogue(catalogue: Catalogue, *, as_json: bool) -> int:
+    """Repos and revisions of a store's catalogue: one line per repo, one per revision below it."""
+    for warning in catalogue.warnings:
+        print_warning(warning)
+    rows: list[dict[str, Any]] = []
+    for repo in catalogue.repos:
+        revisions: list[dict[str, Any]] = []
+        for commit in sorted(repo.revisions):
+            rev = repo.revisions[commit]
+            revisions.append({
+                "commit": commit,
+                "refs": sorted(ref for ref, c in repo.refs.items() if c == commit),
+                "files": len(rev.files),
+                "bytes": sum(repo.blobs[b].size for b in rev.files.values()),
+                "noExist": len(rev.no_exist),
+            })  # fmt: skip
+        rows.append({"type": repo.type, "id": repo.id, "folder": repo.folder, "revisions": revisions})
+    if as_json:
+        json.dump({"repos": rows}, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return EXIT_OK
+    for row in rows:
+        print(f"{row['type']:<8} {row['id']}  ({plural(len(row['revisions']), 'revision')})")
+        for r in row["revisions"]:
+            refs = ", ".join(r["refs"]) or "-"
+            files, size = plural(r["files"], "file"), plural(r["bytes"], "byte")
+            print(f"  {r['commit']}  {files:>12}  {size:>20}  refs: {refs}")
+    return EXIT_OK
+
+
+def _ls_row(e: FileEntry, *named: Any) -> dict[str, Any]:
+    """``xetfs ls``'s row for ``e``; with ``named`` = ``(path or None, mtime_ns or None)`` also those columns."""
+    row: dict[str, Any] = {"hash": e.hex, "size": e.size, "sha256": e.sha256, "terms": e.num_terms,
+                           "chunks": e.num_chunks}  # fmt: skip
+    if named:
+        path, mtime_ns = named
+        row["path"] = path
+        row["mtime"] = None if mtime_ns is None else format_mtime(mtime_ns)
+    return row
+
+
+def cmd_cat(args: argparse.Namespace) -> int:
+    store, index = open_index(args)
+    entry = find_file(index, args.hash)
+    end = entry.size if args.length is None else min(entry.size, args.offset + args.length)
+    reader = Reader(index, store, cache_size=CAT_CACHE_SIZE)
+    write = _stdout_writer()
+
+    async def run() -> None:
+        for offset in range(args.offset, end, CAT_BLOCK):
+            write(await reader.read(entry, offset, min(CAT_BLOCK, end - offset)))
+
+    trio.run(run)
+    sys.stdout.buffer.flush()
+    return EXIT_OK
+
+
+def _stdout_writer() -> Callable[[bytes | memoryview], None]:
+    """A function writing all of its bytes to stdout; a closed pipe raises ``BrokenPipeError``.
+
+    Straight to the file descriptor when there is one: a buffered stream can
+    end a large write early when the reader goes away, without an error, and
+    the rest would be lost silently.
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, io.UnsupportedOperation):  # not a file (captured output)
+
+        def write_buffered(data: bytes | memoryview) -> None:
+            sys.stdout.buffer.write(data)
+
+        return write_buffered
+    sys.stdout.flush()
+
+    def write_all(data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    return write_all
+
+
+def _file_names(store: Store, catalogue: Catalogue | None) -> dict[bytes, str]:
+    """A path for each file the store's names manifest or Hub catalogue names, for ``verify``'s messages."""
+    from xetfs.storage.manifest import store_manifest
+
+    names: dict[bytes, str] = {}
+    with contextlib.suppress(XetfsError):  # (a broken manifest only costs the names)
+        for f in manifest.files if (manifest := store_manifest(store)) else ():
+            names.setdefault(f.xet_hash, f.name)
+    for repo in catalogue.repos if catalogue else ():
+        for commit, rev in sorted(repo.revisions.items()):
+            for path, blob in sorted(rev.files.items()):
+                if (content := repo.blobs.get(blob)) is not None:
+                    names.setdefault(hashes.from_hex(content.xet_hash), f"{repo.id}@{commit[:12]}/{path}")
+    return names
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from xetfs.commands.args import open_location
+    from xetfs.commands.verify import audit, audit_catalogue
+    from xetfs.storage.catalogue import store_catalogue
+
+    if is_url(args.store) and not args.use_cache:
+        args.disk_cache_size = 0  # the server's bytes, not the disk cache's
+    store = open_location(args)
+    show = sys.stderr.isatty() and not args.no_progress
+    from tqdm import tqdm
+
+    catalogue = store_catalogue(store)
+    names = _file_names(store, catalogue)
+    with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not show, desc="verify") as bar:
+        report = trio.run(audit, store, bar, names)
+    if catalogue is not None:
+        report.problems += audit_catalogue(catalogue, load_index(store).index)
+    status = EXIT_OK if report.ok else EXIT_PROBLEMS
+    try:
+        for problem in report.problems:
+            print(f"PROBLEM: {problem}")
+        summary = "OK" if report.ok else plural(len(report.problems), "problem")
+        print(
+            f"{summary}: {plural(report.shards, 'shard')}, {plural(report.xorbs, 'xorb')}, "
+            f"{plural(report.chunks, 'chunk')}, {plural(report.files, 'file')}, "
+            f"{plural(report.bytes_checked, 'file byte')} checked"
+        )
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Damage stays damage when nobody reads the report (``verify | head``).
+        if report.ok:
+            raise
+        _silence_stdout()
+    return status

@@ -1,0 +1,339 @@
+"""Sub-commands of the FUSE side: mount, umount, stats, publish (and it registers pack and push)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import errno
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from xetfs.base import settings
+from xetfs.base.errors import XetfsError
+from xetfs.base.messages import plural, print_warning
+from xetfs.fuse.daemonlog import LogFile
+from xetfs.storage.store import Store
+
+if TYPE_CHECKING:
+    from xetfs.fuse.mount import MountConfig
+
+# The FUSE modules (pyfuse3) are imported by the commands that need them, so
+# that ``xetfs ls`` and friends start fast and work without FUSE.
+
+STATS_PATH = ".xetfs/stats"
+
+
+def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add the mount-related sub-commands to ``sub``."""
+    from xetfs.commands.args import add_remote_args, parse_size, size_text
+    from xetfs.fuse.mount import LAYOUTS
+
+    p = sub.add_parser("mount", help="mount a store as a read-only filesystem")
+    p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
+    add_remote_args(p, io_timeout=False)
+    p.add_argument("mountpoint", help="an empty directory")
+    p.add_argument("-f", "--foreground", action="store_true",
+                   help="stay attached, log to stderr, say 'xetfs: mounted STORE at MOUNTPOINT' once the mount "
+                        "answers; Ctrl-C unmounts and exits 130")  # fmt: skip
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT]",
+                   help="mount options: every long option below as NAME=VALUE or NAME "
+                        "(-o cache_size=2G,workers=4,no_prefetch), FUSE's allow_other, allow_root, nonempty, "
+                        "nodev, nosuid, noexec; mount(8)'s generic ones (defaults, rw, _netdev, nofail, "
+                        "x-systemd.*, ...) are ignored")  # fmt: skip
+    p.add_argument("--credentials", type=Path, metavar="FILE",
+                   help="environment variables for the remote store (AWS_ACCESS_KEY_ID=..., "
+                        "XETFS_HTTP_TOKEN=..., one per line) from FILE, for mounts from /etc/fstab; "
+                        "refused if others may read it")  # fmt: skip
+    p.add_argument("--uid", type=int, help="owner shown for every file (default: yours)")
+    p.add_argument("--gid", type=int, help="group shown for every file (default: yours)")
+    p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
+    p.add_argument("--cache-size", type=parse_size, default=settings.CACHE_SIZE,
+                   help="decoded chunks kept, shared memory included, e.g. 512M, 2G; 0 keeps nothing "
+                        f"beyond the reads in progress (default {size_text(settings.CACHE_SIZE)})")  # fmt: skip
+    p.add_argument("--read-ahead", type=parse_size, default=settings.READ_AHEAD,
+                   help=f"kernel read-ahead for the mount (default {size_text(settings.READ_AHEAD)}; "
+                        "needs root)")  # fmt: skip
+    p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="no readahead of chunks")
+    p.add_argument("--names", type=Path, help="names manifest (Hub tree-listing JSON)")
+    p.add_argument("--layout", choices=LAYOUTS, default=settings.LAYOUT,
+                   help="what the root shows: the huggingface_hub cache layout of the store's catalogue (hub), "
+                        "the named tree (names) or files by hash; auto: hub when there is a catalogue and "
+                        "no --names, else names when there is a manifest, else hash")  # fmt: skip
+    p.add_argument("--strict", action="store_true", help="refuse to mount if any shard is bad")
+    p.add_argument("--io-mode", choices=["auto", "inline", "thread"], default=settings.IO_MODE,
+                   help="read the store inline (fastest) or in worker threads with a time bound; "
+                        "auto: threads when the store is on a network or FUSE filesystem")  # fmt: skip
+    p.add_argument("--io-timeout", type=float, default=settings.IO_TIMEOUT, metavar="SECONDS",
+                   help="with threaded or remote store reads, fail a read that takes longer with EIO "
+                        f"(default {settings.IO_TIMEOUT:g})")  # fmt: skip
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help=f"decode worker processes (default: one per CPU, up to {settings.MAX_WORKERS}; "
+                        "0: decode in the daemon)")  # fmt: skip
+    p.add_argument("--refresh-every", type=float, default=None, metavar="SECONDS",
+                   help="load what was added to the store every SECONDS, as xetfs refresh does (default: "
+                        "only when asked)")  # fmt: skip
+    p.add_argument("--log-file", type=Path,
+                   help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log, which is removed again "
+                        "when the mount ends cleanly with nothing logged at warning or above; a file given "
+                        "here is kept)")  # fmt: skip
+    p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--config-fd", type=int, help=argparse.SUPPRESS)  # the daemon's MountConfig (daemonconfig)
+    p.add_argument("--drop-clean-log", action="store_true", help=argparse.SUPPRESS)  # the default log file
+    p.set_defaults(func=cmd_mount)
+
+    p = sub.add_parser("refresh", help="make a live mount load what was added to its store since it was mounted")
+    p.add_argument("mountpoint", help="where the store is mounted (the mount's owner or root)")
+    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="how long to wait for the mount to finish (default 600)")  # fmt: skip
+    p.set_defaults(func=cmd_refresh)
+
+    p = sub.add_parser("umount", help="unmount a xetfs mount")
+    p.add_argument("mountpoint", help="where the store is mounted")
+    p.add_argument("-z", "--lazy", action="store_true", help="lazy unmount (detach now, clean up when unused)")
+    p.add_argument("--force", action="store_true",
+                   help="abort the FUSE connection first (hung daemon; root); unmounts non-xetfs mounts")  # fmt: skip
+    p.set_defaults(func=cmd_umount)
+
+    p = sub.add_parser("stats", help="show the live counters of a mount, or one file's amplification")
+    p.add_argument("mountpoint", help="where the store is mounted")
+    p.add_argument("file", nargs="?",
+                   help="a file of the mount (a path under MOUNTPOINT, or relative to it): its chunk count and "
+                        "what reads of it decoded, over its size and chunks (amplification)")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser(
+        "publish",
+        help="write or refresh the listing a store needs to be served over HTTP "
+        "where it is (push writes it too, into the copy)",
+    )
+    p.add_argument("store", help="store directory")
+    p.set_defaults(func=cmd_publish)
+
+    from xetfs.commands.pack import add_pack_parser
+
+    add_pack_parser(sub, add_common)
+
+    from xetfs.commands.push import add_push_parser
+
+    add_push_parser(sub)
+
+
+def _config(args: argparse.Namespace) -> MountConfig:
+    """The mount's configuration from its command line: each field of ``MountConfig`` from the option of
+    its name, those below made absolute or converted."""
+    from xetfs.fuse.mount import MountConfig, parse_options
+    from xetfs.storage.objects import is_url
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(MountConfig) if hasattr(args, f.name)}
+    return MountConfig(**{
+        **values,
+        "store": args.store if is_url(args.store) else str(Path(args.store).resolve()),
+        "mountpoint": Path(args.mountpoint).resolve(),
+        "options": parse_options(args.options),
+        "names": args.names.resolve() if args.names else None,
+        "read_ahead_kb": max(4, args.read_ahead // 1024),
+        "cache_dir": args.cache_dir.absolute() if args.cache_dir else None,
+        "headers": tuple(args.headers),
+    })  # fmt: skip
+
+
+def daemon_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
+    """The daemon's command line: what it serves, where, and how it logs; the configuration itself goes
+    on a pipe (``daemonconfig``), so nothing here spells a mount option or holds a secret."""
+    from xetfs.fuse.mount import python_argv
+    from xetfs.storage.objects import is_url, public_url
+
+    store = public_url(str(config.store)) if is_url(str(config.store)) else str(config.store)
+    argv = [*python_argv(), "mount", store, str(config.mountpoint), "--log-level", args.log_level]
+    return argv + (["--debug"] if args.debug else []) + ([] if args.log_file else ["--drop-clean-log"])
+
+
+def cmd_mount(args: argparse.Namespace) -> int:
+    from xetfs.fuse.mount import check_mountpoint, choose_layout, default_log_file, run_daemon, spawn_daemon
+    from xetfs.storage.manifest import load_manifest
+
+    if args.credentials:  # before anything reads the environment; the daemon inherits it
+        from xetfs.commands.credentials import load_credentials
+
+        load_credentials(args.credentials)
+    if args.config_fd is not None:  # the daemon that xetfs mount started: its whole configuration
+        from xetfs.fuse.daemonconfig import read_config
+
+        config = read_config(args.config_fd)
+    else:
+        config = _config(args)
+    if args.foreground:
+        handler = None
+        if args.log_file:
+            handler = LogFile(args.log_file)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logging.getLogger().handlers[:] = [handler]
+        status = run_daemon(config, args.ready_fd)  # (raises when the mount failed: the log stays)
+        if handler is not None and args.drop_clean_log:
+            handler.drop_if_clean()
+        return status
+    # Check what can be checked here, so the usual mistakes fail fast and plainly.
+    from xetfs.fuse.daemonconfig import dump_config
+    from xetfs.storage.objects import is_url, public_url
+
+    if not is_url(str(config.store)):
+        choose_layout(config, Store.open(config.store))  # (reads and checks the catalogue, if it shows one)
+    if config.names is not None:
+        load_manifest(config.names)
+    check_mountpoint(config.mountpoint, nonempty="nonempty" in config.options)
+    log_file = (args.log_file or default_log_file(config.mountpoint)).resolve()
+    warnings, n = spawn_daemon(daemon_argv(args, config), config.mountpoint, log_file, dump_config(config))
+    for warning in warnings:
+        print_warning(warning)
+    count = f" with {plural(n, 'warning')} about the store" if n else ""
+    shown = public_url(str(config.store)) if is_url(str(config.store)) else config.store
+    print(f"xetfs: mounted {shown} at {config.mountpoint}{count} (log: {log_file})", file=sys.stderr)
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from xetfs.storage.remote import publish
+
+    path, listing = publish(args.store)
+    print(f"xetfs: wrote {path}: {plural(len(listing.objects), 'object')}", file=sys.stderr)
+    return 0
+
+
+def cmd_umount(args: argparse.Namespace) -> int:
+    from xetfs.fuse.mount import unmount
+
+    unmount(Path(args.mountpoint), lazy=args.lazy, force=args.force)
+    return 0
+
+
+def cmd_refresh(args: argparse.Namespace) -> int:
+    """Signal the mount's daemon (``SIGUSR1``; only its owner or root may) and wait for the refresh to end."""
+    mountpoint = Path(args.mountpoint)
+    before = _stats_doc(mountpoint)
+    if "refresh" not in before:
+        raise XetfsError(f"{mountpoint}: this mount cannot refresh (its daemon is older)")
+    done = before["refresh"]["refreshes"] + before["refresh"]["failures"]
+    try:
+        os.kill(int(before["pid"]), signal.SIGUSR1)
+    except PermissionError:
+        raise XetfsError(f"{mountpoint}: only the mount's owner or root may refresh it") from None
+    except ProcessLookupError:
+        raise XetfsError(f"{mountpoint}: its daemon is gone (xetfs umount {mountpoint})") from None
+    deadline = time.monotonic() + args.timeout
+    while True:
+        doc = _stats_doc(mountpoint)
+        r = doc["refresh"]
+        if r["refreshes"] + r["failures"] > done:
+            break
+        if time.monotonic() > deadline:
+            raise XetfsError(f"{mountpoint}: the refresh did not end within {args.timeout:g} s")
+        time.sleep(0.05)
+    if r["last_failure"] >= r["last_refresh"] and r["failures"] > before["refresh"]["failures"]:
+        raise XetfsError(f"{mountpoint}: refresh failed, the mount is as it was: {doc['refresh_error']}")
+    files = r["files_added"] - before["refresh"]["files_added"]
+    shards = r["shards_added"] - before["refresh"]["shards_added"]
+    print(f"refreshed {mountpoint}: {plural(shards, 'new shard')}, {plural(files, 'new file')}", file=sys.stderr)
+    return 0
+
+
+def _stats_doc(mountpoint: Path) -> dict[str, Any]:
+    """The mount's ``.xetfs/stats`` document; ``XetfsError`` if it is not a xetfs mount."""
+    try:
+        doc: dict[str, Any] = json.loads((mountpoint / STATS_PATH).read_bytes())
+    except FileNotFoundError:
+        if not mountpoint.is_dir():
+            raise XetfsError(f"{mountpoint}: no such directory") from None
+        raise XetfsError(f"{mountpoint}: not a xetfs mount (no {STATS_PATH})") from None
+    return doc
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    if args.file is not None:
+        return _file_stats(Path(args.mountpoint), Path(args.file), as_json=args.json)
+    path = Path(args.mountpoint) / STATS_PATH
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        if not Path(args.mountpoint).is_dir():
+            raise XetfsError(f"{args.mountpoint}: no such directory") from None
+        raise XetfsError(f"{args.mountpoint}: not a xetfs mount (no {STATS_PATH})") from None
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    print(format_stats(doc))
+    return 0
+
+
+FILE_STATS_XATTR = "user.xetfs.stats"  # (as fs.FILE_STATS_XATTR; fs needs pyfuse3 to import)
+
+
+def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
+    """``xetfs stats MNT FILE``: the file's decode counters and amplification.
+
+    ``FILE`` is a path under ``MNT``, or one relative to it.
+    """
+    if not (mountpoint / STATS_PATH).exists():
+        raise XetfsError(f"{mountpoint}: not a xetfs mount (no {STATS_PATH})")
+    path = file if file.is_absolute() else mountpoint / file
+    try:
+        doc = json.loads(os.getxattr(path, FILE_STATS_XATTR))
+    except FileNotFoundError:
+        raise XetfsError(f"{path}: no such file") from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
+            raise
+        raise XetfsError(f"{path}: not a file of the xetfs mount {mountpoint}") from None
+    size, chunks = doc["size"], doc["chunks"]
+    doc["bytes_amplification"] = round(doc["decoded_bytes"] / size, 4) if size else None
+    doc["chunks_amplification"] = round(doc["decoded_chunks"] / chunks, 4) if chunks else None
+    if as_json:
+        json.dump(doc, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+
+    def ratio(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}x"
+
+    print(f"{'file':<22}{path}  ({doc['hash']})")
+    print(f"{'size':<22}{plural(size, 'byte')}, {plural(chunks, 'chunk')}")
+    print(f"{'decoded':<22}{plural(doc['decoded_bytes'], 'byte')}, {plural(doc['decoded_chunks'], 'chunk')}")
+    print(f"{'amplification':<22}{ratio(doc['bytes_amplification'])} of its bytes, "
+          f"{ratio(doc['chunks_amplification'])} of its chunks")  # fmt: skip
+    return 0
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)
+
+
+def format_stats(doc: dict[str, Any]) -> str:
+    """The stats document as a two-column table, one section per group."""
+    lines = []
+    for group, values in doc.items():
+        if not isinstance(values, dict):
+            lines.append(f"{group:<24}{values}")
+            continue
+        lines.append(f"{group}:")
+        for key, value in values.items():
+            shown = f"{value:,}"
+            if ("bytes" in key or key == "bytes") and isinstance(value, int) and value >= 1024:
+                shown += f"  ({_human(value)})"
+            lines.append(f"  {key:<22}{shown}")
+        if group == "cache" and values.get("hits", 0) + values.get("misses", 0):
+            ratio = values["hits"] / (values["hits"] + values["misses"])
+            lines.append(f"  {'hit ratio':<22}{ratio:.1%}")
+    return "\n".join(lines)

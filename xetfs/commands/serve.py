@@ -1,0 +1,150 @@
+"""``xetfs serve``: its options, and running the application under hypercorn on trio.
+
+Starlette and hypercorn come with the ``serve`` extra; they are imported
+only when the command runs, so the rest of xetfs works without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from xetfs.base import settings
+from xetfs.base.errors import XetfsError
+
+log = logging.getLogger("xetfs.serve")
+
+DESCRIPTION = """\
+Serve a store as an offline Hugging Face endpoint.  Point HF_ENDPOINT at the
+public URL and huggingface_hub, hf_xet and transformers download the repos
+of the store's catalogue from it: Xet files through the CAS routes (every
+xorb range checked before it is sent), regular files as plain bodies.  No
+FUSE is needed.  See docs/serve.md for proxies, load balancers and security.
+"""
+
+
+def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
+    from xetfs.commands.args import add_remote_args, parse_size, size_text
+
+    p = sub.add_parser("serve", help="serve a store as an offline Hugging Face endpoint (HF_ENDPOINT)",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
+    add_remote_args(p)
+    p.add_argument("--host", default=settings.SERVE_HOST,
+                   help=f"address to listen on (default {settings.SERVE_HOST}: this machine only; "
+                        "0.0.0.0 or :: for all)",
+                   )  # fmt: skip  # fmt: skip
+    p.add_argument("--port", type=int, default=settings.SERVE_PORT,
+                   help=f"port to listen on (default {settings.SERVE_PORT})")  # fmt: skip
+    p.add_argument("--public-url", metavar="URL",
+                   help="the address clients reach the server at, e.g. behind a proxy: every URL the server "
+                        "hands out starts with it (default http://HOST:PORT)")  # fmt: skip
+    p.add_argument("--token-file", type=Path, metavar="FILE",
+                   help="require one of the tokens in FILE (one a line) as 'Authorization: Bearer' on the "
+                        "Hub routes and the Xet token route")  # fmt: skip
+    p.add_argument("--key-file", type=Path, metavar="FILE",
+                   help="key that signs Xet tokens and xorb URLs, created if missing; give every process "
+                        "behind one address the same file (default: a key for this process only)")  # fmt: skip
+    p.add_argument("--token-ttl", type=int, default=settings.SERVE_TOKEN_TTL, metavar="SECONDS",
+                   help=f"lifetime of a Xet access token (default {settings.SERVE_TOKEN_TTL}; clients renew a "
+                        "token 60 s before it expires, so one of 120 or less is renewed at every use)")  # fmt: skip
+    p.add_argument("--url-ttl", type=int, default=settings.SERVE_URL_TTL, metavar="SECONDS",
+                   help=f"lifetime of a signed xorb-range URL (default {settings.SERVE_URL_TTL})")  # fmt: skip
+    p.add_argument("--max-fetch", type=parse_size, default=settings.SERVE_MAX_FETCH,
+                   help="largest xorb range in a reconstruction answer; each is held in memory while it is "
+                        f"checked (default {size_text(settings.SERVE_MAX_FETCH)})")  # fmt: skip
+    p.add_argument("--checks", type=int, default=settings.SERVE_CHECKS, metavar="N",
+                   help=f"xorb ranges read and checked at the same time (default {settings.SERVE_CHECKS})")  # fmt: skip
+    p.add_argument("--tree-page-size", type=int, default=settings.SERVE_TREE_PAGE, metavar="N",
+                   help="entries per page of a tree listing "
+                        f"(default {settings.SERVE_TREE_PAGE}, as the Hub)")  # fmt: skip
+    p.add_argument("--rescan", type=float, default=settings.SERVE_RESCAN, metavar="SECONDS",
+                   help="look for new packs in a local store at most this often, and on every miss "
+                        f"(default {settings.SERVE_RESCAN:g})")  # fmt: skip
+    p.set_defaults(func=cmd_serve)
+
+
+def _default_url(host: str, port: int) -> str:
+    shown = host
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            shown = f"[{host}]"
+    except ValueError:
+        pass
+    if host in ("0.0.0.0", "::"):
+        shown = "127.0.0.1"
+    return f"http://{shown}:{port}"
+
+
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from xetfs.commands.args import UsageError
+
+    try:
+        from hypercorn.config import Config
+        from hypercorn.trio import serve
+    except ImportError:
+        raise UsageError("xetfs serve needs its extra: pip install 'xetfs[serve]'") from None
+    from xetfs.commands.args import open_location
+    from xetfs.serve.access import UserTokens
+    from xetfs.serve.app import build_app
+    from xetfs.serve.common import Settings, State
+    from xetfs.serve.contents import Contents
+    from xetfs.serve.signing import Signer, load_key
+
+    if min(args.token_ttl, args.url_ttl) < 10 or min(args.tree_page_size, args.checks, args.max_fetch) < 1:
+        raise UsageError("--token-ttl and --url-ttl: at least 10; --tree-page-size, --checks, --max-fetch: at least 1")
+    public_url = (args.public_url or _default_url(args.host, args.port)).rstrip("/")
+    if not public_url.startswith(("http://", "https://")):
+        raise UsageError(f"--public-url {public_url!r}: not an http(s) URL")
+    settings = Settings(public_url, token_ttl=args.token_ttl, url_ttl=args.url_ttl, tree_page=args.tree_page_size,
+                        max_fetch=args.max_fetch, checks_at_once=args.checks)  # fmt: skip
+    tokens = UserTokens(args.token_file) if args.token_file else None
+    signer = Signer(load_key(args.key_file))
+
+    contents = Contents(args.store, lambda _: open_location(args), rescan=args.rescan, io_timeout=args.io_timeout)
+    config = Config()
+    config.bind = [_bind(args.host, args.port)]
+    config.accesslog = None  # the application logs each request, without queries or headers
+    config.errorlog = logging.getLogger("xetfs.serve.http")
+    config.keep_alive_timeout = 75
+
+    async def run() -> None:
+        state = State(settings, contents, signer, tokens)
+        app = build_app(state)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+
+            async def stop() -> None:
+                async for signum in signals:
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    return
+
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(partial(serve, app, config, shutdown_trigger=stop))  # type: ignore[arg-type]
+                snap = await contents.snapshot()
+                print(f"xetfs: serving {len(snap.catalogue.repos)} repos, {len(snap.index)} files at {public_url} "
+                      f"(listening on {', '.join(binds)})", file=sys.stderr, flush=True)  # fmt: skip
+
+    try:
+        trio.run(run)
+    except BaseExceptionGroup as group:  # (a nursery's errors come grouped)
+        found = group.subgroup(OSError)
+        if found is None:
+            raise
+        exc = found.exceptions[0]
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
+        raise XetfsError(f"cannot listen on {_bind(args.host, args.port)}: {exc}") from None
+    return 0

@@ -1,0 +1,273 @@
+"""Offline audit of a whole store (``xetfs verify``).
+
+Checks, and reports every problem with the object, the offset and expected
+versus found:
+
+* the store has shards, unless it has no xorbs either (an empty store is
+  fine, as it is for ``mount``);
+* every shard parses and is named after the hash of its bytes;
+* every xorb's footer is consistent, its chunk hashes aggregate to its name,
+  and every chunk decodes and hashes to its recorded hash;
+* every CAS record agrees with the xorb it describes;
+* every term's xorb exists, its chunk range and size fit, its verification
+  hash recomputes;
+* every file's hash recomputes from its chunks and its content matches the
+  recorded SHA-256;
+* with a Hub catalogue (``audit_catalogue``): every blob and tree listing it
+  names is a file of the store of the size it claims, and a blob named by a
+  sha256 is a file whose recorded SHA-256 is that name (git sha1 names are
+  checked when a pack reads the file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from xetfs.base import hashes
+from xetfs.base.errors import XetfsError
+from xetfs.base.messages import plural
+from xetfs.base.settings import VERIFY_BLOCK, VERIFY_CACHE_SIZE
+from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
+from xetfs.format.xorb import XorbLayout, decode_run
+from xetfs.read.reader import Reader
+from xetfs.storage.catalogue import Catalogue, Content
+from xetfs.storage.index import EMPTY_SHA256, Index
+from xetfs.storage.indexer import shards_missing
+from xetfs.storage.store import Store
+
+
+class Progress(Protocol):
+    """What ``audit`` reports progress to (a ``tqdm`` bar fits)."""
+
+    def reset(self, total: int | None = None) -> None: ...
+
+    def update(self, n: int = 1) -> bool | None: ...
+
+
+class _NoProgress:
+    def reset(self, total: int | None = None) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+
+@dataclass
+class Report:
+    problems: list[str] = field(default_factory=list)
+    shards: int = 0
+    xorbs: int = 0
+    chunks: int = 0
+    files: int = 0
+    bytes_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class _Audit:
+    store: Store
+    progress: Progress
+    names: Mapping[bytes, str]
+    report: Report = field(default_factory=Report)
+    layouts: dict[bytes, XorbLayout] = field(default_factory=dict)
+    bad_xorbs: set[bytes] = field(default_factory=set)  # unreadable as a whole
+    bad_chunks: dict[bytes, set[int]] = field(default_factory=dict)  # damaged chunks of readable xorbs
+
+    def problem(self, message: str) -> None:
+        self.report.problems.append(message)
+
+
+async def audit(store: Store, progress: Progress | None = None, names: Mapping[bytes, str] | None = None) -> Report:
+    """Check everything in ``store``; progress counts xorb bytes scanned plus file bytes read.
+
+    ``names``: a path for some files (by file hash), for the messages about them.
+    """
+    a = _Audit(store, progress or _NoProgress(), names or {})
+    shards = _check_shards(a)
+    xorb_bytes = sum(store.xorb_size(x) for x in store.xorb_hashes())
+    file_bytes = {r.file_hash: r.size for shard in shards for r in shard.files if r.sha256 is not None}
+    a.progress.reset(total=xorb_bytes + sum(file_bytes.values()))
+    for xorb_hash in sorted(store.xorb_hashes()):
+        _check_xorb(a, xorb_hash)
+    index = Index()
+    for shard in shards:
+        index.add_shard(shard)
+        for cas in shard.xorbs:
+            _check_cas(a, cas)
+    checked: set[bytes] = set()
+    reader = Reader(index, store, cache_size=VERIFY_CACHE_SIZE)
+    for shard in shards:
+        for record in shard.files:
+            if record.file_hash not in checked:
+                checked.add(record.file_hash)
+                await _check_file(a, index, reader, record)
+    a.report.files = len(checked)
+    return a.report
+
+
+def _check_shards(a: _Audit) -> list[Shard]:
+    shards = []
+    shard_files = a.store.shard_files()
+    missing = shards_missing(a.store, len(shard_files))
+    if missing is not None:
+        a.problem(missing)
+    for shard_file in shard_files:
+        try:
+            data = a.store.read_shard(shard_file)
+            shards.append(parse_shard(data, where=f"shard {shard_file.name}"))
+        except XetfsError as exc:
+            a.problem(str(exc))
+            continue
+        actual = hashes.to_hex(hashes.chunk_hash(data))
+        if shard_file.name != f"{actual}.mdb":
+            a.problem(f"shard {shard_file.name}: content hashes to {actual}, not to its name")
+        a.report.shards += 1
+    return shards
+
+
+def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
+    try:
+        layout = a.store.load_layout(xorb_hash)
+    except XetfsError as exc:
+        a.problem(str(exc))
+        a.bad_xorbs.add(xorb_hash)
+        return
+    a.layouts[xorb_hash] = layout
+    a.report.xorbs += 1
+    # Runs of whole chunks, one store read each (one request for a remote store); a run whose read
+    # fails is read again chunk by chunk, so each problem names the chunk it is about.
+    start = 0
+    while start < layout.num_chunks:
+        stop = start + 1
+        while stop < layout.num_chunks and layout.phys_ends[stop] - layout.phys_start(start) <= VERIFY_BLOCK:
+            stop += 1
+        try:
+            data = a.store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
+        except XetfsError:
+            outcomes = [_check_chunk(a, xorb_hash, layout, i) for i in range(start, stop)]
+        else:
+            outcomes = list(decode_run(data, xorb_hash, layout, start, stop, verify=True))
+        for i, outcome in enumerate(outcomes, start):
+            a.progress.update(layout.phys_ends[i] - layout.phys_start(i))
+            if isinstance(outcome, XetfsError):
+                a.problem(str(outcome))
+                a.bad_chunks.setdefault(xorb_hash, set()).add(i)
+            else:
+                a.report.chunks += 1
+        start = stop
+
+
+def _check_chunk(a: _Audit, xorb_hash: bytes, layout: XorbLayout, i: int) -> bytes | XetfsError:
+    """Chunk ``i`` decoded and checked on its own: its bytes, or the error that stopped it."""
+    try:
+        (outcome,) = decode_run(
+            a.store.read_xorb(xorb_hash, layout.phys_start(i), layout.phys_ends[i]), xorb_hash, layout, i, i + 1,
+            verify=True,
+        )  # fmt: skip
+    except XetfsError as exc:  # the read itself failed
+        return exc
+    return outcome
+
+
+def _check_cas(a: _Audit, cas: CasRecord) -> None:
+    layout = a.layouts.get(cas.xorb_hash)
+    where = f"CAS record for xorb {hashes.to_hex(cas.xorb_hash)}"
+    if layout is None:
+        if not a.store.has_xorb(cas.xorb_hash):
+            a.problem(f"{where}: xorb is missing from the store")
+        return
+    if len(cas.chunks) != layout.num_chunks:
+        a.problem(f"{where}: lists {plural(len(cas.chunks), 'chunk')}, the xorb has {layout.num_chunks}")
+        return
+    for i, chunk in enumerate(cas.chunks):
+        if chunk.chunk_hash != (layout.chunk_hashes or ())[i] or chunk.size != layout.chunk_size(i):
+            a.problem(f"{where}: chunk {i} differs from the xorb footer (hash or size)")
+            return
+    if cas.num_bytes != layout.unpacked_ends[-1]:
+        a.problem(f"{where}: says {cas.num_bytes} bytes, the xorb holds {layout.unpacked_ends[-1]}")
+
+
+async def _check_file(a: _Audit, index: Index, reader: Reader, record: FileRecord) -> None:
+    name = f"file {hashes.to_hex(record.file_hash)}"
+    if record.file_hash in a.names:
+        name = f"{a.names[record.file_hash]} ({name})"
+    pairs: list[tuple[bytes, int]] = []
+    for t, term in enumerate(record.terms):
+        where = f"{name} term {t} (xorb {hashes.to_hex(term.xorb_hash)} chunks [{term.start}, {term.end}))"
+        layout = a.layouts.get(term.xorb_hash)
+        if layout is None:
+            missing = not a.store.has_xorb(term.xorb_hash)
+            a.problem(f"{where}: xorb is {'missing' if missing else 'unreadable'}")
+            return
+        if term.end > layout.num_chunks:
+            a.problem(f"{where}: xorb has only {plural(layout.num_chunks, 'chunk')}")
+            return
+        chunk_hashes = (layout.chunk_hashes or ())[term.start : term.end]
+        size = layout.range_size(term.start, term.end)
+        if size != term.size:
+            a.problem(f"{where}: size {term.size} in the shard, chunks hold {size}")
+        if record.verification:
+            found = hashes.verification_hash(chunk_hashes)
+            if found != record.verification[t]:
+                a.problem(
+                    f"{where}: verification hash expected {hashes.to_hex(record.verification[t])}, "
+                    f"found {hashes.to_hex(found)}"
+                )
+        pairs.extend((h, layout.chunk_size(term.start + k)) for k, h in enumerate(chunk_hashes))
+    found_hash = hashes.file_hash(pairs)
+    if found_hash != record.file_hash:
+        a.problem(f"{name}: chunks hash to {hashes.to_hex(found_hash)}")
+    if any(_touches_damage(a, t.xorb_hash, t.start, t.end) for t in record.terms):
+        a.problem(f"{name}: content not checked, it uses a damaged chunk")
+        return
+    entry = index.get(record.file_hash)
+    if entry is None or record.sha256 is None:
+        return
+    digest = hashlib.sha256()
+    try:
+        for offset in range(0, entry.size, VERIFY_BLOCK):
+            data = await reader.read(entry, offset, VERIFY_BLOCK)
+            digest.update(data)
+            a.report.bytes_checked += len(data)
+            a.progress.update(len(data))
+    except XetfsError as exc:
+        a.problem(f"{name}: {exc}")
+        return
+    expected = entry.sha256
+    if record.sha256 == hashes.ZERO_HASH and entry.size == 0:
+        expected = EMPTY_SHA256
+    if digest.hexdigest() != expected:
+        a.problem(f"{name}: sha256 expected {expected}, found {digest.hexdigest()}")
+
+
+def _touches_damage(a: _Audit, xorb_hash: bytes, start: int, end: int) -> bool:
+    bad = a.bad_chunks.get(xorb_hash, ())
+    return xorb_hash in a.bad_xorbs or any(start <= i < end for i in bad)
+
+
+def audit_catalogue(catalogue: Catalogue, index: Index) -> list[str]:
+    """Problems of a Hub catalogue against the store's files (see the module docstring)."""
+    problems = [f"catalogue: {w}" for w in catalogue.warnings]
+
+    def check(what: str, content: Content, sha256: str | None) -> None:
+        entry = index.get(hashes.from_hex(content.xet_hash))
+        if entry is None:
+            problems.append(f"catalogue: {what}: file {content.xet_hash} is not in the store")
+        elif entry.size != content.size:
+            problems.append(f"catalogue: {what}: {content.size} bytes in the catalogue, {entry.size} in the store")
+        elif sha256 is not None and entry.sha256 is not None and entry.sha256 != sha256:
+            problems.append(f"catalogue: {what}: the store's file {entry.hex} has sha256 {entry.sha256}")
+
+    for repo in catalogue.repos:
+        for name, content in sorted(repo.blobs.items()):
+            check(f"{repo.type} {repo.id}: blob {name}", content, name if len(name) == 64 else None)
+        for commit, rev in sorted(repo.revisions.items()):
+            if rev.tree is not None:
+                check(f"{repo.type} {repo.id}: trees/{commit}.json", rev.tree, None)
+    return problems

@@ -1,0 +1,1 @@
+"""The FUSE front end: the pyfuse3 adapter and the mount daemon's life cycle."""

@@ -1,0 +1,436 @@
+"""The pyfuse3 adapter: the only module that speaks FUSE and knows errno.
+
+Requests are translated to calls on the tree (names, attributes) and the
+reader (bytes).  Handlers never let an exception other than ``FUSEError``
+escape — pyfuse3 would take the mount down — so every handler runs under
+``_guard`` (``read``, the hot path, calls what it calls itself), and
+``_fuse_error`` is the one place that maps errors to errno: unknown names are
+``ENOENT``, corrupt or missing data ``EIO`` (logged once, counted in stats),
+every write ``EROFS``.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import pyfuse3
+import trio
+from cachetools import TTLCache
+
+from xetfs.base.errors import XetfsError
+from xetfs.base.settings import BLOCK_SIZE, ENTRY_TIMEOUT, PREFETCH_MAXIMUM, REPEATS_QUIET
+from xetfs.base.stats import IndexCounters, ReadCounters, RefreshCounters, document
+from xetfs.names.stabletree import TreeLike
+from xetfs.names.tree import Kind, Node
+from xetfs.read.reader import Reader
+from xetfs.read.sessions import Session, Sessions
+from xetfs.storage.index import Index
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
+# A file's decode counters as JSON, for ``xetfs stats MNT FILE``.  Not listed by listxattr: its value
+# changes with every read, and ``getfattr -d`` shows what a file is, not how it was read.
+FILE_STATS_XATTR = b"user.xetfs.stats"
+
+
+@dataclass(frozen=True)
+class FsOptions:
+    uid: int = field(default_factory=os.getuid)
+    gid: int = field(default_factory=os.getgid)
+    direct_io: bool = False
+    mtime_ns: int = 0
+    prefetch: bool = True
+    prefetch_max: int = PREFETCH_MAXIMUM  # how far ahead of a sequential reader prefetch may go
+
+
+@dataclass
+class _Handle:
+    node: Node
+    reading: Session | None = None  # for a file of the store
+    snapshot: bytes = b""  # the stats document, for a stats handle
+
+
+def _fuse_error(op: str, exc: Exception) -> pyfuse3.FUSEError:
+    """The FUSEError an exception from operation ``op`` becomes (the errno mapping lives here), logged."""
+    if isinstance(exc, pyfuse3.FUSEError):
+        return exc
+    if isinstance(exc, XetfsError):
+        log.error("%s: %s", op, exc)
+        return pyfuse3.FUSEError(errno.EIO)
+    if isinstance(exc, OSError):
+        log.error("%s: %s", op, exc)
+        return pyfuse3.FUSEError(exc.errno or errno.EIO)
+    log.exception("unexpected error in %s", op)
+    return pyfuse3.FUSEError(errno.EIO)
+
+
+def _guard(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Turn every exception into a FUSEError (``_fuse_error``)."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except Exception as exc:
+            raise _fuse_error(fn.__name__, exc) from None
+
+    return wrapper
+
+
+class _ReadOnly(pyfuse3.Operations):
+    """Every way of writing is refused (``EROFS``); nothing is ever dirty."""
+
+    async def setattr(self, inode: int, attr: Any, fields: Any, fh: int | None, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def rename(self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int,
+                     ctx: Any) -> None:  # fmt: skip
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def link(self, inode: int, new_parent: int, new_name: bytes, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def create(self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def removexattr(self, inode: int, name: bytes, ctx: Any) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        pass  # nothing is ever dirty
+
+    async def fsyncdir(self, fh: int, datasync: bool) -> None:
+        pass
+
+
+class XetFS(_ReadOnly):
+    """A read-only view of one store: ``tree`` gives the names, ``reader`` the bytes."""
+
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+
+    def __init__(
+        self, tree: TreeLike, reader: Reader, options: FsOptions | None = None,
+        index_counters: IndexCounters | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.tree = tree
+        self.reader = reader
+        self.index_counters = index_counters or IndexCounters()
+        self._reads = ReadCounters()
+        self._started = time.time()
+        self.options = options or FsOptions()
+        self._handles: dict[int, _Handle] = {}
+        self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
+        self._failures_logged: TTLCache[str, None] = TTLCache(maxsize=256, ttl=REPEATS_QUIET)
+        self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store only grows (``replace``)
+        self.refresh = RefreshCounters()  # counted by the daemon's refresher (refresh.Refresher)
+        self.refresh_error = ""  # why the last refresh failed ("" after one that did not)
+        self._next_fh = 1
+        self._stats_open = 0  # open handles of .xetfs/stats
+        self._stats_latest: bytes | None = None  # the document taken at the latest open of .xetfs/stats
+        # The kernel's page cache keeps what was read, unless --direct-io.
+        self.sessions = Sessions(reader, prefetch=self.options.prefetch, prefetch_max=self.options.prefetch_max,
+                                 keep_cache=not self.options.direct_io)  # fmt: skip
+
+    # -- a refresh (refresh.Refresher) ---------------------------------------
+
+    def current_index(self) -> Index:
+        return self.reader.index
+
+    def current_tree(self) -> TreeLike:
+        return self.tree
+
+    def replace(self, index: Index, tree: TreeLike) -> None:
+        """Serve ``index`` and ``tree`` from now on: the same files and more, inodes the kernel knows kept."""
+        self.reader.replace_index(index)
+        self.tree = tree
+        self._total_bytes = sum(e.size for e in index)
+        self._names.clear()
+        c = self.index_counters
+        c.files, c.terms, c.xorbs, c.shards = len(index), index.terms, len(index.all_xorbs), index.shards
+
+    def start_background(self, nursery: trio.Nursery) -> None:
+        """Give the filesystem a nursery for readahead tasks."""
+        self.sessions.start(nursery)
+
+    # -- names and attributes ---------------------------------------------
+
+    def _node(self, inode: int) -> Node:
+        node = self.tree.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    def _attrs(self, node: Node) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.inode
+        a.generation = 0
+        a.entry_timeout = ENTRY_TIMEOUT
+        a.attr_timeout = ENTRY_TIMEOUT
+        if node.kind is Kind.DIR:
+            a.st_mode = stat.S_IFDIR | 0o555
+            size = 0
+        elif node.kind is Kind.STATS:
+            a.st_mode = stat.S_IFREG | 0o444
+            a.attr_timeout = 0
+            size = len(self._stats_for_attrs())
+        elif node.kind is Kind.SYMLINK:
+            a.st_mode = stat.S_IFLNK | 0o777
+            size = len(node.data)
+        elif node.kind is Kind.DATA:
+            a.st_mode = stat.S_IFREG | 0o444
+            size = len(node.data)
+        else:
+            a.st_mode = stat.S_IFREG | 0o444
+            size = node.entry.size if node.entry else 0
+        a.st_nlink = node.nlink
+        a.st_uid = self.options.uid
+        a.st_gid = self.options.gid
+        a.st_size = size
+        a.st_blksize = BLOCK_SIZE
+        a.st_blocks = (size + 511) // 512
+        mtime = self.options.mtime_ns if node.mtime_ns is None else node.mtime_ns
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = mtime
+        return a
+
+    def _stats_for_attrs(self) -> bytes:
+        """The stats document whose size ``getattr`` reports.
+
+        While a reader holds ``.xetfs/stats`` open, the one taken at the latest
+        open (an ``fstat`` after ``open`` matches the bytes that reader gets);
+        otherwise a fresh one.
+        """
+        if self._stats_open == 0 or self._stats_latest is None:
+            self._stats_latest = self.stats_document()
+        return self._stats_latest
+
+    @_guard
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        if name == b".":
+            return self._attrs(self._node(parent_inode))
+        if name == b"..":
+            return self._attrs(self._node(self.tree.parent_of(parent_inode)))
+        node = self.tree.lookup(parent_inode, name)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attrs(node)
+
+    @_guard
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self._attrs(self._node(inode))
+
+    @_guard
+    async def readlink(self, inode: int, ctx: Any) -> bytes:
+        node = self._node(inode)
+        if node.kind is not Kind.SYMLINK:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return node.data
+
+    async def forget(self, inode_list: Any) -> None:
+        pass  # every inode lives as long as the mount
+
+    @_guard
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        if self._node(inode).kind is not Kind.DIR:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return inode
+
+    @_guard
+    async def readdir(self, fh: int, start_id: int, token: Any) -> None:
+        # Offsets 0 and 1 are "." and ".."; child k follows at offset k + 2.
+        dots = ((b".", fh), (b"..", self.tree.parent_of(fh)))
+        for i in range(start_id, 2):
+            name, inode = dots[i]
+            if not pyfuse3.readdir_reply(token, name, self._attrs(self._node(inode)), i + 1):
+                return
+        first = max(start_id - 2, 0)
+        for k, (name, node) in enumerate(self.tree.iter_children(fh, first), first):
+            if not pyfuse3.readdir_reply(token, name, self._attrs(node), k + 3):
+                break
+
+    async def releasedir(self, fh: int) -> None:
+        pass
+
+    @_guard
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = BLOCK_SIZE
+        s.f_frsize = 4096
+        s.f_blocks = (self._total_bytes + 4095) // 4096
+        s.f_bfree = s.f_bavail = 0
+        s.f_files = self.tree.inode_count
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = 255
+        return s
+
+    # -- extended attributes ---------------------------------------------
+
+    def _xattrs(self, node: Node) -> dict[bytes, bytes]:
+        entry = node.entry
+        if node.kind is not Kind.FILE or entry is None:
+            return {}
+        out = {b"user.xet.hash": entry.hex.encode(), b"user.xet.terms": str(entry.num_terms).encode()}
+        if entry.sha256:
+            out[b"user.xet.sha256"] = entry.sha256.encode()
+        return out
+
+    def file_stats(self, node: Node) -> bytes | None:
+        """``FILE_STATS_XATTR`` of ``node``: its size and distinct chunks, and what its reads decoded (JSON)."""
+        entry = node.entry
+        if node.kind is not Kind.FILE or entry is None:
+            return None
+        decoded = self.reader.file_statistics(entry.file_hash)
+        doc = {"hash": entry.hex, "size": entry.size, "chunks": entry.num_chunks,
+               "decoded_chunks": decoded.chunks, "decoded_bytes": decoded.bytes}  # fmt: skip
+        return json.dumps(doc).encode()
+
+    @_guard
+    async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        node = self._node(inode)
+        value = self.file_stats(node) if name == FILE_STATS_XATTR else self._xattrs(node).get(name)
+        if value is None:
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return value
+
+    @_guard
+    async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
+        return list(self._xattrs(self._node(inode)))
+
+    # -- reading -------------------------------------------------------------
+
+    @_guard
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        node = self._node(inode)
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if node.kind is Kind.DIR:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        fh = self._next_fh
+        self._next_fh += 1
+        handle = _Handle(node)
+        if node.kind is Kind.STATS:
+            # One document per open: the size and the bytes a reader sees never change under it.
+            handle.snapshot = self._stats_latest = self.stats_document()
+            self._stats_open += 1
+            self._handles[fh] = handle
+            return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
+        if node.kind is Kind.DATA:  # bytes held by the tree (a Hub ref): served like the stats snapshot
+            handle.snapshot = node.data
+            self._handles[fh] = handle
+            return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=True)
+        if node.entry is None:
+            raise pyfuse3.FUSEError(errno.EIO)
+        handle.reading = self.sessions.open(inode, node.entry)
+        direct = self.options.direct_io
+        self._handles[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
+
+    # pyfuse3 replies with any buffer (PyObject_GetBuffer): a memoryview saves a copy.  A view
+    # of the workers' shared memory is valid until the next await; pyfuse3 copies it into the
+    # reply as soon as this returns, so nothing after the reader's read may await.
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
+        # Not @_guard: the hot path spares itself the wrapper's coroutine, and maps errors the same way.
+        try:
+            handle = self._handles.get(fh)
+            if handle is None:
+                raise pyfuse3.FUSEError(errno.EBADF)
+            reading = handle.reading
+            if reading is None:  # bytes fixed at open (stats, a Hub ref)
+                return handle.snapshot[off : off + size]
+            self._reads.requests += 1
+            data, through = self.sessions.read_now(reading, off, size)
+            if data is None:
+                try:
+                    data = await self.sessions.read_rest(reading, off, size, through)
+                except XetfsError as exc:
+                    self._log_failed_read(handle.node, off, size, exc)
+                    raise pyfuse3.FUSEError(errno.EIO) from None
+            self._reads.bytes += len(data)
+            return data
+        except Exception as exc:
+            raise _fuse_error("read", exc) from None
+
+    def _log_failed_read(self, node: Node, off: int, size: int, exc: XetfsError) -> None:
+        """Log a failed read, once in ``REPEATS_QUIET`` seconds for the same read and failure: the kernel
+        and readers try a failed read again (each try is counted in ``errors``)."""
+        message = f"read of {self._describe(node)} at file offset {off} ({size} bytes) failed: {exc}"
+        if message not in self._failures_logged:
+            self._failures_logged[message] = None
+            log.error("%s", message)
+
+    def _describe(self, node: Node) -> str:
+        """``path (file <hex>)`` for messages, or ``file <hex>`` when the file has no other name."""
+        entry = node.entry
+        if entry is None:
+            return f"inode {node.inode}"
+        name = self._names.get(node.inode)
+        if name is None:
+            if len(self._names) >= 1024:
+                self._names.clear()
+            name = self._names[node.inode] = self.tree.name_of(node.inode) or ""
+        return f"{name} (file {entry.hex})" if name and name != entry.hex else f"file {entry.hex}"
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if handle is None:
+            return
+        if handle.node.kind is Kind.STATS:
+            self._stats_open -= 1
+        if handle.reading is not None:
+            self.sessions.close(handle.node.inode)
+
+    async def flush(self, fh: int) -> None:
+        # Nothing to flush in a read-only filesystem: ENOSYS tells the kernel never to ask again, which
+        # spares every close() of a file a round trip.
+        raise pyfuse3.FUSEError(errno.ENOSYS)
+
+    @_guard
+    async def access(self, inode: int, mode: int, ctx: Any) -> bool:
+        self._node(inode)
+        return not mode & os.W_OK
+
+    def stats_document(self) -> bytes:
+        """The live counters as JSON (``.xetfs/stats``)."""
+        r = self.reader.statistics()
+        groups = {"reads": self._reads, "cache": r.cache, "layouts": r.layouts, "decode": r.decode, "store": r.store,
+                  "prefetch": r.prefetch, "workers": r.workers, "errors": r.errors, "index": self.index_counters,
+                  "remote": r.remote, "refresh": self.refresh}  # fmt: skip
+        doc = document(groups, self._started)
+        doc["pid"] = os.getpid()  # (``xetfs refresh`` signals it)
+        doc["refresh_error"] = self.refresh_error
+        return (json.dumps(doc, indent=2) + "\n").encode()

@@ -1,0 +1,128 @@
+"""Refreshing a live mount: what was added to its store since it was mounted, without a remount.
+
+A pack (or a push) adds shards, xorbs, and perhaps a new catalogue or
+names manifest to a store; a mount reads them only when it refreshes
+(``xetfs refresh MNT`` sends its daemon ``SIGUSR1``; ``--refresh-every S``
+refreshes on a timer).  A refresh:
+
+1. lists the store again, from the server itself for a remote store (never
+   a cached listing), reads and parses the new shards and indexes them into
+   a copy of the index, reads the catalogue or manifest again and builds the
+   tree again: all in a thread, with nothing of the live mount changed, so
+   that a refresh that fails (the server is down, a new shard is bad) leaves
+   the mount as it was, and says why;
+2. then, on the daemon's thread, puts the new index and tree in place
+   (``stabletree.renumber``: inodes the kernel knows keep their numbers) and
+   asks the kernel to forget what the change made wrong: directory entries,
+   attributes, the bytes of a ref that moved.  Those requests run in
+   threads or pyfuse3's queue, never blocking the daemon.
+
+Files already open keep reading what they read: a read session holds its
+file's entry, and the store only grows.  A file no name shows any more is
+still read through open handles and by hash (``.xetfs/by-hash``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import pyfuse3
+import trio
+
+from xetfs.base.errors import XetfsError
+from xetfs.base.stats import RefreshCounters
+from xetfs.format.shard import parse_shard
+from xetfs.names.stabletree import Changes, TreeLike, renumber
+from xetfs.storage.index import Index
+from xetfs.storage.remote import load_listing
+from xetfs.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Update:
+    index: Index
+    tree: TreeLike
+    changes: Changes
+    shards: int
+
+
+class Refresher:
+    """Refreshes of one mount: ``refresh`` is safe to call at any time from the daemon's trio thread."""
+
+    def __init__(self, fs: RefreshTarget, store: Store, build_tree: Callable[[Index], TreeLike]) -> None:
+        """``fs``: what serves the index and tree, and holds the counters; ``build_tree``: the mount's tree
+        of an index (its layout, catalogue or names read afresh from the store), which may raise
+        ``XetfsError``."""
+        self.fs = fs
+        self.store = store
+        self.build_tree = build_tree
+        self._lock = trio.Lock()
+
+    async def refresh(self) -> None:
+        """Load what was added to the store; a failure is logged and counted, never raised."""
+        async with self._lock:
+            try:
+                update = await trio.to_thread.run_sync(self._prepare, self.fs.current_index(), self.fs.current_tree())
+            except (XetfsError, OSError) as exc:
+                self.fs.refresh.failures += 1
+                self.fs.refresh.last_failure = int(time.time())
+                self.fs.refresh_error = str(exc)
+                log.warning("refresh failed, the mount is as it was: %s", exc)
+                return
+            files = len(update.index) - len(self.fs.current_index())
+            self.fs.replace(update.index, update.tree)
+            c = self.fs.refresh
+            c.refreshes += 1
+            c.last_refresh = int(time.time())
+            c.files_added += files
+            c.shards_added += update.shards
+            self.fs.refresh_error = ""
+            log.info("refreshed: %d new shards, %d new files, %d new names", update.shards, files,
+                     update.changes.added)  # fmt: skip
+            await _invalidate(update.changes)
+
+    def _prepare(self, index: Index, tree: TreeLike) -> _Update:
+        """The new index and tree (in a thread; nothing of the live mount changes here)."""
+        listing = load_listing(self.store.source, fallback=False)
+        new_shards = self.store.add(listing)
+        shards = [parse_shard(self.store.read_shard(f), where=f"shard {f.name}") for f in new_shards]
+        grown = index.copy()
+        for shard in shards:
+            grown.add_shard(shard)
+        stable, changes = renumber(tree, self.build_tree(grown))
+        return _Update(grown, stable, changes, len(shards))
+
+
+class RefreshTarget(Protocol):
+    """What a refresh changes: the served index and tree (``fs.XetFS``), and where it counts."""
+
+    refresh: RefreshCounters
+    refresh_error: str
+
+    def current_index(self) -> Index: ...
+
+    def current_tree(self) -> TreeLike: ...
+
+    def replace(self, index: Index, tree: TreeLike) -> None: ...
+
+
+async def _invalidate(changes: Changes) -> None:
+    """Ask the kernel to forget what ``changes`` made wrong, without ever blocking the daemon's thread."""
+    for parent, name in changes.entries:
+        pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+    inodes = [(inode, True) for inode in changes.directories] + [(inode, False) for inode in changes.contents]
+    if inodes:
+        await trio.to_thread.run_sync(_forget, inodes, abandon_on_cancel=True)
+
+
+def _forget(inodes: list[tuple[int, bool]]) -> None:
+    for inode, attr_only in inodes:
+        with contextlib.suppress(OSError):  # ENOENT: the kernel does not have it cached, nothing to forget
+            pyfuse3.invalidate_inode(inode, attr_only)

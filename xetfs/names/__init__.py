@@ -1,0 +1,1 @@
+"""Names: the directory tree a mount shows (the named tree, and the Hub cache layout)."""

@@ -1,0 +1,348 @@
+"""A decode worker process: reads, decodes and verifies chunk runs and xorb layouts for the mount daemon.
+
+The daemon (``pool.DecodePool``) starts workers with ``python -m
+xetfs.read.decode_worker SHM_FD SLOTS SLOT_SIZE``.  ``SHM_FD`` is a shared memory
+file of ``SLOTS * SLOT_SIZE`` bytes, split into slots; the daemon lends
+slots to decode jobs.  Messages are the typed records below, sent as
+length-prefixed pickles (both ends are this package):
+
+* ``Setup`` first: how to reach the store's source, for a remote store
+  (its URL and options, secrets included: they travel over the pipe, never
+  on a command line).
+* ``DecodeJob`` → ``Decoded``: read the serialized chunks of its parts from
+  ``source`` (a local file, or one fetch from the store's source), decode
+  and verify each chunk, and write each part's chunks one after another
+  into its slot.  ``Decoded.sizes`` holds, per part and chunk, its decoded
+  length or the ``WorkerError`` that stopped it.  Chunks stored raw in a
+  local file are read straight into the slot and checked there.  Fetched
+  bytes whose chunks all verified are kept in the disk cache when the job
+  says where (``source.cache_to``).
+* ``LayoutJob`` → ``LayoutLoaded``: read and check a local xorb's layout
+  (``store.read_layout``: footer, Merkle root against the name).
+
+Before the first job the worker sends ``Ready``.  Fetches of a remote
+store start as soon as their jobs arrive, a few at a time in threads
+(obstore releases the GIL), so that the network and the decoding overlap;
+results go back in the order the jobs came.  The worker exits when its
+input closes, that is when the daemon goes away.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import pickle
+import queue
+import signal
+import struct
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import astuple, dataclass
+from pathlib import Path
+
+from xetfs.base import errors
+from xetfs.base.errors import XetfsError
+from xetfs.base.hashes import to_hex
+from xetfs.base.malloc import keep_freed_memory
+from xetfs.base.settings import MAX_OPEN_FILES, WORKER_FETCHES
+from xetfs.base.stats import RemoteCounters
+from xetfs.format.chunk import HEADER_SIZE, Buffer
+from xetfs.format.xorb import ChunkRun, XorbLayout, check_in_place, decode_chunks_into
+from xetfs.storage.objects import ObjectSource, RemoteOptions
+from xetfs.storage.store import ChunkSource, OpenFiles, open_xorb, read_chunk_run, read_layout
+
+FRAME = struct.Struct("<I")
+MAX_IN_PLACE_CHUNKS = 256  # two buffers a chunk in one preadv: within IOV_MAX (1024)
+
+# What a worker may name in an error, mapped back to the class the daemon raises.
+_ERROR_CLASSES: dict[str, type[XetfsError]] = {
+    cls.__name__: cls
+    for cls in (
+        errors.XorbFormatError,
+        errors.FormatError,
+        errors.IntegrityError,
+        errors.MissingObjectError,
+        errors.ObjectReadError,
+        errors.StoreError,
+        errors.StoreTimeoutError,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerError:
+    """An error as a worker reports it: its class name and message."""
+
+    kind: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: XetfsError) -> WorkerError:
+        return cls(type(exc).__name__, str(exc))
+
+    def error(self) -> XetfsError:
+        """The error as the class the daemon would have raised."""
+        return _ERROR_CLASSES.get(self.kind, errors.XorbFormatError)(self.message)
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """How a worker reaches the store's source: a remote store's URL and options, or None (a local store)."""
+
+    remote: tuple[str, RemoteOptions] | None
+    cache_tmp: str | None  # where disk-cache entries are written before they are renamed into place
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Adjacent chunks of a job decoded into one slot."""
+
+    slot: int
+    chunks: ChunkRun
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeJob:
+    job_id: int
+    source: ChunkSource
+    xorb_hash: bytes
+    parts: tuple[Part, ...]  # adjacent, in order
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutJob:
+    job_id: int
+    path: str
+    xorb_hash: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Fetched:
+    """What a worker's fetches from a remote store cost since its last report."""
+
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    job_id: int
+    sizes: list[list[int | WorkerError]]  # per part, per chunk, in order
+    read_bytes: int  # bytes read from the store or the disk cache
+    fetched: Fetched  # what fetching them from a remote store cost
+    cached: int | str  # bytes kept in the disk cache, or why they could not be (an error message)
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutLoaded:
+    job_id: int
+    layout: XorbLayout | WorkerError
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """A worker can take jobs."""
+
+
+Job = DecodeJob | LayoutJob
+Result = Decoded | LayoutLoaded | Ready
+
+
+def encode_frame(message: Job | Result | Setup) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return FRAME.pack(len(body)) + body
+
+
+def _read_exactly(fd: int, n: int) -> bytes | None:
+    """``n`` bytes from ``fd``, or None at end of input."""
+    parts = []
+    while n:
+        part = os.read(fd, n)
+        if not part:
+            return None
+        parts.append(part)
+        n -= len(part)
+    return b"".join(parts)
+
+
+def read_frame(fd: int) -> object | None:
+    """The next message on ``fd``, or None at end of input."""
+    head = _read_exactly(fd, FRAME.size)
+    if head is None:
+        return None
+    body = _read_exactly(fd, FRAME.unpack(head)[0])
+    return None if body is None else pickle.loads(body)
+
+
+class Worker:
+    """One worker's state: its open files, the remote source and its counters, and the shared memory."""
+
+    def __init__(self, shared: memoryview, slot_size: int, setup: Setup) -> None:
+        self.shared = shared
+        self.slot_size = slot_size
+        self.files = OpenFiles(MAX_OPEN_FILES)
+        self.counters = RemoteCounters()
+        self._reported = Fetched()
+        self.source: ObjectSource | None = None
+        if setup.remote is not None:
+            from xetfs.storage.objects import ObstoreSource
+
+            url, options = setup.remote
+            self.source = ObstoreSource(url, options, self.counters)
+        self.cache_tmp = Path(setup.cache_tmp) if setup.cache_tmp else None
+
+    def fetch(self, job: DecodeJob) -> Buffer | XetfsError:
+        """The serialized chunks of ``job`` from the remote source (in a fetch thread)."""
+        first, last = job.parts[0].chunks, job.parts[-1].chunks
+        start, end = first.phys[0], last.phys[-1]
+        if self.source is None:
+            return errors.StoreError(f"xorb {to_hex(job.xorb_hash)}: no source to fetch from")
+        buffer = bytearray(end - start)
+        try:
+            self.source.read_range_into(job.source.name, start, end, memoryview(buffer))
+        except XetfsError as exc:
+            return exc
+        return buffer
+
+    def decode(self, job: DecodeJob, fetched: Buffer | XetfsError | None) -> Decoded:
+        """Decode ``job``: from ``fetched`` (the bytes a fetch thread brought, or its error), else from a local file."""
+        src = job.source
+        if fetched is None:
+            sizes = [self._decode_local(src, job.xorb_hash, part) for part in job.parts]
+            return Decoded(job.job_id, [s for s, _ in sizes], sum(n for _, n in sizes), Fetched(), 0)
+        if isinstance(fetched, XetfsError):
+            failed = [list[int | WorkerError]([WorkerError.of(fetched)] * (len(p.chunks.phys) - 1)) for p in job.parts]
+            return Decoded(job.job_id, failed, 0, self._fetched(), 0)
+        view = memoryview(fetched)
+        base = job.parts[0].chunks.phys[0]
+        out: list[list[int | WorkerError]] = []
+        for part in job.parts:
+            run = part.chunks
+            data = view[run.phys[0] - base : run.phys[-1] - base]
+            decoded = decode_chunks_into(data, job.xorb_hash, run.specs(), self._slot(part.slot))
+            out.append([WorkerError.of(s) if isinstance(s, XetfsError) else s for s in decoded])
+        cached: int | str = 0
+        if src.cache_to and self.cache_tmp is not None and all(isinstance(s, int) for p in out for s in p):
+            from xetfs.storage.chunkcache import write_entry
+
+            written = write_entry(src.cache_to, view, self.cache_tmp)
+            cached = written if isinstance(written, int) else f"{written.errno}:{written.strerror}"
+        return Decoded(job.job_id, out, len(view), self._fetched(), cached)
+
+    def _decode_local(self, src: ChunkSource, xorb_hash: bytes, part: Part) -> tuple[list[int | WorkerError], int]:
+        """Decode one part from the local file ``src.path`` into its slot: per chunk its size or error, and
+        the bytes read."""
+        run, out = part.chunks, self._slot(part.slot)
+        count = len(run.phys) - 1
+        where = f"xorb {to_hex(xorb_hash)}" + (f" (disk cache entry {src.path})" if src.entry else "")
+        try:
+            # A disk-cache entry is opened afresh: one dropped and fetched again is a new file of the same name.
+            with contextlib.ExitStack() as stack:
+                if src.entry is None:
+                    fd = self.files.fd(src.path or "", xorb_hash)
+                else:
+                    fd = open_xorb(src.path or "", xorb_hash)
+                    stack.callback(os.close, fd)
+                if count <= MAX_IN_PLACE_CHUNKS and run.stored_raw_sized() and _read_in_place(fd, run, out, src.base):
+                    return list[int | WorkerError](run.sizes()), run.phys[-1] - run.phys[0]
+                data = read_chunk_run(fd, run.phys[0] - src.base, run.phys[-1] - src.base, run.first,
+                                      run.first + count, where=where)  # fmt: skip
+        except XetfsError as exc:
+            return [WorkerError.of(exc)] * count, 0
+        sizes = [WorkerError.of(s) if isinstance(s, XetfsError) else s
+                 for s in decode_chunks_into(data, xorb_hash, run.specs(), out)]  # fmt: skip
+        return sizes, len(data)
+
+    def load_layout(self, job: LayoutJob) -> LayoutLoaded:
+        try:
+            return LayoutLoaded(job.job_id, read_layout(self.files.fd(job.path, job.xorb_hash), job.xorb_hash))
+        except XetfsError as exc:
+            return LayoutLoaded(job.job_id, WorkerError.of(exc))
+
+    def _slot(self, slot: int) -> memoryview:
+        return self.shared[slot * self.slot_size : (slot + 1) * self.slot_size]
+
+    def _fetched(self) -> Fetched:
+        """What the fetches cost since the last report (the counters are the source's, shared by its threads)."""
+        c = self.counters
+        now = Fetched(c.requests, c.bytes, c.retries, c.errors)
+        before, self._reported = self._reported, now
+        return Fetched(*(a - b for a, b in zip(astuple(now), astuple(before), strict=True)))
+
+
+def _read_in_place(fd: int, run: ChunkRun, out: memoryview, base: int = 0) -> bool:
+    """Read a run of raw-sized chunks with their payloads straight into ``out`` (headers aside), and
+    check them there (``check_in_place``): one copy less than reading, then decoding into ``out``.
+    ``base``: the xorb offset where the file starts.  False if anything is off; the run is then
+    decoded the usual way, which says what."""
+    sizes = run.sizes()
+    headers = memoryview(bytearray(HEADER_SIZE * len(sizes)))
+    parts: list[memoryview] = []
+    pos = 0
+    for k, size in enumerate(sizes):
+        parts += (headers[k * HEADER_SIZE : (k + 1) * HEADER_SIZE], out[pos : pos + size])
+        pos += size
+    try:
+        read = os.preadv(fd, parts, run.phys[0] - base)
+    except OSError:
+        return False
+    return read == run.phys[-1] - run.phys[0] and check_in_place(headers, run, out)
+
+
+def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> None:
+    """Answer jobs until ``jobs_fd`` closes.
+
+    A thread reads the jobs as they come and starts the fetches of remote
+    ones; this thread decodes them in order and writes the results.
+    """
+    setup = read_frame(jobs_fd)
+    if not isinstance(setup, Setup):
+        return
+    worker = Worker(shared, slot_size, setup)
+    fetcher = ThreadPoolExecutor(WORKER_FETCHES) if worker.source is not None else None
+    jobs: queue.Queue[tuple[Job, Future[Buffer | XetfsError] | None] | None] = queue.Queue()
+
+    def receive() -> None:
+        try:
+            while (job := read_frame(jobs_fd)) is not None:
+                assert isinstance(job, DecodeJob | LayoutJob)
+                future = None
+                if isinstance(job, DecodeJob) and job.source.path is None and fetcher is not None:
+                    future = fetcher.submit(worker.fetch, job)
+                jobs.put((job, future))
+        finally:
+            jobs.put(None)
+
+    threading.Thread(target=receive, daemon=True).start()
+    while (item := jobs.get()) is not None:
+        job, future = item
+        result: Result
+        if isinstance(job, LayoutJob):
+            result = worker.load_layout(job)
+        else:
+            result = worker.decode(job, future.result() if future is not None else None)
+        os.write(results_fd, encode_frame(result))
+
+
+def main() -> None:
+    # Ctrl-C in a terminal reaches the whole process group; the daemon
+    # decides when workers stop (by closing their input).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    keep_freed_memory()  # a job allocates and frees megabytes
+    shm_fd, slots, slot_size = (int(a) for a in sys.argv[1:4])
+    shared = mmap.mmap(shm_fd, slots * slot_size)
+    with contextlib.suppress(BrokenPipeError):
+        os.write(sys.stdout.fileno(), encode_frame(Ready()))
+        serve(sys.stdin.fileno(), sys.stdout.fileno(), memoryview(shared), slot_size)
+    os._exit(0)  # (fetch threads may still wait on the network: nobody needs their answers)
+
+
+if __name__ == "__main__":
+    # Run the module's named copy, so that the records pickle as ``xetfs.read.decode_worker.*``, not ``__main__.*``.
+    from xetfs.read.decode_worker import main as _main
+
+    _main()

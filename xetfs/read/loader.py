@@ -1,0 +1,384 @@
+"""Chunks of a xorb as verified runs: where xorb bytes are read and decoded for the read path.
+
+``Loader.load(xorb, layout, first, stop)`` reads chunks ``[first, stop)`` of
+a xorb, decodes them and checks every chunk against its hash from the xorb
+footer (itself tied to the xorb's name) before it becomes part of a run
+(``runs.Run``).  Where the bytes come from is the store's answer
+(``Store.chunk_source``): a local file (the xorb, or a disk-cache entry of a
+remote store) or a fetch from the store's source, the same for every store.
+Ranges worth a process round trip are read, decoded and verified into slots
+of shared memory (``pool.DecodePool``) by a decode worker, or by the daemon
+while no worker can take them (starting, or lost); small ones, and any
+when every slot is in use, into the daemon's memory.  ``Loader.layout``
+reads and checks a xorb's layout, and ``Loader.run_stop`` says where a run
+ends.
+
+Blocking store reads in the daemon go through ``io``, which may run them
+inline (fastest) or in a worker thread with a time bound.  Runs on one trio
+thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any, TypeVar
+
+import trio
+
+from xetfs.base import hashes
+from xetfs.base.errors import StoreTimeoutError, XetfsError
+from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES
+from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
+from xetfs.format.chunk import Buffer
+from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_chunks_into
+from xetfs.read.decode_worker import Fetched
+from xetfs.read.pool import DecodePool, WorkerLost
+from xetfs.read.runs import Loaded, Run, RunStore
+from xetfs.storage.index import Index
+from xetfs.storage.store import ChunkSource, Store
+
+T = TypeVar("T")
+Io = Callable[..., Awaitable[Any]]
+
+
+async def inline_io(fn: Callable[..., T], *args: Any) -> T:
+    """Run a store call on the calling thread (page-cached local files)."""
+    return fn(*args)
+
+
+def threaded_io(timeout: float) -> Io:
+    """Run each store call in a worker thread; give up after ``timeout`` seconds."""
+
+    async def run(fn: Callable[..., T], *args: Any) -> T:
+        with trio.move_on_after(timeout):
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+        raise StoreTimeoutError(f"{_describe_call(args)}: store read took more than {timeout:g} s")
+
+    return run
+
+
+def _describe_call(args: tuple[Any, ...]) -> str:
+    """``xorb <hex> chunks [a, b)`` from a store call's arguments, as far as they tell."""
+    xorb = next((a for a in args if isinstance(a, bytes) and len(a) == hashes.HASH_SIZE), None)
+    ints = [a for a in args if isinstance(a, int)]
+    where = f"xorb {hashes.to_hex(xorb)}" if xorb else "store"
+    return f"{where} chunks [{ints[-2]}, {ints[-1]})" if len(ints) >= 2 else where
+
+
+class Loader:
+    """Loads of chunk ranges and layouts of the store's xorbs, with the counters of that work."""
+
+    def __init__(
+        self,
+        store: Store,
+        runs: RunStore,
+        *,
+        shared: Callable[[bytes], bool],
+        verify: bool = True,
+        io: Io = inline_io,
+        pool: DecodePool | None = None,
+        run_bytes: int = RUN_BYTES,
+        fetch_width: int | None = None,
+        remote: RemoteCounters | None = None,
+    ) -> None:
+        """``runs``: the store of runs, whose slots may be taken back for a job; ``shared``: whether
+        other terms use a xorb; ``run_bytes``: decoded bytes per store read (with decode workers
+        and a local store, a slot: a local read costs the same in any size); ``fetch_width``:
+        the daemon's own store reads in flight at most (None: no bound); ``remote``: a remote
+        store's counters, to which the workers' fetches are added."""
+        self.store = store
+        self.verify = verify
+        self._runs = runs
+        self._shared = shared
+        self._io = io
+        self._pool = pool
+        self._run_bytes = pool.slot_size if pool is not None and store.local else run_bytes
+        self._fetches = trio.CapacityLimiter(fetch_width) if fetch_width else None
+        self._remote = remote or RemoteCounters()
+        self._decode = DecodeCounters()
+        self._store = StoreCounters()
+
+    def replace_index(self, index: Index) -> None:
+        """Ask ``index`` from now on whether other terms use a xorb (a refresh added terms)."""
+        self._shared = index.shared
+
+    def statistics(self) -> tuple[DecodeCounters, StoreCounters, WorkerCounters]:
+        workers = self._pool.statistics() if self._pool is not None else WorkerCounters()
+        return replace(self._decode), replace(self._store), workers
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start background work (collecting worker results) in ``nursery``."""
+        if self._pool is not None:
+            self._pool.start(nursery)
+
+    async def wait_for_workers(self) -> None:
+        """After ``start``: wait until decode workers take jobs, or none will (at once without a pool)."""
+        if self._pool is not None:
+            await self._pool.wait_ready()
+
+    def close(self) -> None:
+        """Stop the decode workers, if any (after the runs in their slots are gone)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def _ready_pool(self) -> DecodePool | None:
+        """The decode pool, if it can take jobs now."""
+        return self._pool if self._pool is not None and self._pool.usable else None
+
+    def run_stop(self, layout: XorbLayout, start: int, limit: int) -> int:
+        """Where a run from chunk ``start`` ends: before ``limit``, within one disk-cache entry or none,
+        one store read of at most ``MAX_RUN_BYTES``, decoding to at most a run's bytes (at least one chunk)."""
+        if layout.xorb_hash is not None:
+            limit = self.store.chunk_limit(layout.xorb_hash, start, limit)
+        stop = start + 1
+        while (
+            stop < limit
+            and layout.phys_ends[stop] - layout.phys_start(start) <= MAX_RUN_BYTES
+            and layout.range_size(start, stop + 1) <= self._run_bytes
+        ):
+            stop += 1
+        return stop
+
+    async def load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
+        """Read, decode and verify chunks ``[first, stop)`` (one store read): in a worker if worth it, else here.
+
+        The bytes come from where the store says (``Store.chunk_source``): a
+        local file, a disk-cache entry, or a fetch, kept in the disk cache once
+        verified.  A disk-cache entry whose chunks fail their check is dropped,
+        and the chunks are fetched again.
+        """
+        src = self.store.chunk_source(xorb_hash, layout, first, stop)
+        try:
+            loaded = await self._load_from(src, xorb_hash, layout, first, stop)
+        except XetfsError as exc:
+            if src.entry is None:
+                raise
+            reason = str(exc)
+        else:
+            if src.entry is None or not loaded.errors:
+                return loaded
+            reason = str(next(iter(loaded.errors.values())))
+            self._free(loaded.runs)
+        assert self.store.chunks is not None
+        self.store.chunks.drop(xorb_hash, src.entry, reason)
+        src = self.store.chunk_source(xorb_hash, layout, first, stop)
+        return await self._load_from(src, xorb_hash, layout, first, stop)
+
+    async def _load_from(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
+        """``load`` from ``src``.
+
+        A range worth a process round trip is decoded into slots (one per
+        slot's worth of its chunks), by a worker, or here when no worker is
+        ready yet or one was lost, so that the daemon's memory does not grow
+        with runs that workers would have held; with every slot in use (runs
+        that reads are using, jobs in flight), it is decoded into the daemon's
+        memory rather than wait.  A run shorter than half a slot is copied out
+        of its slot into the daemon's memory once decoded: held runs never
+        leave most of a slot unused (``pool.slots_for``).
+        """
+        pool = self._pool
+        parts = self._parts(layout, first, stop)
+        slots = None
+        if pool is not None and layout.range_size(first, stop) >= pool.min_job_bytes:
+            slots = self._take_slots(pool, [layout.range_size(a, b) for a, b in parts])
+        if pool is None or slots is None:
+            return await self._here(src, xorb_hash, layout, first, stop)
+        jobs = [(slot, chunk_run(layout, a, b, verify=self.verify)) for slot, (a, b) in zip(slots, parts, strict=True)]
+        try:
+            sizes = await self._in_worker(pool, src, xorb_hash, first, stop, jobs) if pool.usable else None
+        except WorkerLost:  # stopped while it might still write into the slots (fenced): decode elsewhere
+            return await self._here(src, xorb_hash, layout, first, stop)
+        if sizes is None:  # no worker ready yet, or it was lost: decode here, into the slots
+            try:
+                data = await self._read(src, xorb_hash, layout, first, stop)
+                base, view = layout.phys_start(first), memoryview(data)
+                sizes = [decode_chunks_into(view[run.phys[0] - base : run.phys[-1] - base], xorb_hash, run.specs(),
+                                            pool.view(slot, run.unpacked[-1] - run.unpacked[0]))
+                         for slot, run in jobs]  # fmt: skip
+            except BaseException:
+                for slot in slots:
+                    pool.free_slot(slot)
+                raise
+            self._count(len(view), [s for part in sizes for s in part])
+            if all(isinstance(s, int) for part in sizes for s in part):
+                self._keep(src, xorb_hash, first, stop, data)
+        out = Loaded([], {})
+        for slot, (a, b), part in zip(slots, parts, sizes, strict=True):
+            loaded = self._slot_runs(pool, slot, xorb_hash, layout, a, b, part)
+            out.runs += loaded.runs
+            out.errors.update(loaded.errors)
+        return out
+
+    async def _here(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
+        """Read and decode chunks ``[first, stop)`` into the daemon's memory."""
+        data = await self._read(src, xorb_hash, layout, first, stop)
+        decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=self.verify).specs())
+        self._count(len(memoryview(data)), decoded)
+        if all(not isinstance(c, XetfsError) for c in decoded):
+            self._keep(src, xorb_hash, first, stop, data)
+        return _runs(xorb_hash, layout, first, decoded)
+
+    def _slot_runs(
+        self, pool: DecodePool, slot: int, xorb_hash: bytes, layout: XorbLayout, a: int, b: int,
+        sizes: Sequence[int | XetfsError],
+    ) -> Loaded:  # fmt: skip
+        """What chunks ``[a, b)``, decoded into ``slot`` (``sizes``: per chunk its size or error), make."""
+        size = layout.range_size(a, b)
+        if all(isinstance(s, int) for s in sizes):
+            if size < pool.min_slot_run:  # a short run would hold a whole slot: it moves to the daemon
+                data = bytes(pool.view(slot, size))
+                pool.free_slot(slot)
+                return Loaded([Run(xorb_hash, a, b, layout.unpacked_start(a), memoryview(data))], {})
+            run = Run(xorb_hash, a, b, layout.unpacked_start(a), pool.view(slot, size), slot)
+            run.private = not self._shared(xorb_hash)
+            return Loaded([run], {})
+        # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
+        pieces: list[Buffer | XetfsError] = []
+        at = 0
+        for s in sizes:
+            pieces.append(bytes(pool.view(slot, at + s)[at:]) if isinstance(s, int) else s)
+            at += s if isinstance(s, int) else 0
+        pool.free_slot(slot)
+        return _runs(xorb_hash, layout, a, pieces)
+
+    def _parts(self, layout: XorbLayout, first: int, stop: int) -> list[tuple[int, int]]:
+        """Chunks ``[first, stop)`` cut into pieces of a slot at most (at least a chunk each)."""
+        if self._pool is None:
+            return [(first, stop)]
+        parts = []
+        while first < stop:
+            end = first + 1
+            while end < stop and layout.range_size(first, end + 1) <= self._pool.slot_size:
+                end += 1
+            parts.append((first, end))
+            first = end
+        return parts
+
+    def _take_slots(self, pool: DecodePool, sizes: list[int]) -> list[int] | None:
+        """A slot for each size, or None (and none taken) if not enough are free."""
+        slots: list[int] = []
+        for size in sizes:
+            slot = self._take_slot(pool, size)
+            if slot is None:
+                for taken in slots:
+                    pool.free_slot(taken)
+                return None
+            slots.append(slot)
+        return slots
+
+    def _free(self, runs: Sequence[Run]) -> None:
+        """Give back the slots of runs that were loaded but will not be kept."""
+        for run in runs:
+            if run.slot is not None and self._pool is not None:
+                self._pool.free_slot(run.slot)
+
+    def _keep(self, src: ChunkSource, xorb_hash: bytes, first: int, stop: int, data: Buffer) -> None:
+        """Keep fetched bytes whose chunks all verified in the disk cache, where ``src`` says."""
+        if src.cache_to is not None and self.store.chunks is not None:
+            self.store.chunks.put(xorb_hash, first, stop, data)
+
+    async def _in_worker(
+        self, pool: DecodePool, src: ChunkSource, xorb_hash: bytes, first: int, stop: int,
+        jobs: list[tuple[int, ChunkRun]],
+    ) -> list[list[int | XetfsError]] | None:  # fmt: skip
+        """Decode in a worker into the jobs' slots: per part and chunk its size or error; None if the worker
+        was lost (the slots are still the caller's).  Raises ``WorkerLost`` if the slots were fenced (the
+        caller decodes elsewhere).  If cancelled, the pool frees the slots once the worker is done."""
+        try:
+            decoded = await pool.decode(src, xorb_hash, jobs)
+        except WorkerLost as lost:
+            self._decode.worker_fallbacks += 1
+            if lost.fenced:
+                raise
+            return None
+        sizes = [[s if isinstance(s, int) else s.error() for s in part] for part in decoded.sizes]
+        self._decode.in_workers += sum(isinstance(s, int) for part in sizes for s in part)
+        self._count(decoded.read_bytes, [s for part in sizes for s in part])
+        self._add_fetched(decoded.fetched)
+        if decoded.cached and self.store.chunks is not None:
+            cached = decoded.cached
+            self.store.chunks.added(xorb_hash, first, stop, cached if isinstance(cached, int) else OSError(cached))
+        return sizes
+
+    def _add_fetched(self, fetched: Fetched) -> None:
+        """Count what a worker's fetches from a remote store cost with the daemon's own."""
+        r = self._remote
+        r.requests += fetched.requests
+        r.bytes += fetched.bytes
+        r.retries += fetched.retries
+        r.errors += fetched.errors
+
+    async def _read(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:
+        """The serialized chunks ``[first, stop)`` of a xorb, from ``src`` (``io``, within ``fetch_width``)."""
+        phys = (layout.phys_start(first), layout.phys_ends[stop - 1])
+        if self._fetches is None:
+            data: Buffer = await self._io(self.store.read_source, xorb_hash, src, *phys, first, stop)
+            return data
+        async with self._fetches:
+            fetched: Buffer = await self._io(self.store.read_source, xorb_hash, src, *phys, first, stop)
+            return fetched
+
+    def _take_slot(self, pool: DecodePool, size: int) -> int | None:
+        """A free slot, or None if every slot is in use.
+
+        In order: a free slot already in memory; the slot of a private run a sequential reader
+        has read through; a slot never used (touching new memory costs far more than reusing);
+        the slot of the least useful run no read is using.
+        """
+        slot = pool.take_slot(size, fresh=False)
+        if slot is None and self._runs.recycle_slot():
+            slot = pool.take_slot(size, fresh=False)
+        if slot is None:
+            slot = pool.take_slot(size)
+        if slot is None and self._runs.free_a_slot():
+            slot = pool.take_slot(size)
+        return slot
+
+    def _count(self, read_bytes: int, chunks: Sequence[Buffer | int | XetfsError]) -> None:
+        """Count one store read that decoded ``chunks`` (bytes, sizes or errors); a worker's job that
+        read nothing (its xorb would not open) is no store read."""
+        if not read_bytes:
+            return
+        self._store.reads += 1
+        self._store.bytes += read_bytes
+        self._decode.runs += 1
+        for c in chunks:
+            if not isinstance(c, XetfsError):
+                self._decode.chunks += 1
+                self._decode.bytes += c if isinstance(c, int) else len(memoryview(c))
+
+    async def layout(self, xorb_hash: bytes) -> XorbLayout:
+        """Read and check a xorb's layout, in a decode worker when one is ready (it takes milliseconds)."""
+        pool = self._ready_pool()
+        path = self.store.xorb_file(xorb_hash)
+        if pool is not None and path is not None:  # (a remote xorb's layout: one fetch of its tail, in a thread)
+            try:
+                layout = await pool.layout(path, xorb_hash)
+            except WorkerLost:
+                self._decode.worker_fallbacks += 1
+            else:
+                self._decode.layouts_in_workers += 1
+                self._store.layouts += 1
+                return layout
+        loaded: XorbLayout = await self._io(self.store.load_layout, xorb_hash)
+        self._store.layouts += 1
+        return loaded
+
+
+def _runs(xorb_hash: bytes, layout: XorbLayout, first: int, chunks: Sequence[Buffer | XetfsError]) -> Loaded:
+    """Runs of the adjacent chunks that decoded (from chunk ``first`` on), and the errors of those that did not."""
+    runs: list[Run] = []
+    errors: dict[int, XetfsError] = {}
+    start, pieces = first, list[Buffer]()
+    for i, chunk in enumerate([*chunks, None], first):
+        if isinstance(chunk, XetfsError) or chunk is None:
+            if pieces:
+                runs.append(Run(xorb_hash, start, i, layout.unpacked_start(start), memoryview(b"".join(pieces))))
+            if chunk is not None:
+                errors[i] = chunk
+            start, pieces = i + 1, []
+        else:
+            pieces.append(chunk)
+    return Loaded(runs, errors)

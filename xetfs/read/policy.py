@@ -1,0 +1,198 @@
+"""How one file is being read, and what to decode ahead of it (pure; no FUSE, no I/O).
+
+``ReadPolicy.on_read`` is told every read of the file that reaches the daemon
+(over all its open handles: the kernel's page cache is per file) and answers
+with a ``Decision``: whether the read continues a sequential stream (its runs
+may then be evicted first once read, since the kernel's page cache serves
+those bytes), and which range, if any, to prefetch.
+
+One file may be read as several sequential streams at once: a loader that
+takes tensors in name order through ``mmap`` reads two or three regions of the
+file in turn (safetensors groups tensors by dtype), a parquet reader several
+column chunks, several processes at different places. So, like ZFS's
+prefetcher, the policy keeps up to ``max_streams`` streams, most recently used
+first. A read that starts where a stream's reads ended continues it. The
+kernel sends a sequential reader's requests several at a time and they may
+arrive out of order, and a page fault in a mapped file asks for the pages
+around it before the reads in front of it have come, so once a stream is
+prefetching, any read from its start to ``slack`` past its front, or to the
+end of what it has prefetched, belongs to it.
+
+Any other read shorter than ``small`` is only remembered, among the last
+``max_singles`` such reads, and a read that starts where one of those ended
+makes the two a new stream; a longer read starts a stream at once (it may be
+a sequential reader's first).  A new stream takes the place of the least
+recently used stream that has covered no more than the read that makes it,
+or else of the stream that has covered the fewest bytes.  So small random
+reads, the most common reads of all, cost a few dict lookups and never end
+a sequential reader's stream, however many another process makes.  Two
+streams that come to end at the same offset (two readers in step) become
+one.
+
+The caller may leave out reads that cached bytes answer unless ``watches``
+says otherwise: a small read that continues no stream and no remembered
+read, while no stream is prefetching, can only be remembered.  So a random
+reader's small reads of cached bytes, the commonest request of all, skip the
+policy.  The price: a small-block sequential reader that starts in cached
+bytes is seen only from its first read of bytes not cached on (every read
+after that one continues it, cached or not), so its prefetch starts 64 reads
+later than it would have; larger reads are always told.
+
+A stream prefetches once it has covered ``min_stream`` bytes, so that two
+small random reads that happen to be adjacent decode nothing ahead. Its window
+then doubles on every read up to ``maximum``, and is topped up once half of it
+has been consumed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xetfs.base.settings import (
+    PREFETCH_INITIAL,
+    PREFETCH_MAXIMUM,
+    PREFETCH_MIN_STREAM,
+    PREFETCH_SINGLES,
+    PREFETCH_SLACK,
+    PREFETCH_SMALL,
+    PREFETCH_STREAMS,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    sequential: bool  # the read continues a sequential stream
+    prefetch: tuple[int, int] | None = None  # (offset, length) to decode ahead
+
+
+RANDOM = Decision(False)  # shared: one is needed for every random read
+SEQUENTIAL = Decision(True)
+
+
+@dataclass(slots=True, eq=False)  # (compared by identity: two streams may be alike)
+class Stream:
+    start: int  # where its first read began
+    front: int  # where its furthest read ended
+    window: int = 0  # prefetch window, 0 until it has covered min_stream bytes
+    ahead_end: int = 0  # everything before this has been asked for
+
+    def reach(self, slack: int) -> int:
+        """How far ahead a read still belongs to the stream: within ``slack`` of its front, or in what it prefetched.
+
+        (Once it prefetches, any read from its start up to here belongs to it.)
+        """
+        return max(self.front + slack, self.ahead_end)
+
+
+@dataclass
+class ReadPolicy:
+    initial: int = PREFETCH_INITIAL
+    maximum: int = PREFETCH_MAXIMUM
+    slack: int = PREFETCH_SLACK
+    min_stream: int = PREFETCH_MIN_STREAM
+    max_streams: int = PREFETCH_STREAMS
+    max_singles: int = PREFETCH_SINGLES
+    small: int = PREFETCH_SMALL  # reads shorter than this that continue nothing are singles
+    streams: list[Stream] = field(default_factory=list)  # most recently used first
+    # Where each stream's reads end (one stream per offset: two that meet become one), and where the
+    # last reads that continued no stream began, by where they ended.
+    _fronts: dict[int, Stream] = field(default_factory=dict)
+    _singles: dict[int, int] = field(default_factory=dict)
+    _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
+
+    def on_read(self, offset: int, length: int, file_size: int, busy: bool = False) -> Decision:
+        """Record a read; ``busy`` says enough prefetches are running, for the file or over all files
+        (ask for nothing now)."""
+        if not length:
+            return RANDOM
+        end = offset + length
+        stream = self._fronts.get(offset)
+        if stream is None and self._prefetching:
+            stream = self._near(offset)
+        if stream is None:
+            singles = self._singles
+            start = singles.pop(offset, None)
+            if start is None:
+                if length < self.small:
+                    singles.pop(end, None)  # (a read made again is the latest)
+                    singles[end] = offset
+                    if len(singles) > self.max_singles:
+                        del singles[next(iter(singles))]  # the oldest
+                else:  # a larger read may be a sequential reader's first: a stream at once
+                    self._advance(self._start(offset, length), end)
+                return RANDOM
+            stream = self._start(start, length)
+        elif stream is not self.streams[0]:
+            self.streams.remove(stream)
+            self.streams.insert(0, stream)
+        if end > stream.front:
+            self._advance(stream, end)
+        if stream.front - stream.start < self.min_stream:
+            return RANDOM
+        if not stream.window:
+            self._prefetching += 1
+        stream.window = min(self.maximum, max(self.initial, stream.window * 2))
+        start = max(stream.ahead_end, stream.front)
+        stop = min(file_size, stream.front + stream.window)
+        # Top the window up only once half of it has been consumed.
+        if stop <= start or busy or (stop - start < stream.window // 2 and stop < file_size):
+            return SEQUENTIAL
+        stream.ahead_end = stop
+        return Decision(True, (start, stop - start))
+
+    def watches(self, offset: int, length: int) -> bool:
+        """Whether a read may get a decision: it may start or continue a stream, or a stream of the
+        file is prefetching (its window and drop-behind follow every read).
+
+        A read it does not watch, a small one that continues no stream and no remembered read, gets
+        no prefetch and is not sequential: ``on_read`` would only remember it, and the caller may
+        leave that out when cached bytes answer the read.
+        """
+        return self._prefetching > 0 or length >= self.small or offset in self._fronts or offset in self._singles
+
+    def _near(self, offset: int) -> Stream | None:
+        """The prefetching stream (most recently used first) a read at ``offset`` lies in, if any."""
+        for stream in self.streams:
+            if stream.window and stream.start <= offset <= stream.reach(self.slack):
+                return stream
+        return None
+
+    def _advance(self, stream: Stream, front: int) -> None:
+        fronts = self._fronts
+        if fronts.get(stream.front) is stream:
+            del fronts[stream.front]
+        stream.front = front
+        other = fronts.get(front)
+        if other is not None and other is not stream:
+            # Two streams end here now (two readers in step): one stream from here on, or the other
+            # could never be continued again.
+            self.streams.remove(other)
+            if other.window:
+                self._prefetching -= 1 if stream.window else 0
+                stream.window = max(stream.window, other.window)
+            stream.start = min(stream.start, other.start)
+            stream.ahead_end = max(stream.ahead_end, other.ahead_end)
+        fronts[front] = stream
+
+    def _start(self, start: int, length: int) -> Stream:
+        """A new stream from ``start``, first, for a read of ``length`` (which then advances it)."""
+        streams = self.streams
+        if len(streams) >= self.max_streams:
+            # The least recently used stream no longer than this read gives way, else the one that has
+            # covered the fewest bytes (the least recently used of those).
+            at = least = -1
+            for i in range(len(streams) - 1, -1, -1):
+                covered = streams[i].front - streams[i].start
+                if covered <= length:
+                    at = i
+                    break
+                if least < 0 or covered < least:
+                    at, least = i, covered
+            gone = streams.pop(at)
+            if gone.window:
+                self._prefetching -= 1
+            if self._fronts.get(gone.front) is gone:
+                del self._fronts[gone.front]
+        stream = Stream(start, start)
+        streams.insert(0, stream)
+        return stream

@@ -1,0 +1,499 @@
+"""Decode worker processes for the mount daemon (trio side).
+
+Decoding and hashing chunks is CPU work, and in the daemon it would share
+one core (and the GIL) with answering FUSE.  ``DecodePool`` hands runs of
+chunks to worker processes (``decode_worker``) instead.  Each decode job
+writes into a slot of one shared memory file; the caller takes a slot
+(``take_slot``), owns it while the run decoded there is held, and gives it
+back explicitly (``free_slot``) when the run is evicted.  Threads would not
+help: python-lz4, pyfuse3's reply and most of the decode path hold the GIL,
+and a thread hop costs more than decoding a chunk.
+
+Checking a xorb's layout (its footer, and the ~1,000 chunk hashes tied to
+the xorb's name: milliseconds of Python) is a job too; the daemon only
+unpickles the result.  A worker that dies fails its pending jobs with
+``WorkerLost``; the caller then does the work in the daemon, so a lost
+worker costs speed, never a read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import mmap
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import trio
+
+from xetfs.base.errors import StoreTimeoutError
+from xetfs.base.hashes import to_hex
+from xetfs.base.settings import KEEP_FREE_SLOTS, MAX_WORKERS, MIN_JOB_BYTES, SLOT_SIZE, SLOTS_PER_WORKER
+from xetfs.base.stats import WorkerCounters
+from xetfs.format.xorb import ChunkRun, XorbLayout
+from xetfs.read.decode_worker import (
+    FRAME,
+    Decoded,
+    DecodeJob,
+    Job,
+    LayoutJob,
+    LayoutLoaded,
+    Part,
+    Ready,
+    Result,
+    Setup,
+    encode_frame,
+)
+from xetfs.storage.store import ChunkSource
+
+log = logging.getLogger(__name__)
+
+
+def default_workers() -> int:
+    """One worker per CPU the daemon may use, at most ``MAX_WORKERS``."""
+    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+
+
+def slots_for(cache_size: int, workers: int) -> int:
+    """Slots for a cache of ``cache_size`` bytes, and the jobs in flight.
+
+    A run held in a slot fills at least half of it (``Loader.load`` copies shorter ones out:
+    ``DecodePool.min_slot_run``), so the cache can fill with them before the slots run out.  Each
+    process maps every slot: twice the cache in address space, touched only as far as runs reach.
+    """
+    return max(0, cache_size) // (SLOT_SIZE // 2) + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
+
+
+class WorkerLost(Exception):
+    """The worker holding a job exited, or was stopped; the caller should decode it itself.
+
+    ``fenced``: the worker was killed while it might still write into the
+    job's slots, which are never used again: the caller decodes elsewhere.
+    """
+
+    def __init__(self, message: str, *, fenced: bool = False) -> None:
+        super().__init__(message)
+        self.fenced = fenced
+
+
+@dataclass(eq=False)
+class _Pending:
+    slots: tuple[int, ...]  # empty: a layout job, which needs no shared memory
+    done: trio.Event = field(default_factory=trio.Event)
+    result: Result | None = None  # None if the worker was lost
+    abandoned: bool = False  # the caller was cancelled: the slots are freed when the worker is done with them
+    fenced: bool = False  # the worker was killed: the slots are never used again
+
+
+@dataclass(eq=False)
+class _Worker:
+    number: int
+    process: subprocess.Popen[bytes]
+    jobs_fd: int
+    results_fd: int
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    unread: bytearray = field(default_factory=bytearray)  # results received in part
+    unsent: bytearray = field(default_factory=bytearray)  # jobs its full input pipe did not take yet
+    sending: bool = False  # a task is writing ``unsent`` as the pipe takes it
+    alive: bool = True
+    collecting: bool = False  # a task is reading its results
+    ready: bool = False  # it has said it can take jobs
+
+
+class DecodePool:
+    def __init__(
+        self,
+        workers: int,
+        *,
+        slots: int | None = None,
+        slot_size: int = SLOT_SIZE,
+        setup: Setup | None = None,
+        job_timeout: float | None = None,
+    ) -> None:
+        """``setup``: how workers reach the store's source (a remote store's URL and options: secrets go
+        over the workers' input, never their command line); ``job_timeout``: seconds after which a job's
+        worker is taken for hung, stopped and replaced, and the job fails (``StoreTimeoutError``)."""
+        if workers < 1:
+            raise ValueError("a decode pool needs at least one worker")
+        self._setup = setup or Setup(None, None)
+        self.job_timeout = job_timeout
+        self.slot_size = slot_size
+        self.min_job_bytes = MIN_JOB_BYTES
+        self.min_slot_run = slot_size // 2  # a run decoded into a slot stays there only from this long on
+        self.capacity = workers * SLOTS_PER_WORKER  # jobs worth keeping in flight
+        self._slot_count = slots = max(slots or 0, self.capacity + KEEP_FREE_SLOTS)
+        self._memfd = os.memfd_create("xetfs-decode", os.MFD_CLOEXEC)
+        os.ftruncate(self._memfd, slots * slot_size)
+        self._shared = mmap.mmap(self._memfd, slots * slot_size)
+        self._view = memoryview(self._shared)
+        self._touched: list[int] = []  # free slots whose pages are still in memory (reused first)
+        self._fresh = list(range(slots - 1, -1, -1))  # free slots without pages
+        self._resident = [0] * slots  # per slot, the bytes from its start that may have pages
+        self._extra = [0] * slots  # per slot in use, its pages past the run it holds
+        self._spare_used = 0  # their sum
+        self.spare_bytes = KEEP_FREE_SLOTS * slot_size  # what that sum may reach
+        self._next_id = 0
+        self._fenced: set[int] = set()  # slots a killed worker may still write into: never used again
+        self._closed = False
+        self._count = workers
+        self._workers: list[_Worker] = []
+        self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
+        self._nursery: trio.Nursery | None = None  # where ``start`` runs the pool's tasks
+        self._counters = WorkerCounters(workers=workers, slots=slots, slot_bytes=slot_size)
+
+    def statistics(self) -> WorkerCounters:
+        """A snapshot of the pool's counters."""
+        c = self._counters
+        c.alive = sum(w.alive for w in self._workers)
+        c.free_slots = len(self._touched) + len(self._fresh)
+        return replace(c)
+
+    @property
+    def usable(self) -> bool:
+        """Jobs can be sent: a worker is ready, alive, and its results are being collected."""
+        return any(self._takes_jobs(w) for w in self._workers)
+
+    @staticmethod
+    def _takes_jobs(worker: _Worker) -> bool:
+        return worker.alive and worker.collecting and worker.ready
+
+    async def wait_ready(self) -> None:
+        """Wait until a worker can take jobs, or none ever will (after ``start``)."""
+        await self._some_ready.wait()
+
+    # -- slots ------------------------------------------------------------
+
+    def take_slot(self, size: int, *, fresh: bool = True) -> int | None:
+        """A free slot for a run of ``size`` bytes: one whose pages are in memory, else (with
+        ``fresh``) one without; None if there is none.
+
+        A run in a slot is counted by its length, but the slot keeps the pages of a longer run
+        held there before.  That excess is allowed up to ``spare_bytes`` over all slots in use;
+        past it, the slot's pages past ``size`` are given back (giving back at every turn would
+        cost more: the pages are touched afresh when the slot next holds a longer run).
+        """
+        self._trim()
+        if self._touched:
+            slot = self._touched.pop()
+        elif fresh and self._fresh:
+            slot = self._fresh.pop()
+        else:
+            return None
+        keep = min(-(-size // mmap.PAGESIZE) * mmap.PAGESIZE, self.slot_size)
+        extra = max(0, self._resident[slot] - keep)
+        if extra and self._spare_used + extra > self.spare_bytes:
+            self._shared.madvise(mmap.MADV_REMOVE, slot * self.slot_size + keep, extra)
+            self._resident[slot], extra = keep, 0
+        self._resident[slot] = max(self._resident[slot], keep)
+        self._extra[slot] = extra
+        self._spare_used += extra
+        return slot
+
+    def free_slot(self, slot: int) -> None:
+        """Give ``slot`` back; whoever held a run there must not use its bytes after the next await."""
+        self._spare_used -= self._extra[slot]
+        self._extra[slot] = 0
+        self._touched.append(slot)
+
+    def view(self, slot: int, length: int) -> memoryview:
+        """The first ``length`` bytes of ``slot``."""
+        base = slot * self.slot_size
+        return self._view[base : base + length]
+
+    def _trim(self) -> None:
+        """Return the pages of free slots beyond the few worth keeping to the system.
+
+        Done here, when a slot is taken, never in ``free_slot``: a view of a freed
+        slot may still be on its way into a reply until the next await.
+        """
+        while len(self._touched) > self.capacity + KEEP_FREE_SLOTS:
+            slot = self._touched.pop(0)
+            self._shared.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
+            self._resident[slot] = 0
+            self._fresh.append(slot)
+            self._counters.slots_returned += 1
+
+    # -- workers ----------------------------------------------------------
+
+    def _spawn(self, number: int) -> _Worker:
+        shm = (str(self._memfd), str(self._slot_count), str(self.slot_size))
+        argv = [sys.executable, "-m", "xetfs.read.decode_worker", *shm]
+        # A process group of its own: Ctrl-C at the terminal must not reach a worker still starting up
+        # (before it can ignore SIGINT); the daemon stops its workers by closing their input.
+        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._memfd,),
+                                   process_group=0)  # fmt: skip
+        assert process.stdin is not None and process.stdout is not None
+        # Keep raw descriptors: the results side is read by trio (non-blocking).
+        jobs_fd, results_fd = os.dup(process.stdin.fileno()), os.dup(process.stdout.fileno())
+        process.stdin.close()
+        process.stdout.close()
+        os.set_blocking(results_fd, False)
+        os.set_blocking(jobs_fd, False)  # a full pipe must not stop the daemon: see ``_send``
+        worker = _Worker(number, process, jobs_fd, results_fd)
+        self._send(worker, encode_frame(self._setup))
+        return worker
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start the workers (the first time) and collect their results in ``nursery``.
+
+        Until a worker has imported what it needs and said so, ``usable`` is
+        false and the reader decodes by itself.  A later trio run (a test,
+        say) may start the same pool again.
+        """
+        if not self._workers:
+            self._workers = [self._spawn(n) for n in range(self._count)]
+            log.info("started %d decode worker processes", self._count)
+        self._nursery = nursery
+        for worker in self._workers:
+            if worker.alive and not worker.collecting:
+                worker.collecting = True
+                nursery.start_soon(self._collect, worker)
+            if worker.alive and worker.unsent and not worker.sending:  # left when an earlier run ended
+                nursery.start_soon(self._flush, worker)
+                worker.sending = True
+
+    async def decode(self, source: ChunkSource, xorb_hash: bytes, parts: list[tuple[int, ChunkRun]]) -> Decoded:
+        """Read, decode and verify adjacent runs of chunks of a xorb from ``source``, each into its slot.
+
+        ``parts``: ``(slot, chunks)``, adjacent and in order, one read (one
+        fetch of a remote store) for all.  Each must decode to at most
+        ``slot_size`` bytes.  Returns, per part and chunk, its decoded size or
+        its error; each part's bytes lie back to back from its slot's start.
+        Raises ``WorkerLost`` if no worker could finish the job (the slots are
+        still the caller's, unless ``fenced``), ``StoreTimeoutError`` if it took
+        longer than ``job_timeout``.  If the caller is cancelled, the slots
+        are freed once the worker is done with them.
+        """
+        slots = tuple(slot for slot, _ in parts)
+        job = lambda job_id: DecodeJob(job_id, source, xorb_hash, tuple(Part(s, c) for s, c in parts))  # noqa: E731
+        result = await self._submit(_Pending(slots), job)
+        assert isinstance(result, Decoded)
+        self._counters.jobs += 1
+        return result
+
+    async def layout(self, path: str, xorb_hash: bytes) -> XorbLayout:
+        """The checked layout of the xorb at ``path`` (``store.read_layout``, run by a worker).
+
+        Raises what ``read_layout`` would raise, or ``WorkerLost``.
+        """
+        result = await self._submit(_Pending(()), lambda job_id: LayoutJob(job_id, path, xorb_hash))
+        assert isinstance(result, LayoutLoaded)
+        self._counters.layout_jobs += 1
+        if isinstance(result.layout, XorbLayout):
+            return result.layout
+        raise result.layout.error()
+
+    async def _submit(self, pending: _Pending, job: Callable[[int], Job]) -> Result:
+        """Send ``job(job_id)`` to the least busy worker and wait for its result."""
+        workers = [w for w in self._workers if self._takes_jobs(w)]
+        if not workers:
+            raise WorkerLost("no decode worker is running")
+        worker = min(workers, key=lambda w: len(w.pending))
+        job_id = self._next_id = self._next_id + 1
+        worker.pending[job_id] = pending
+        message = job(job_id)
+        self._send(worker, encode_frame(message))
+        try:
+            with trio.move_on_after(self.job_timeout if self.job_timeout is not None else math.inf):
+                await pending.done.wait()
+            if not pending.done.is_set():
+                self._stop_hung(worker)
+                raise StoreTimeoutError(
+                    f"{_describe(message)}: store read took more than {self.job_timeout:g} s "
+                    f"(decode worker {worker.number} stopped and replaced)"
+                )
+        except BaseException:
+            if not pending.done.is_set():
+                pending.abandoned = True  # the worker may still write into the slots: freed when done
+            elif not pending.fenced:
+                for slot in pending.slots:
+                    self.free_slot(slot)  # done already: nobody else will
+            raise
+        if pending.result is None:
+            raise WorkerLost(f"decode worker {worker.number} exited", fenced=pending.fenced)
+        return pending.result
+
+    def _stop_hung(self, worker: _Worker) -> None:
+        """Kill a worker whose job ran out of time, and start another in its place.
+
+        Its jobs' slots are fenced: a process stuck in a read the kernel
+        cannot interrupt may still write into them later.  They are given
+        back once the process is seen to be gone.
+        """
+        log.error("decode worker %d did not answer within %g s; stopping it and starting another",
+                  worker.number, self.job_timeout)  # fmt: skip
+        with contextlib.suppress(OSError):
+            worker.process.kill()
+        for pending in worker.pending.values():
+            pending.fenced = True
+            self._fenced.update(pending.slots)
+        fenced = [slot for p in worker.pending.values() for slot in p.slots]
+        self._counters.hung += 1
+        self._lose(worker)
+        if self._nursery is not None:
+            self._nursery.start_soon(self._replace, worker)
+            self._nursery.start_soon(self._unfence_when_gone, worker, fenced)
+
+    async def _replace(self, worker: _Worker) -> None:
+        """Start a worker in the place of ``worker``.
+
+        In a thread: a new process closes the descriptors it inherits, and a
+        descriptor of a file on a hung filesystem (the store a read hung on)
+        may block that close until the filesystem answers; meanwhile the
+        other workers and the daemon go on.
+        """
+        replacement = await trio.to_thread.run_sync(self._spawn, worker.number, abandon_on_cancel=True)
+        if self._closed:
+            replacement.process.kill()
+            return
+        self._workers[self._workers.index(worker)] = replacement
+        replacement.collecting = True
+        assert self._nursery is not None
+        self._nursery.start_soon(self._collect, replacement)
+
+    async def _unfence_when_gone(self, worker: _Worker, slots: list[int]) -> None:
+        """Give fenced slots back once the killed worker has exited (it cannot write any more)."""
+        while worker.process.poll() is None:
+            await trio.sleep(0.1)
+        for slot in slots:
+            if slot in self._fenced:
+                self._fenced.discard(slot)
+                self.free_slot(slot)
+
+    def _send(self, worker: _Worker, frame: bytes) -> None:
+        """Write ``frame`` to ``worker``'s input without blocking: what the pipe does not take now,
+        ``_flush`` writes as it drains, frames kept whole and in order.
+
+        A blocking write could stop the daemon for good: a worker writing a large result (a
+        layout) into a full results pipe reads no more jobs, and the daemon, stuck in the write,
+        would never read the results that would let it go on.
+        """
+        if not worker.unsent:
+            try:
+                frame = frame[os.write(worker.jobs_fd, frame) :]
+            except BlockingIOError:
+                pass
+            except OSError:  # the worker is gone
+                self._lose(worker)
+                return
+            if not frame:
+                return
+        worker.unsent += frame
+        if not worker.sending and self._nursery is not None:
+            self._nursery.start_soon(self._flush, worker)
+            worker.sending = True
+
+    async def _flush(self, worker: _Worker) -> None:
+        """Write ``worker.unsent`` as its input pipe takes it."""
+        try:
+            while worker.unsent and worker.alive:
+                await trio.lowlevel.wait_writable(worker.jobs_fd)
+                try:
+                    del worker.unsent[: os.write(worker.jobs_fd, worker.unsent)]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    self._lose(worker)
+        finally:
+            worker.sending = False
+
+    async def _collect(self, worker: _Worker) -> None:
+        """Finish ``worker``'s jobs as their results arrive, until it exits (or this is cancelled)."""
+        try:
+            await self._collect_until_exit(worker)
+        finally:
+            worker.collecting = False
+
+    async def _collect_until_exit(self, worker: _Worker) -> None:
+        buffer = worker.unread
+        while worker.alive:
+            await trio.lowlevel.wait_readable(worker.results_fd)
+            try:
+                data = os.read(worker.results_fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self._lose(worker)
+                return
+            buffer += data
+            while len(buffer) >= FRAME.size:
+                (length,) = FRAME.unpack_from(buffer)
+                if len(buffer) < FRAME.size + length:
+                    break
+                message: Result = pickle.loads(bytes(buffer[FRAME.size : FRAME.size + length]))
+                del buffer[: FRAME.size + length]
+                if isinstance(message, Ready):
+                    log.info("decode worker %d ready", worker.number)
+                    worker.ready = True
+                    self._some_ready.set()
+                else:
+                    self._finish(worker, message)
+
+    def _finish(self, worker: _Worker, result: Decoded | LayoutLoaded) -> None:
+        pending = worker.pending.pop(result.job_id, None)
+        if pending is None:  # the worker was taken for lost (its input closed) after it sent this
+            return
+        pending.result = result
+        if pending.abandoned:
+            for slot in pending.slots:
+                self.free_slot(slot)
+        pending.done.set()
+
+    def _lose(self, worker: _Worker) -> None:
+        if worker.alive:
+            worker.alive = False
+            code = worker.process.poll()
+            log.error("decode worker %d stopped (exit status %s); decoding in the daemon", worker.number, code)
+            self._counters.lost += 1
+        if not any(w.alive for w in self._workers):
+            self._some_ready.set()  # nobody is left to wait for
+        for pending in worker.pending.values():
+            if pending.abandoned and not pending.fenced:
+                for slot in pending.slots:
+                    self.free_slot(slot)
+            pending.done.set()
+        worker.pending.clear()
+        worker.unsent.clear()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop the workers (closing their input ends them) and free the shared memory.
+
+        Runs still held in slots must be let go first (``RunStore.clear``).
+        """
+        self._closed = True
+        for worker in self._workers:
+            worker.alive = False
+            with contextlib.suppress(OSError):
+                os.close(worker.jobs_fd)
+            with contextlib.suppress(OSError):
+                os.close(worker.results_fd)
+        for worker in self._workers:
+            try:
+                worker.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                worker.process.kill()
+                try:
+                    worker.process.wait(timeout)
+                except subprocess.TimeoutExpired:  # stuck in a read the kernel cannot interrupt
+                    log.warning("decode worker %d (pid %d) does not exit; leaving it", worker.number,
+                                worker.process.pid)  # fmt: skip
+        with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
+            self._view.release()
+            self._shared.close()
+        os.close(self._memfd)
+
+
+def _describe(job: Job) -> str:
+    """``xorb <hex> chunks [a, b)`` (or the xorb alone, for a layout), for messages."""
+    where = f"xorb {to_hex(job.xorb_hash)}"
+    if isinstance(job, LayoutJob):
+        return where
+    first, last = job.parts[0].chunks, job.parts[-1].chunks
+    return f"{where} chunks [{first.first}, {last.first + len(last.phys) - 1})"

@@ -1,0 +1,367 @@
+"""The verified read path: file bytes from index, layouts, runs and decoder.
+
+``Reader.read(entry, offset, size)`` returns exactly those bytes of a file.
+It maps the range to term slices (``Index.locate``), each slice to chunks of
+a xorb (``chunk_span``), and takes the chunks from the store of decoded runs
+(``runs.RunStore``), which loads the gaps through ``loader.Loader``: read,
+decode and verify every chunk before it is kept or served, in a decode
+worker or in the daemon.  Reads of bytes that held runs have are answered
+from a memo of which run holds which file bytes (``extents.Extents``).
+
+The range a read or a prefetch window asks for is what is decoded: gaps are
+cut into runs of at most one slot (``Loader.run_stop``), so a sequential
+reader's prefetch gets runs of that size and a small random read only the
+chunks it touches.  Runs on one trio thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import trio
+from cachetools import TTLCache
+
+from xetfs.base.errors import (
+    FormatError,
+    IntegrityError,
+    MissingObjectError,
+    ObjectReadError,
+    StoreError,
+    StoreTimeoutError,
+    XetfsError,
+)
+from xetfs.base.settings import BAD_LAYOUT_SECONDS, CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES
+from xetfs.base.stats import (
+    CacheCounters,
+    DecodeCounters,
+    ErrorCounters,
+    FileCounters,
+    LayoutCounters,
+    PrefetchCounters,
+    RemoteCounters,
+    StoreCounters,
+    WorkerCounters,
+)
+from xetfs.format.xorb import XorbLayout
+from xetfs.read.cache import LoadingCache
+from xetfs.read.extents import Extent, Extents
+from xetfs.read.loader import Io, Loader, inline_io
+from xetfs.read.pool import DecodePool
+from xetfs.read.runs import Loaded, Run, RunStore
+from xetfs.storage.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
+from xetfs.storage.store import Store
+
+
+class Span(NamedTuple):
+    """The chunks of one xorb under part of a read, and where that part's term lies in the xorb."""
+
+    layout: XorbLayout
+    chunks: ChunkSpan
+    delta: int  # decoded xorb offset minus file offset, within the term
+    term_lo: int  # the term is decoded xorb bytes [term_lo, term_hi)
+    term_hi: int
+
+
+@dataclass(frozen=True)
+class ReaderStatistics:
+    """Snapshots of the counters of the read path, by group (as in ``.xetfs/stats``)."""
+
+    cache: CacheCounters
+    layouts: LayoutCounters
+    decode: DecodeCounters
+    store: StoreCounters
+    prefetch: PrefetchCounters
+    errors: ErrorCounters
+    workers: WorkerCounters
+    remote: RemoteCounters
+
+
+class Reader:
+    def __init__(
+        self,
+        index: Index,
+        store: Store,
+        *,
+        cache_size: int = CACHE_SIZE,
+        verify: bool = True,
+        io: Io = inline_io,
+        pool: DecodePool | None = None,
+        run_bytes: int = RUN_BYTES,
+        fetch_width: int | None = None,
+        remote: RemoteCounters | None = None,
+    ) -> None:
+        """``run_bytes``: decoded bytes per run without decode workers (with them, a slot);
+        ``fetch_width``: store reads in flight at most (None: no bound); ``remote``: the remote
+        store's counters, where reads failed by the server are counted.  A remote store's reads
+        wait on the network: several larger ones are in flight."""
+        self.index = index
+        self._remote = remote or RemoteCounters()
+        self._extents = Extents()
+        self.runs = RunStore(cache_size, pool.free_slot if pool else None, self._extents.forget)
+        self._loader = Loader(store, self.runs, shared=index.shared, verify=verify, io=io, pool=pool,
+                              run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote)  # fmt: skip
+        self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE)
+        self._bad_layouts: TTLCache[bytes, XetfsError] = TTLCache(maxsize=1024, ttl=BAD_LAYOUT_SECONDS)
+        self._errors = ErrorCounters()
+        self._prefetch_requests = 0
+        self._files: dict[bytes, FileCounters] = {}  # by file hash: what its reads decoded
+
+    @property
+    def store(self) -> Store:
+        return self._loader.store
+
+    def replace_index(self, index: Index) -> None:
+        """Read files of ``index`` from now on: a copy of the current one with more shards (a refresh)."""
+        self.index = index
+        self._loader.replace_index(index)
+
+    def statistics(self) -> ReaderStatistics:
+        prefetch = replace(self.runs.prefetch_statistics(), requests=self._prefetch_requests)
+        decode, store, workers = self._loader.statistics()
+        cache, errors = self.runs.statistics(), replace(self._errors)
+        layouts = replace(self._layouts.counters)
+        return ReaderStatistics(cache, layouts, decode, store, prefetch, errors, workers, replace(self._remote))
+
+    def file_statistics(self, file_hash: bytes) -> FileCounters:
+        """What reads and prefetch of the file ``file_hash`` decoded so far (a copy)."""
+        return replace(self._files.get(file_hash) or FileCounters())
+
+    # -- public API ---------------------------------------------------------
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Start background work (collecting worker results) in ``nursery``."""
+        self._loader.start(nursery)
+
+    async def wait_for_workers(self) -> None:
+        """After ``start``: wait until decode workers take jobs, or none will (at once without a pool)."""
+        await self._loader.wait_for_workers()
+
+    def close(self) -> None:
+        """Let go of every run and stop the decode workers, if any."""
+        self.runs.clear()
+        self._loader.close()
+
+    async def read(self, entry: FileEntry, offset: int, size: int, *, read_through: bool = False) -> bytes | memoryview:
+        """Bytes ``[offset, offset + size)`` of ``entry``, clipped at end of file.
+
+        Bytes from a single run come back as a view of its memory (perhaps
+        shared memory): copy it or hand it on before the next await.  With
+        ``read_through`` (a sequential reader whose bytes the kernel keeps in
+        its page cache), runs read to their end are evicted before others.
+
+        Raises ``IntegrityError``, ``MissingObjectError``, ``FormatError``,
+        ``ObjectReadError``, ``StoreTimeoutError`` or (a remote store's server)
+        ``StoreError``; each is counted (``errors``, ``remote.failed_reads``).
+        """
+        data = self.read_now(entry, offset, size, read_through)
+        if data is not None:
+            return data
+        return await self.read_uncached(entry, offset, size, read_through=read_through)
+
+    async def read_uncached(
+        self, entry: FileEntry, offset: int, size: int, *, read_through: bool = False
+    ) -> bytes | memoryview:
+        """``read`` by the full path: for bytes ``read_now`` did not answer (the caller asked it first)."""
+        held: list[list[Run]] = []
+        try:
+            # Bytes the store holds are served at once: no await, nothing pinned or loaded.
+            spans = self._spans_now(entry, offset, size)
+            found = self._held(spans) if spans is not None else None
+            if spans is not None and found is not None:
+                for span, runs in zip(spans, found, strict=True):
+                    self.runs.served(runs, span.chunks.start, span.chunks.stop)
+                return self._join(entry, spans, found, read_through)
+            if spans is None:
+                spans = await self._spans(entry, offset, size)
+            for span in spans:
+                c = span.chunks
+                held.append(await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=False,
+                                            file_hash=entry.file_hash))  # fmt: skip
+            # From here to the return, no await: a run released below may be evicted and its slot reused.
+            return self._join(entry, spans, held, read_through)
+        except XetfsError as exc:
+            self._count_error(exc)
+            raise
+        finally:
+            for runs in held:
+                self.runs.release(runs)
+
+    def read_now(
+        self, entry: FileEntry, offset: int, size: int, read_through: bool = False
+    ) -> bytes | memoryview | None:
+        """``read`` for bytes that held runs have and earlier reads found (``extents``): at once, or None.
+
+        The common case of reads of cached bytes, with no lookups at all.
+        """
+        end = offset + size
+        if end > entry.size:
+            end = entry.size
+        if offset >= end:
+            return None
+        extent = self._extents.find(entry.file_hash, offset, end)
+        if extent is not None:
+            return self._serve(extent, offset, end, read_through)
+        extents = self._extents.cover(entry.file_hash, offset, end)  # a read across runs or terms
+        if extents is None:
+            return None
+        return b"".join([self._serve(e, max(offset, e.start), min(end, e.stop), read_through) for e in extents])
+
+    def _serve(self, extent: Extent, start: int, stop: int, read_through: bool) -> memoryview:
+        """File bytes ``[start, stop)``, which ``extent`` holds; count the chunks as hits."""
+        lo, hi = start + extent.delta, stop + extent.delta
+        run = extent.run
+        if run.stop - run.first == 1:  # (a small random read's run, most often)
+            chunks = 1
+        else:
+            ends = extent.layout.unpacked_ends
+            first = last = bisect_right(ends, lo, run.first, run.stop - 1)  # (among the run's chunks only)
+            while ends[last] < hi:  # (a small read touches one chunk: no second bisection)
+                last += 1
+            chunks = last + 1 - first
+        self.runs.hit(run, chunks)
+        if read_through:
+            self.runs.read_along(run, lo, hi)
+        return run.data[lo - run.lo : hi - run.lo]  # the extent lies within the run
+
+    async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
+        """Load the chunks under ``[offset, offset + size)`` that no run holds; errors are ignored.
+
+        They will be met, counted and reported by the read that needs the
+        bytes.
+        """
+        self._prefetch_requests += 1
+        with contextlib.suppress(XetfsError):
+            for span in await self._spans(entry, offset, size):
+                c = span.chunks
+                await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=True, file_hash=entry.file_hash)
+
+    async def layout(self, xorb_hash: bytes) -> XorbLayout:
+        """The verified layout of a xorb (cached)."""
+        (sized,) = await self._layouts.get_many([xorb_hash], self._load_layouts)
+        return sized.layout
+
+    # -- internals ----------------------------------------------------------
+
+    async def _spans(self, entry: FileEntry, offset: int, size: int) -> list[Span]:
+        """The chunks of each xorb under file bytes ``[offset, offset + size)``, with the xorbs' layouts."""
+        spans = []
+        pos = offset
+        for piece in self.index.locate(entry, offset, size):
+            spans.append(_span(piece, await self.layout(piece.xorb_hash), pos))
+            pos += piece.length
+        return spans
+
+    def _spans_now(self, entry: FileEntry, offset: int, size: int) -> list[Span] | None:
+        """``_spans`` without waiting: None if a layout is not cached."""
+        pieces = self.index.locate(entry, offset, size)
+        found = self._layouts.peek_all([piece.xorb_hash for piece in pieces])
+        if found is None:
+            return None
+        spans = []
+        pos = offset
+        for piece, sized in zip(pieces, found, strict=True):
+            spans.append(_span(piece, sized.layout, pos))
+            pos += piece.length
+        return spans
+
+    def _held(self, spans: list[Span]) -> list[list[Run]] | None:
+        """The held runs for every span, or None if some chunk is not held."""
+        found = []
+        for span in spans:
+            runs = self.runs.held(span.chunks.xorb_hash, span.chunks.start, span.chunks.stop)
+            if runs is None:
+                return None
+            found.append(runs)
+        return found
+
+    def _join(
+        self, entry: FileEntry, spans: list[Span], runs: list[list[Run]], read_through: bool
+    ) -> bytes | memoryview:
+        """The bytes of ``spans`` from their ``runs`` (a view when one run has them all); remember the extents."""
+        parts = []
+        for span, span_runs in zip(spans, runs, strict=True):
+            c = span.chunks
+            lo = span.layout.unpacked_start(c.start) + c.skip
+            hi = lo + c.length
+            for run in span_runs:
+                parts.append(run.view(lo, hi))
+                if not (read_through and self.runs.read_along(run, lo, hi)):  # (else the page cache has it all)
+                    a, b = max(run.lo, span.term_lo), min(run.hi, span.term_hi)
+                    self._extents.add(entry.file_hash, Extent(a - span.delta, b - span.delta, span.delta, run,
+                                                              span.layout))  # fmt: skip
+        if not parts:
+            return b""
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def _get(self, layout: XorbLayout, xorb_hash: bytes, first: int, stop: int, *, prefetch: bool,
+                   file_hash: bytes) -> list[Run]:  # fmt: skip
+        def cut(lo: int, hi: int) -> list[tuple[int, int]]:
+            pieces = []
+            while lo < hi:
+                end = self._loader.run_stop(layout, lo, hi)
+                pieces.append((lo, end))
+                lo = end
+            return pieces
+
+        async def load(lo: int, hi: int) -> Loaded:
+            loaded = await self._loader.load(xorb_hash, layout, lo, hi)
+            tally = self._files.get(file_hash) or self._files.setdefault(file_hash, FileCounters())
+            for run in loaded.runs:  # (the file whose read loads a chunk is the one it is counted for)
+                tally.chunks += run.stop - run.first
+                tally.bytes += len(run.data)
+            return loaded
+
+        return await self.runs.get(xorb_hash, first, stop, cut, load, prefetch=prefetch)
+
+    def _count_error(self, exc: XetfsError) -> None:
+        errors = self._errors
+        if isinstance(exc, IntegrityError):
+            errors.integrity += 1
+        elif isinstance(exc, MissingObjectError):
+            errors.missing += 1
+        elif isinstance(exc, StoreTimeoutError):
+            errors.timeout += 1
+        elif isinstance(exc, ObjectReadError):
+            errors.io += 1
+        elif isinstance(exc, StoreError):
+            self._remote.failed_reads += 1  # the server could not be reached, or refused
+        else:
+            errors.format += 1
+
+    async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
+        """Layouts for ``keys``.  A xorb whose layout failed its check fails again at once for
+        ``BAD_LAYOUT_SECONDS``: the kernel and readers retry failed reads, and checking a xorb
+        without a footer means reading and hashing all of it."""
+        out = {}
+        for xorb_hash in keys:
+            bad = self._bad_layouts.get(xorb_hash)
+            if bad is not None:
+                raise bad.with_traceback(None)
+            try:
+                out[xorb_hash] = _Sized(await self._loader.layout(xorb_hash))
+            except (FormatError, IntegrityError) as exc:
+                self._bad_layouts[xorb_hash] = exc
+                raise
+        return out
+
+
+def _span(piece: TermSlice, layout: XorbLayout, pos: int) -> Span:
+    """The span of a term slice that starts at file offset ``pos``."""
+    term_lo = layout.unpacked_start(piece.start)
+    return Span(layout, chunk_span(piece, layout), term_lo + piece.offset - pos, term_lo, term_lo + piece.term_size)
+
+
+class _Sized:
+    """A layout with a ``len`` that approximates its memory, for the byte-bounded cache."""
+
+    __slots__ = ("layout",)
+
+    def __init__(self, layout: XorbLayout) -> None:
+        self.layout = layout
+
+    def __len__(self) -> int:
+        return 200 + 150 * self.layout.num_chunks

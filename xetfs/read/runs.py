@@ -1,0 +1,385 @@
+"""The one store of decoded bytes: runs of verified chunks, shared by every reader (trio).
+
+A ``Run`` holds the decoded chunks ``[first, stop)`` of one xorb back to
+back, in memory it owns: a slot of the decode workers' shared memory
+(written by a worker, or by the daemon when none can take the job), or a
+daemon buffer for small runs and for runs decoded while every slot is in
+use.  Runs are shared by every open file
+and by every file whose terms use those chunks.  For each xorb the store
+keeps its runs, and the loads in progress, in chunk order without overlap,
+so ``get`` can tell which runs cover a chunk range and where the gaps are.
+A gap is loaded once: the range is cut into pieces (the caller's ``cut``),
+each registered as a ``Load`` before it starts, and readers that need the
+same chunks wait for that load.
+
+All decoded bytes count against one limit, ``capacity``.  Which run goes
+first is ``order.EvictionOrder``'s: runs a sequential reader has had all
+of (``read_along``: the kernel's page cache serves those bytes now), then
+the least recently used.  The slots of read-through runs whose xorb no
+other term uses are reused before new shared memory is touched
+(``recycle_slot``), which costs far more.  A run a read is using is pinned
+and never evicted; ``release`` unpins it.  An evicted run gives its slot
+back at once (``free_slot``); nothing waits for the garbage collector.
+
+Single-threaded: call only from the trio thread that owns it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from operator import attrgetter
+
+import trio
+
+from xetfs.base.errors import XetfsError
+from xetfs.base.stats import CacheCounters, PrefetchCounters
+from xetfs.read.order import EvictionOrder
+
+
+@dataclass(eq=False, slots=True)
+class Run:
+    """Decoded chunks ``[first, stop)`` of a xorb: its decoded bytes ``[lo, hi)``, in ``data``."""
+
+    xorb_hash: bytes
+    first: int
+    stop: int
+    lo: int
+    data: memoryview  # reads slice it
+    slot: int | None = None  # the shared-memory slot ``data`` lies in, if any
+    held: bool = True  # its bytes may be read; False once evicted (its memory is given back)
+    pins: int = 0  # reads using it now
+    prefetched: bool = False  # loaded by prefetch and not read yet
+    private: bool = False  # no other term uses its xorb: once read through, nobody will ask for it again
+    recent: bool = False  # hit since it took its place in the LRU order (``EvictionOrder.mark``)
+    had: list[tuple[int, int]] = field(default_factory=list)  # what sequential reads have had of it (``read_along``)
+
+    @property
+    def hi(self) -> int:
+        return self.lo + len(self.data)
+
+    def view(self, lo: int, hi: int) -> memoryview:
+        """Decoded xorb bytes ``[lo, hi)`` (clipped to the run); valid until the next await."""
+        return self.data[max(lo, self.lo) - self.lo : min(hi, self.hi) - self.lo]
+
+
+class LoadState(enum.Enum):
+    LOADING = "loading"
+    DONE = "done"  # ``runs`` and ``errors`` are final
+    CANCELLED = "cancelled"  # the loading task went away: waiters look again
+
+
+@dataclass(eq=False)
+class Load:
+    """Chunks ``[first, stop)`` of a xorb being loaded; waiters wait for ``done``."""
+
+    first: int
+    stop: int
+    state: LoadState = LoadState.LOADING
+    done: trio.Event = field(default_factory=trio.Event)
+    runs: list[Run] = field(default_factory=list)
+    errors: dict[int, XetfsError] = field(default_factory=dict)  # chunk index -> what stopped it
+    waiters: int = 0  # ``get`` calls that will take its runs (the one loading it included)
+
+
+@dataclass
+class Loaded:
+    """What a loader made of a piece: runs for the chunks that decoded, errors for those that did not."""
+
+    runs: list[Run]
+    errors: dict[int, XetfsError]
+
+
+Cut = Callable[[int, int], Sequence[tuple[int, int]]]
+LoadFn = Callable[[int, int], Awaitable[Loaded]]
+Entry = Run | Load
+_FIRST = attrgetter("first")  # entries of a xorb are kept sorted by it
+
+
+class RunStore:
+    def __init__(
+        self,
+        capacity: int,
+        free_slot: Callable[[int], None] | None = None,
+        on_evict: Callable[[Run], None] | None = None,
+    ) -> None:
+        """``free_slot`` takes back the slot of an evicted run; ``on_evict`` is told of every evicted run."""
+        self.capacity = max(0, capacity)
+        self._free_slot = free_slot
+        self._on_evict = on_evict
+        self._xorbs: dict[bytes, list[Entry]] = {}  # per xorb, by first chunk, never overlapping
+        self._order = EvictionOrder()  # every held run
+        self._c = CacheCounters(capacity_bytes=self.capacity)
+        self._p = PrefetchCounters()
+
+    def statistics(self) -> CacheCounters:
+        """A snapshot of the cache counters."""
+        return replace(self._c)
+
+    def prefetch_statistics(self) -> PrefetchCounters:
+        """A snapshot of the prefetch counters (requests are counted by the reader)."""
+        return replace(self._p)
+
+    # -- lookups ----------------------------------------------------------
+
+    async def get(
+        self, xorb_hash: bytes, first: int, stop: int, cut: Cut, load: LoadFn, *, prefetch: bool = False
+    ) -> list[Run]:
+        """Runs covering chunks ``[first, stop)``, in order; gaps are loaded with ``cut`` and ``load``.
+
+        A read (not ``prefetch``) gets its runs pinned and must ``release``
+        them; each chunk counts as one hit or one miss.  Raises the error of
+        the first chunk in the range that failed to load (waiters of a load
+        share its verdict).  With ``prefetch``, nothing is pinned or counted
+        as a lookup, and no error is raised.
+        """
+        have: dict[int, Run] = {}  # by first chunk: runs pinned for this call
+        counted = False
+        try:
+            while True:
+                entries, gaps = self._cover(xorb_hash, first, stop)
+                waits = []
+                for entry in entries:
+                    if isinstance(entry, Run):
+                        if entry.first not in have:
+                            have[entry.first] = self._use(entry, first, stop, prefetch, counted)
+                    else:
+                        waits.append(entry)
+                        if not counted and not prefetch:
+                            n = _overlap(entry, first, stop)
+                            self._c.hits += n
+                            self._c.joined += n
+                new = [self._register(xorb_hash, a, b) for lo, hi in gaps for a, b in cut(lo, hi)]
+                if not prefetch and not counted:  # a later pass loads chunks already counted as hits
+                    self._c.misses += sum(_overlap(ld, first, stop) for ld in new)
+                counted = True
+                if not waits and not new:
+                    break
+                flights = [*new, *waits]
+                for ld in flights:
+                    ld.waiters += 1
+                try:
+                    if len(flights) == 1:  # the common case, without a nursery's cost
+                        await (self._load(xorb_hash, new[0], load, prefetch) if new else waits[0].done.wait())
+                    else:
+                        async with trio.open_nursery() as nursery:
+                            for ld in new:
+                                nursery.start_soon(self._load, xorb_hash, ld, load, prefetch)
+                            for ld in waits:
+                                nursery.start_soon(ld.done.wait)
+                    for ld in flights:
+                        if ld.state is LoadState.CANCELLED:
+                            continue  # look again: this time we may load it ourselves
+                        failed = [i for i in sorted(ld.errors) if first <= i < stop]
+                        if failed and not prefetch:
+                            raise ld.errors[failed[0]]
+                        for run in ld.runs:
+                            if run.first not in have and run.first < stop and run.stop > first:
+                                have[run.first] = self._use(run, first, stop, prefetch, counted)
+                finally:
+                    for ld in flights:
+                        self._leave(ld)
+                if prefetch or self._covered(have, first, stop):
+                    break
+        except BaseException:
+            if not prefetch:
+                self.release(have.values())
+            raise
+        if prefetch:
+            return []
+        return [have[k] for k in sorted(have)]
+
+    def held(self, xorb_hash: bytes, first: int, stop: int) -> list[Run] | None:
+        """The held runs covering chunks ``[first, stop)``, in order, or None if any chunk is not held.
+
+        Nothing is counted or pinned: a read that serves them before its next
+        await calls ``served``.  The way reads of cached bytes avoid ``get``'s cost.
+        """
+        entries, gaps = self._cover(xorb_hash, first, stop)
+        runs = [e for e in entries if isinstance(e, Run)]
+        return runs if not gaps and len(runs) == len(entries) else None
+
+    def served(self, runs: Sequence[Run], first: int, stop: int) -> None:
+        """A read served chunks ``[first, stop)`` from ``runs`` (from ``held``): count the hits."""
+        for run in runs:
+            self.hit(run, _overlap(run, first, stop))
+
+    def hit(self, run: Run, chunks: int) -> None:
+        """A read served ``chunks`` chunks from ``run``, held, before its next await (``EvictionOrder.mark``)."""
+        self._c.hits += chunks
+        if run.prefetched:
+            run.prefetched = False
+            self._p.hits += run.stop - run.first
+        self._order.mark(run)
+
+    def holds(self, xorb_hash: bytes, chunk: int) -> bool:
+        """Whether a held run has chunk ``chunk`` of the xorb."""
+        return self.held(xorb_hash, chunk, chunk + 1) is not None
+
+    def release(self, runs: Iterable[Run]) -> None:
+        """A read is done with ``runs`` (from ``get``); evict past capacity."""
+        for run in runs:
+            run.pins -= 1
+        self._evict_to(self.capacity)
+
+    def read_along(self, run: Run, lo: int, hi: int) -> bool:
+        """A sequential reader had decoded bytes ``[lo, hi)`` of ``run``; True once such reads have had
+        all of it, and it is evicted first (``EvictionOrder.read_along``)."""
+        return self._order.read_along(run, lo, hi)
+
+    def recycle_slot(self) -> bool:
+        """Evict the oldest private run a sequential reader has read through, if one holds a slot.
+
+        Its memory is warm, and reusing it costs far less than touching new
+        memory; nobody else will read those chunks, and the page cache has them.
+        """
+        run = self._order.first_read(lambda r: r.private and r.slot is not None and not r.pins)
+        if run is None:
+            return False
+        self._evict(run)
+        return True
+
+    def free_a_slot(self) -> bool:
+        """Evict the least useful run held in a slot that no read is using; False if there is none."""
+        run = self._order.least_used(lambda r: r.slot is not None and not r.pins)
+        if run is None:
+            return False
+        self._evict(run)
+        return True
+
+    def clear(self) -> None:
+        """Evict every run (before the slots go away)."""
+        for run in self._order:
+            self._evict(run)
+
+    # -- internals ----------------------------------------------------------
+
+    def _use(self, run: Run, first: int, stop: int, prefetch: bool, counted: bool) -> Run:
+        if prefetch:
+            return run
+        run.pins += 1
+        self.hit(run, 0 if counted else _overlap(run, first, stop))
+        self._order.touch(run)
+        return run
+
+    def _cover(self, xorb_hash: bytes, first: int, stop: int) -> tuple[list[Entry], list[tuple[int, int]]]:
+        """The entries overlapping chunks ``[first, stop)`` and the gaps between them, in order."""
+        entries = self._xorbs.get(xorb_hash, [])
+        at = max(0, bisect.bisect_right(entries, first, key=_FIRST) - 1)
+        found: list[Entry] = []
+        gaps = []
+        pos = first
+        for entry in entries[at:]:
+            if entry.first >= stop:
+                break
+            if entry.stop <= pos:
+                continue
+            if entry.first > pos:
+                gaps.append((pos, entry.first))
+            found.append(entry)
+            pos = entry.stop
+        if pos < stop:
+            gaps.append((pos, stop))
+        return found, gaps
+
+    def _register(self, xorb_hash: bytes, first: int, stop: int) -> Load:
+        entries = self._xorbs.setdefault(xorb_hash, [])
+        ld = Load(first, stop)
+        bisect.insort(entries, ld, key=_FIRST)
+        return ld
+
+    async def _load(self, xorb_hash: bytes, ld: Load, load: LoadFn, prefetch: bool) -> None:
+        try:
+            loaded = await load(ld.first, ld.stop)
+        except XetfsError as exc:
+            ld.errors = dict.fromkeys(range(ld.first, ld.stop), exc)
+            ld.state = LoadState.DONE
+        except BaseException:
+            ld.state = LoadState.CANCELLED
+            raise
+        else:
+            ld.runs, ld.errors = loaded.runs, loaded.errors
+            ld.state = LoadState.DONE
+            if prefetch:  # what prefetch decoded: not a load cancelled or failed
+                self._p.chunks += sum(run.stop - run.first for run in ld.runs)
+        finally:
+            entries = self._xorbs[xorb_hash]  # holds ``ld`` until here, so it was never dropped
+            # The runs lie within the load's chunks, in order: they take its place.
+            at = _index(entries, ld)
+            entries[at : at + 1] = ld.runs
+            for run in ld.runs:
+                run.prefetched = prefetch
+                run.pins += 1  # for its waiters, until the last of them has taken what it needs (``_leave``)
+                self._hold(run)
+            if not entries:
+                del self._xorbs[xorb_hash]
+            ld.done.set()
+
+    def _leave(self, ld: Load) -> None:
+        """A ``get`` is done with a load it waited for: the last one unpins its runs."""
+        ld.waiters -= 1
+        if ld.waiters == 0 and ld.state is LoadState.DONE:
+            self.release(ld.runs)
+
+    def _hold(self, run: Run) -> None:
+        self._order.add(run)
+        c = self._c
+        c.bytes += len(run.data)
+        c.shared_bytes += len(run.data) if run.slot is not None else 0
+        c.runs += 1
+        c.chunks += run.stop - run.first
+
+    def _evict_to(self, limit: int) -> None:
+        """Evict unpinned runs (read-through ones first, then least recently used) until ``limit`` bytes are held."""
+        while self._c.bytes > limit:
+            victim = self._order.least_used(lambda r: not r.pins)
+            if victim is None:
+                return  # the rest is in use
+            self._evict(victim)
+
+    def _evict(self, run: Run) -> None:
+        c = self._c
+        c.evictions += 1
+        if self._order.remove(run):
+            c.evicted_read += 1
+        c.bytes -= len(run.data)
+        if run.slot is not None:
+            c.shared_bytes -= len(run.data)
+        c.runs -= 1
+        c.chunks -= run.stop - run.first
+        entries = self._xorbs[run.xorb_hash]
+        del entries[_index(entries, run)]
+        if not entries:
+            del self._xorbs[run.xorb_hash]
+        run.held = False
+        run.data = memoryview(b"")
+        if self._on_evict is not None:
+            self._on_evict(run)
+        if run.slot is not None:
+            slot, run.slot = run.slot, None
+            if self._free_slot is not None:
+                self._free_slot(slot)
+
+    @staticmethod
+    def _covered(have: dict[int, Run], first: int, stop: int) -> bool:
+        pos = first
+        for k in sorted(have):
+            run = have[k]
+            if run.first > pos:
+                return False
+            pos = max(pos, run.stop)
+        return pos >= stop
+
+
+def _index(entries: list[Entry], entry: Entry) -> int:
+    """Where ``entry`` is in ``entries`` (sorted by first chunk, never overlapping), found by bisection."""
+    at = bisect.bisect_left(entries, entry.first, key=_FIRST)
+    while entries[at] is not entry:  # (first chunks are unique: entries never overlap, none is empty)
+        at += 1
+    return at
+
+
+def _overlap(entry: Entry, first: int, stop: int) -> int:
+    return max(0, min(entry.stop, stop) - max(entry.first, first))

@@ -1,0 +1,127 @@
+"""Read sessions: how each open file is read, and the prefetch that follows its readers (no FUSE).
+
+A front end (the FUSE adapter, or any other) opens a session per file it
+serves and asks it for bytes; the session decides the rest, the same for
+every front end:
+
+* the read policy of the file (``policy.ReadPolicy``), over all its open
+  handles, since the kernel's page cache is per file: several readers of one
+  file send one sequence of requests;
+* prefetch: a window decoded ahead of a sequential reader, in a background
+  task, at most ``PREFETCH_TASKS`` windows of one file at once, and a new
+  window only while the windows being decoded over all files add up to less
+  than ``room`` (twice what one file may have, so that a file whose windows
+  stall, as a store that hangs until ``--io-timeout``, leaves room for the
+  others);
+* read-through: a sequential reader's bytes stay in the kernel's page cache
+  (``keep_cache``), so its runs may be evicted first once read.
+
+A read is two calls, so that reads of held bytes (the commonest request)
+cost no coroutine: ``read_now`` answers at once or says the read must wait,
+and ``read_rest`` finishes it.  Runs on the reader's trio thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH, PREFETCH_TASKS
+from xetfs.read.policy import ReadPolicy
+from xetfs.read.reader import Reader
+from xetfs.storage.index import FileEntry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    """How one file is being read, over all its open handles."""
+
+    entry: FileEntry
+    policy: ReadPolicy
+    opens: int = 0  # handles open on the file
+    prefetching: int = 0  # prefetch tasks running for the file
+
+
+class Sessions:
+    """The read sessions of one front end, by a key of its own for each file (an inode, say)."""
+
+    def __init__(self, reader: Reader, *, prefetch: bool, prefetch_max: int, keep_cache: bool) -> None:
+        """``prefetch``: decode ahead of sequential readers (only with a cache of at least
+        ``MIN_CACHE_FOR_PREFETCH``); ``prefetch_max``: how far ahead at most; ``keep_cache``: the front
+        end's reader keeps what it read (the kernel's page cache), so runs read through go first."""
+        self.reader = reader
+        self.prefetch_max = prefetch_max
+        self.keep_cache = keep_cache
+        self.prefetch = prefetch and reader.runs.capacity >= MIN_CACHE_FOR_PREFETCH
+        if prefetch and not self.prefetch:
+            log.info("prefetch off: the cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
+        self.room = 2 * PREFETCH_TASKS * prefetch_max  # prefetch windows being decoded, over all files, at most
+        self._sessions: dict[int, Session] = {}
+        self._nursery: trio.Nursery | None = None
+        self._tasks = 0  # prefetch tasks a file may have running (none until ``start``)
+        self._prefetch_bytes = 0  # of the windows being decoded
+
+    @property
+    def prefetch_bytes(self) -> int:
+        """Bytes of the prefetch windows being decoded now, over all files."""
+        return self._prefetch_bytes
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Prefetch from now on, in tasks of ``nursery``."""
+        self._nursery = nursery
+        self._tasks = PREFETCH_TASKS if self.prefetch else 0
+
+    def open(self, key: int, entry: FileEntry) -> Session:
+        """The session of file ``key`` (a new one if no handle is open on it); ``close`` it once per open."""
+        session = self._sessions.get(key)
+        if session is None:
+            session = self._sessions[key] = Session(entry, ReadPolicy(maximum=self.prefetch_max))
+        session.opens += 1
+        return session
+
+    def close(self, key: int) -> None:
+        session = self._sessions.get(key)
+        if session is not None:
+            session.opens -= 1
+            if session.opens == 0:
+                del self._sessions[key]
+
+    def read_now(self, session: Session, off: int, size: int) -> tuple[bytes | memoryview | None, bool]:
+        """Bytes ``[off, off + size)`` of the file if held now (else None: ``read_rest`` them), and whether
+        the read is read-through.  Starts the prefetch the policy asks for.
+
+        A view of a run's memory (perhaps shared) is valid until the next await.
+        """
+        entry, policy = session.entry, session.policy
+        if not policy.watches(off, size):
+            # A small read that continues nothing: the policy decides nothing for it, only remembers it
+            # if it needs a load (random reads of cached bytes, the commonest request, end at once).
+            data = self.reader.read_now(entry, off, size)
+            if data is None:
+                policy.on_read(off, size, entry.size)
+            return data, False
+        busy = session.prefetching >= self._tasks or self._prefetch_bytes >= self.room
+        decision = policy.on_read(off, size, entry.size, busy)
+        if decision.prefetch is not None and self._nursery is not None:
+            session.prefetching += 1
+            self._prefetch_bytes += decision.prefetch[1]
+            self._nursery.start_soon(self._prefetch, session, *decision.prefetch)
+        through = decision.sequential and self.keep_cache
+        return self.reader.read_now(entry, off, size, through), through
+
+    async def read_rest(self, session: Session, off: int, size: int, through: bool) -> bytes | memoryview:
+        """``read_now`` for bytes it did not have: raises what ``Reader.read`` raises."""
+        return await self.reader.read_uncached(session.entry, off, size, read_through=through)
+
+    async def _prefetch(self, session: Session, offset: int, length: int) -> None:
+        try:
+            await self.reader.prefetch(session.entry, offset, length)
+        except Exception:
+            log.exception("prefetch of file %s failed", session.entry.hex)
+        finally:
+            session.prefetching -= 1
+            self._prefetch_bytes -= length

@@ -1,0 +1,180 @@
+"""The disk cache of xorb chunk ranges: what a remote store's reads fetched, kept as local files.
+
+An entry holds the serialized chunks ``[first, stop)`` of one xorb, exactly
+as they lie in the xorb (headers included), in a file of its own:
+``DIR/chunks/<xorb hash>/<first>-<stop>``.  Its key is the xorb's content
+hash, so every store that has the xorb shares it.  The unit is what the
+decoder reads, so to a decoder (a worker or the daemon) an entry reads like
+a local xorb file: the same ``pread``, from another offset.
+
+* An entry is checked by the chunk hashes that every decode verifies
+  anyway, and only by them: no second hash.  A chunk that fails its check
+  drops the entry, and the range is fetched again (``Loader``).
+* An entry is written once, after its chunks were verified, to a temporary
+  file renamed into place, so a reader sees a whole entry or none.  Ranges
+  are cut along the entries a xorb has (``limit``), so no chunk is fetched
+  into two entries.
+* The bytes of all entries count against the bound of the ``DiskCache``
+  they live in, with its least-recently-used eviction; a full disk drops
+  the write, never the read.
+
+Thread-safe; several processes (mounts, decode workers) may write entries.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from xetfs.base import hashes
+from xetfs.format.chunk import Buffer
+from xetfs.format.xorb import XorbLayout
+from xetfs.storage.diskcache import DiskCache
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class CachedRange:
+    """A disk-cache entry: chunks ``[first, stop)`` of a xorb, in the file ``path`` from the first chunk's header on."""
+
+    first: int
+    stop: int
+    path: str
+
+
+class ChunkCache:
+    """Entries of chunk ranges under ``disk.directory / "chunks"``, bounded with the rest of ``disk``."""
+
+    def __init__(self, disk: DiskCache) -> None:
+        self.disk = disk
+        self.directory = disk.directory / "chunks"
+        self.tmp = disk.tmp
+        self._known: dict[bytes, list[tuple[int, int]]] = {}  # per xorb: its entries, sorted
+        self._generation = disk.generation
+        self._lock = threading.Lock()
+
+    # -- lookups -----------------------------------------------------------
+
+    def find(self, xorb_hash: bytes, first: int, stop: int) -> CachedRange | None:
+        """The entry holding chunks ``[first, stop)`` (counted as a hit, and touched), or None (a miss)."""
+        for a, b in self._entries(xorb_hash):
+            if a <= first and stop <= b:
+                path = self._path(xorb_hash, a, b)
+                with contextlib.suppress(OSError):
+                    os.utime(path)  # least recently used goes first
+                self.disk.count(hits=1)
+                return CachedRange(a, b, str(path))
+        self.disk.count(misses=1)
+        return None
+
+    def limit(self, xorb_hash: bytes, first: int, stop: int) -> int:
+        """Where a range from chunk ``first`` must end, at ``stop`` at most, so that it lies within one
+        entry or in none: the end of the entry holding ``first``, else the start of the next entry."""
+        for a, b in self._entries(xorb_hash):
+            if a <= first < b:
+                return min(stop, b)
+            if first < a:
+                return min(stop, a)
+        return stop
+
+    def target(self, xorb_hash: bytes, first: int, stop: int) -> str:
+        """Where the entry for chunks ``[first, stop)`` goes (``write_entry`` puts it there)."""
+        return str(self._path(xorb_hash, first, stop))
+
+    # -- changes -----------------------------------------------------------
+
+    def put(self, xorb_hash: bytes, first: int, stop: int, data: Buffer) -> None:
+        """Keep ``data``, the verified serialized chunks ``[first, stop)``; a failure is counted, never raised."""
+        self.added(xorb_hash, first, stop, write_entry(self.target(xorb_hash, first, stop), data, self.tmp))
+
+    def added(self, xorb_hash: bytes, first: int, stop: int, written: int | OSError) -> None:
+        """Take note of an entry written by ``write_entry`` (here or in a decode worker): its size, or why not."""
+        if isinstance(written, OSError):
+            self.disk.write_failed(written)
+            return
+        with self._lock:
+            entries = self._known.setdefault(xorb_hash, [])
+            if (first, stop) not in entries:
+                bisect.insort(entries, (first, stop))
+        self.disk.account(written)
+
+    def drop(self, xorb_hash: bytes, entry: CachedRange, reason: str) -> None:
+        """Delete an entry that failed its check (or vanished); the next read fetches the range again."""
+        log.warning("disk cache: chunks [%d, %d) of xorb %s: %s; dropped, fetching them again", entry.first,
+                    entry.stop, hashes.to_hex(xorb_hash), reason)  # fmt: skip
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
+        with self._lock:
+            entries = self._known.get(xorb_hash, [])
+            with contextlib.suppress(ValueError):
+                entries.remove((entry.first, entry.stop))
+        self.disk.count(corrupt=1)
+
+    def keep_tail(self, layout: XorbLayout, tail_at: int, tail: Buffer, head: Callable[[int, int], Buffer]) -> None:
+        """Keep the chunks that ``tail`` (xorb bytes from ``tail_at`` to its end, fetched for the footer)
+        holds, where no entry has them yet: a read of those chunks then fetches nothing again.  The chunk
+        that ``tail_at`` cuts is completed with ``head(start, tail_at)`` (its first bytes, fetched), so
+        that no byte of it is fetched twice."""
+        xorb_hash = layout.xorb_hash
+        n = layout.num_chunks
+        if xorb_hash is None or not n or layout.phys_ends[-1] <= tail_at:
+            return
+        first = layout.chunk_at_phys(tail_at)
+        if any(a <= first < b for a, b in self._entries(xorb_hash)):
+            return
+        stop = self.limit(xorb_hash, first, n)
+        start, end = layout.phys_start(first), layout.phys_ends[stop - 1]
+        piece = memoryview(tail)[max(start, tail_at) - tail_at : end - tail_at]
+        data = piece if start >= tail_at else bytes(head(start, tail_at)) + piece
+        self.put(xorb_hash, first, stop, data)
+
+    # -- internals ---------------------------------------------------------
+
+    def _entries(self, xorb_hash: bytes) -> list[tuple[int, int]]:
+        """The xorb's entries: read from its directory the first time (other processes may have written
+        some), and again after an eviction."""
+        with self._lock:
+            if self._generation != self.disk.generation:
+                self._known.clear()
+                self._generation = self.disk.generation
+            entries = self._known.get(xorb_hash)
+            if entries is None:
+                entries = self._known[xorb_hash] = self._scan(xorb_hash)
+            return list(entries)
+
+    def _scan(self, xorb_hash: bytes) -> list[tuple[int, int]]:
+        found = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.directory / hashes.to_hex(xorb_hash)):
+                first, sep, stop = entry.name.partition("-")
+                if sep and first.isdigit() and stop.isdigit() and int(first) < int(stop):
+                    found.append((int(first), int(stop)))
+        return sorted(found)
+
+    def _path(self, xorb_hash: bytes, first: int, stop: int) -> Path:
+        return self.directory / hashes.to_hex(xorb_hash) / f"{first}-{stop}"
+
+
+def write_entry(path: str, data: Buffer, tmp_dir: Path) -> int | OSError:
+    """Write ``data`` to ``path`` atomically (a temporary file in ``tmp_dir``, renamed); its size, or the
+    error that stopped it.  For the daemon and the decode workers alike."""
+    target = Path(path)
+    tmp = tmp_dir / f"{os.getpid()}-{threading.get_ident()}-{target.parent.name[:16]}-{target.name}"
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return exc
+    return len(memoryview(data))
+

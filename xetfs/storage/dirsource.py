@@ -1,0 +1,110 @@
+"""A store directory on this machine as an object source (``objects.ObjectSource``).
+
+Objects are the files under the store's top, named by their path relative
+to it.  ``local_path`` hands each one's file to whoever reads it, so that
+the store and its decode workers read local xorbs with ``pread`` and
+``preadv``, never through a copy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from xetfs.base.errors import MissingObjectError, StoreError
+from xetfs.storage.layout import Listing, find_root, store_top
+from xetfs.storage.objects import RemoteOptions
+
+
+class DirSource:
+    """The files of one store directory.  Thread-safe (every call opens what it reads)."""
+
+    def __init__(self, top: Path, root: Path) -> None:
+        """``top``: the directory object names are relative to; ``root``: the one holding ``shards/``."""
+        self.top = top
+        self.root = root
+        self.location = str(top)
+
+    @classmethod
+    def open(cls, path: Path) -> DirSource:
+        """The store given as ``path`` (``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``); ``StoreError`` if it is none."""
+        root = find_root(path)
+        return cls(store_top(path), root)
+
+    def listing(self) -> Listing:
+        """The objects a store reads: every file in ``shards/`` and ``xorbs/``, and the files of each
+        directory from the top down to the one that holds them (where ``pack`` keeps its files)."""
+        objects: list[tuple[str, int]] = []
+        rel = self.root.relative_to(self.top).as_posix()
+        rel = "" if rel == "." else rel
+        dirs = [self.top]
+        for part in rel.split("/") if rel else ():
+            dirs.append(dirs[-1] / part)
+        for directory in dirs:
+            objects += self._files(directory)
+        for kind in ("shards", "xorbs"):
+            objects += self._files(self.root / kind)
+        return Listing(tuple(objects), self.root.stat().st_mtime)
+
+    def _files(self, directory: Path) -> list[tuple[str, int]]:
+        out = []
+        try:
+            entries = sorted(os.scandir(directory), key=lambda e: e.name)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StoreError(f"store {self.location}: cannot list {directory}: {exc.strerror}") from None
+        for entry in entries:
+            if entry.name.startswith(".") or not entry.is_file():
+                continue
+            try:
+                size = entry.stat().st_size
+            except OSError:
+                continue
+            out.append((Path(entry.path).relative_to(self.top).as_posix(), size))
+        return out
+
+    # -- ObjectSource --------------------------------------------------------
+
+    def local_path(self, name: str) -> str | None:
+        return str(self.top / name) if name else str(self.top)
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
+        return None
+
+    def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
+        path = self.top / name
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > limit:
+                    raise StoreError(f"{path}: {size} bytes, more than the {limit} allowed")
+                return f.read()
+        except FileNotFoundError:
+            raise MissingObjectError(f"{path}: not found") from None
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot read: {exc.strerror}") from None
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        from xetfs.storage.layout import read_range
+
+        path = self.top / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise MissingObjectError(f"{path}: not found") from None
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot open: {exc.strerror}") from None
+        try:
+            return read_range(fd, start, end, where=str(path))
+        finally:
+            os.close(fd)
+
+    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        out[:] = self.read_range(name, start, end)
+
+    def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
+        """The objects of ``listing`` under ``prefix`` (their times: the directory's)."""
+        listing = self.listing()
+        return [(name, size, listing.mtime) for name, size in listing.objects if name.startswith(prefix)]
+

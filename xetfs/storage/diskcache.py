@@ -1,0 +1,303 @@
+"""The shared on-disk cache of remote stores, and the object source that uses it for small objects.
+
+``DiskCache`` is a directory, bounded by bytes with least-recently-used
+eviction over everything in it, that several mounts (processes) may share
+and that survives restarts.  It holds two kinds of entries:
+
+* ranges of xorb chunks, raw, as ``chunkcache.ChunkCache`` writes them:
+  checked by the chunk hashes every decode verifies;
+* whole small objects (shards, listings, manifests, catalogues) under
+  ``meta/``, which chunk hashes do not cover: each carries the blake3 hash
+  of its key and of its bytes, checked on every read, so a torn or
+  corrupted entry is deleted, counts as a miss and is fetched again.
+
+For both:
+
+* an entry is written to a temporary file and renamed into place, so a
+  reader sees a whole entry or none;
+* a hit touches the entry's mtime, and eviction (under an ``flock`` of the
+  cache, so two mounts do not evict at once) deletes the oldest entries
+  until the cache is back below 90 % of its size; each mount counts the
+  whole cache again whenever it wrote a twentieth of its size, so the
+  bound holds for all the mounts that share it;
+* a write that fails (a full disk) is dropped and counted, and the oldest
+  tenth of the cache is deleted to make room; the fetched bytes are still
+  served.
+
+Entries of an older format (a ``v1/`` directory of 1 MiB byte blocks) are
+removed when the cache is opened, with one message.
+
+``CachedSource`` wraps an ``objects.ObjectSource``: whole objects (shards)
+are cached by name, and ``fresh`` objects (listings, manifests) are asked of
+the server first and served from the cache only when it cannot answer.
+Byte ranges pass through: the read path caches chunk ranges itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import shutil
+import struct
+import threading
+import time
+from pathlib import Path
+
+import blake3
+
+from xetfs.base.errors import MissingObjectError, StoreError, StoreTimeoutError
+from xetfs.base.settings import DISK_CACHE_LOW_WATER, STALE_TMP_SECONDS
+from xetfs.base.stats import RemoteCounters
+from xetfs.storage.objects import ObjectSource, RemoteOptions
+
+log = logging.getLogger(__name__)
+
+_MAGIC = b"XETFSC1\n"
+_HEADER = struct.Struct("<8sQ32s32s")  # magic, payload length, blake3(key), blake3(payload)
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xetfs"
+
+
+class DiskCache:
+    """Byte-bounded entries under ``directory``; thread-safe, and safe to share between processes."""
+
+    def __init__(self, directory: Path, capacity: int, counters: RemoteCounters | None = None) -> None:
+        self.directory = directory
+        self.capacity = capacity
+        self.counters = counters or RemoteCounters()
+        self._entries = directory / "meta"
+        self._chunks = directory / "chunks"
+        self.tmp = directory / "tmp"
+        self.generation = 0  # counts evictions: what a process knows of the entries may be stale after one
+        self._lock = threading.Lock()
+        self._warned = False
+        self._since_scan = 0  # bytes this process wrote since it last counted the whole cache
+        try:
+            self._entries.mkdir(parents=True, exist_ok=True)
+            self._chunks.mkdir(exist_ok=True)
+            self.tmp.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"disk cache {directory}: cannot create it: {exc.strerror}") from None
+        self._remove_old_format()
+        self._clean_tmp()
+        self._total = sum(size for _, size, _ in self._scan())
+        self.counters.disk_bytes = self._total
+
+    # -- entries -----------------------------------------------------------
+
+    def get(self, key: str) -> bytes | None:
+        """The bytes stored under ``key``, or None (absent, or failed its check and deleted)."""
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                blob = f.read()
+        except OSError:
+            self.count(misses=1)
+            return None
+        data = self._check(blob, key)
+        if data is None:
+            log.warning("disk cache: entry %s failed its check; dropped, fetching again", path.name)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            self.count(misses=1, corrupt=1)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least recently used goes first
+        self.count(hits=1)
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key`` (atomically); a failure is counted and logged once, never raised."""
+        if len(data) + _HEADER.size > self.capacity:
+            return
+        header = _HEADER.pack(_MAGIC, len(data), _key_hash(key), blake3.blake3(data).digest())
+        path = self._path(key)
+        tmp = self.tmp / f"{os.getpid()}-{threading.get_ident()}-{path.name}"
+        try:
+            path.parent.mkdir(exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(header)
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            self.write_failed(exc)
+            return
+        self.account(len(header) + len(data))
+
+    def write_failed(self, exc: OSError) -> None:
+        """An entry could not be written: count it, say so once, and make room if the disk is full."""
+        with self._lock:
+            self.counters.disk_write_errors += 1
+            warned, self._warned = self._warned, True
+        if not warned:
+            log.warning("disk cache %s: cannot write entries (%s); serving without caching", self.directory,
+                        exc.strerror)  # fmt: skip
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.evict(shrink=True)  # a full disk: make room for the next ones (not for EACCES or EROFS)
+
+    def account(self, size: int) -> None:
+        """An entry of ``size`` bytes was written (by this process or a decode worker of its own)."""
+        with self._lock:
+            self._total += size
+            self._since_scan += size
+            self.counters.disk_bytes = self._total
+            # Other mounts write too: count the whole cache again after a twentieth of it was written here.
+            due = self._total > self.capacity or self._since_scan > self.capacity // 20
+        if due:
+            self.evict()
+
+    def evict(self, *, shrink: bool = False) -> None:
+        """Count the whole cache, and delete the least recently used entries until it is below 90 % of
+        its size (with ``shrink``, also below 90 % of what it holds now: the disk is full).
+
+        Under an exclusive ``flock``: another mount that is evicting at the
+        same time waits, then finds less to do.
+        """
+        try:
+            lock = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            return
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            entries = sorted(self._scan(), key=lambda e: e[2])
+            total = sum(size for _, size, _ in entries)
+            target = min(self.capacity, total if shrink else self.capacity) * DISK_CACHE_LOW_WATER
+            evicted = 0
+            for path, size, _ in entries:
+                if total <= target:
+                    break
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    evicted += 1
+                total -= size
+            with self._lock:
+                self._total = total
+                self._since_scan = 0
+                self.counters.disk_bytes = total
+                self.counters.disk_evictions += evicted
+                self.generation += evicted > 0
+        finally:
+            os.close(lock)
+
+    # -- internals ---------------------------------------------------------
+
+    def _path(self, key: str) -> Path:
+        name = _key_hash(key).hex()
+        return self._entries / name[:2] / name
+
+    @staticmethod
+    def _check(blob: bytes, key: str) -> bytes | None:
+        if len(blob) < _HEADER.size:
+            return None
+        magic, length, key_hash, data_hash = _HEADER.unpack_from(blob)
+        data = blob[_HEADER.size :]
+        if magic != _MAGIC or length != len(data) or key_hash != _key_hash(key):
+            return None
+        return data if blake3.blake3(data).digest() == data_hash else None
+
+    def _scan(self) -> list[tuple[Path, int, float]]:
+        """``(path, size, mtime)`` of every entry (each lies in a subdirectory of ``meta/`` or ``chunks/``)."""
+        out = []
+        for top in (self._entries, self._chunks):
+            with contextlib.suppress(OSError):
+                for sub in os.scandir(top):
+                    with contextlib.suppress(OSError):
+                        for entry in os.scandir(sub.path):
+                            with contextlib.suppress(OSError):
+                                st = entry.stat()
+                                out.append((Path(entry.path), st.st_size, st.st_mtime))
+        return out
+
+    def _remove_old_format(self) -> None:
+        old = self.directory / "v1"
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+            log.warning("disk cache %s: removed the entries of an older format (v1/); they are fetched again",
+                        self.directory)  # fmt: skip
+
+    def _clean_tmp(self) -> None:
+        now = time.time()
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.tmp):
+                with contextlib.suppress(OSError):
+                    if now - entry.stat().st_mtime > STALE_TMP_SECONDS:
+                        os.unlink(entry.path)
+
+    def count(self, *, hits: int = 0, misses: int = 0, corrupt: int = 0) -> None:
+        with self._lock:
+            self.counters.disk_hits += hits
+            self.counters.disk_misses += misses
+            self.counters.disk_corrupt += corrupt
+
+
+def _key_hash(key: str) -> bytes:
+    return blake3.blake3(key.encode()).digest()
+
+
+class CachedSource:
+    """An ``ObjectSource`` that keeps the whole objects it fetches from ``inner`` in a ``DiskCache``.
+
+    Byte ranges pass through uncached (the read path keeps chunk ranges in a
+    ``chunkcache.ChunkCache`` of the same cache).
+    """
+
+    def __init__(self, inner: ObjectSource, cache: DiskCache) -> None:
+        self.inner = inner
+        self.cache = cache
+        self.location = inner.location
+
+    def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
+        key = f"{self.location}\0object\0{name}"
+        if fresh:
+            try:
+                data = self.inner.read(name, limit=limit, fresh=True)
+            except MissingObjectError:
+                raise
+            except (StoreError, StoreTimeoutError):
+                cached = self.cache.get(key)
+                if cached is None:
+                    raise
+                log.warning("%s/%s: server did not answer; using the copy in the disk cache", self.location, name)
+                return cached
+            self.cache.put(key, data)
+            return data
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        data = self.inner.read(name, limit=limit)
+        self.cache.put(key, data)
+        return data
+
+    def read_range(self, name: str, start: int, end: int) -> bytes | memoryview:
+        return self.inner.read_range(name, start, end)
+
+    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        self.inner.read_range_into(name, start, end, out)
+
+    def local_path(self, name: str) -> str | None:
+        return None
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
+        return self.inner.worker_setup()
+
+    def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
+        key = f"{self.location}\0list\0{prefix}"
+        try:
+            names = self.inner.list(prefix)
+        except (StoreError, StoreTimeoutError):
+            cached = self.cache.get(key)
+            if cached is None:
+                raise
+            log.warning("%s: server did not answer; using the listing in the disk cache", self.location)
+            return [(str(n), int(s), float(t)) for n, s, t in json.loads(cached)]
+        if names is not None:
+            self.cache.put(key, json.dumps(names).encode())
+        return names

@@ -1,0 +1,86 @@
+"""Build the index of a store: read every shard, skip the bad ones.
+
+A shard that cannot be read or parsed affects only the files it alone
+describes: it is skipped with one warning naming it (or, with ``strict``,
+the whole load fails).  The result says which shards were skipped and why.
+When shards were skipped and no file is left, the load fails: a view of
+nothing would hide the damage.  A store with no shards at all is empty, not
+damaged; one with xorbs but no shards has lost its shards.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from xetfs.base.errors import FormatError, StoreError
+from xetfs.base.messages import plural
+from xetfs.base.stats import IndexCounters
+from xetfs.format.shard import parse_shard
+from xetfs.storage.index import Index
+from xetfs.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadResult:
+    index: Index
+    skipped: list[str] = field(default_factory=list)  # one message per skipped shard
+
+    def counters(self) -> IndexCounters:
+        return IndexCounters(
+            files=len(self.index),
+            terms=self.index.terms,
+            xorbs=len(self.index.all_xorbs),
+            shards=self.index.shards,
+            shards_skipped=len(self.skipped),
+        )
+
+
+def load_index(store: Store, *, strict: bool = False) -> LoadResult:
+    """Index every shard of ``store``.
+
+    Raises ``StoreError`` when the store has xorbs but no shards, when every
+    shard was skipped and no file is left, or, with ``strict``, the first
+    shard error.
+    """
+    shard_files = store.shard_files()
+    problem = shards_missing(store, len(shard_files))
+    if problem is not None:
+        raise StoreError(problem)
+    result = LoadResult(Index())
+    for shard_file in shard_files:
+        try:
+            shard = parse_shard(store.read_shard(shard_file), where=f"shard {shard_file.name}")
+        except (FormatError, StoreError) as exc:
+            if strict:
+                raise
+            log.warning("skipping %s", exc)
+            result.skipped.append(str(exc))
+            continue
+        result.index.add_shard(shard)
+    if result.skipped and len(result.index) == 0:
+        bad, total = len(result.skipped), len(shard_files)
+        if bad == total:
+            which = "its one shard is bad" if total == 1 else f"all {total} shards are bad"
+        else:
+            which = f"{bad} of {total} shards {'is' if bad == 1 else 'are'} bad, the rest empty"
+        raise StoreError(f"store {store.location}: nothing to show: {which} (first: {result.skipped[0]})")
+    return result
+
+
+def shards_missing(store: Store, shards: int) -> str | None:
+    """Why a store with ``shards`` shards is damaged as a whole, or None.
+
+    A store with neither shards nor xorbs is empty, which is fine; xorbs
+    without any shard mean the shards are lost.  ``mount`` and ``verify``
+    judge by this one rule.
+    """
+    if shards:
+        return None
+    xorbs = sum(1 for _ in store.xorb_hashes())
+    if not xorbs:
+        return None
+    where = store.location
+    return f"store {where}: no shards in {where}/shards, but {plural(xorbs, 'xorb')}: the shards are missing"

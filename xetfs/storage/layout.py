@@ -1,0 +1,146 @@
+"""The layout of a store: which objects it has and where, the same for every source (docs/format.md section 4).
+
+* what hf_xet writes for ``local://DIR``: ``DIR/xet/xorbs/{xorbs,shards}``,
+  given as ``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs``;
+* a flat layout: ``DIR/xorbs`` and ``DIR/shards``.
+
+Xorbs are named ``default.<hex>``, ``<hex>`` or ``<hex>.xorb``; shards
+``<hex>.mdb``.  ``Listing`` is every object of a store, as a directory or a
+bucket lists it or as ``LISTING_NAME`` records it for an HTTP server.  Also
+the file helpers that both ``store`` and ``dirsource`` use: ``read_range``
+and ``replace_file``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from xetfs.base.errors import ObjectReadError, StoreError, XorbFormatError
+
+XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
+SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
+ROOTS = ("xet/xorbs", "xorbs", "")  # where shards/ and xorbs/ may lie, relative to the store's top
+MAX_LISTING_BYTES = 256 * 1024 * 1024
+LISTING_NAME = "xetfs-listing.json"
+LISTING_FORMAT = "xetfs-listing"
+
+
+@dataclass(frozen=True)
+class Listing:
+    """Every object of a store: ``(path, size)``, paths relative to the store's top, ``/``-separated.
+
+    A directory is listed by ``dirsource.DirSource``, a bucket by its service;
+    an HTTP server cannot list, so a store it serves carries its listing in
+    ``LISTING_NAME`` (``dump``, ``parse``), written by ``xetfs publish``.
+    """
+
+    objects: tuple[tuple[str, int], ...]
+    mtime: float = 0.0
+
+    def dump(self) -> bytes:
+        doc = {"format": LISTING_FORMAT, "version": 1, "mtime": self.mtime, "objects": [list(o) for o in self.objects]}
+        return json.dumps(doc, indent=0).encode()
+
+    @classmethod
+    def parse(cls, data: bytes, *, where: str) -> Listing:
+        try:
+            doc = json.loads(data)
+            if doc.get("format") != LISTING_FORMAT or doc.get("version") != 1:
+                raise ValueError("not a version 1 xetfs listing")
+            objects = tuple((str(n), int(s)) for n, s in doc["objects"])
+            mtime = float(doc.get("mtime", 0.0))
+            bad = next((n for n, s in objects if s < 0), None)
+            if bad is not None:
+                raise ValueError(f"object {bad[:200]!r} has a negative size")
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise StoreError(f"{where}: not a usable listing: {exc}") from None
+        return cls(objects, mtime)
+
+    def root(self) -> str:
+        """The directory (relative to the top, ``""`` for the top) that holds ``shards/`` (or, in a store
+        without shards, ``xorbs/``; the index judges such a store)."""
+        names = {name for name, _ in self.objects}
+        for kind in ("shards", "xorbs"):
+            for root in ROOTS:
+                prefix = f"{root}/{kind}/" if root else f"{kind}/"
+                if any(n.startswith(prefix) for n in names):
+                    return root
+        return ""
+
+
+def find_root(path: Path) -> Path:
+    """The directory that holds ``xorbs/`` and ``shards/`` for a store directory at ``path``."""
+    if not path.exists():
+        raise StoreError(f"store {path}: no such directory")
+    if not path.is_dir():
+        raise StoreError(f"store {path}: not a directory")
+    for rel in ROOTS:
+        root = path / rel
+        if (root / "shards").is_dir():
+            return root
+    raise StoreError(
+        f"store {path}: no shards/ directory found (looked in {', '.join(str(path / r) for r in ROOTS)})"
+    )
+
+
+def store_top(path: Path) -> Path:
+    """The top of the store given as ``path``: ``DIR`` for ``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs`` (where
+    ``pack`` keeps its files beside an hf_xet layout)."""
+    if path.name == "xet":
+        return path.parent
+    if path.name == "xorbs" and path.parent.name == "xet":
+        return path.parent.parent
+    return path
+
+
+def find_beside(store_dir: Path, name: str) -> Path | None:
+    """The file ``name`` that ``pack`` keeps beside the store given as ``store_dir``, or None.
+
+    Looks in ``store_dir`` itself and, when ``store_dir`` is the inner
+    ``DIR/xet`` or ``DIR/xet/xorbs`` of an hf_xet layout, in ``DIR`` (where
+    ``pack`` writes it).
+    """
+    for directory in (store_dir, store_top(store_dir)):
+        path = directory / name
+        if path.is_file():
+            return path
+    return None
+
+
+def replace_file(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably: a reader, or a crash, sees the old file or the new one.
+
+    For the files ``pack`` keeps beside a store (names, listing, Hub catalogue).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        with contextlib.suppress(OSError):  # some filesystems refuse to sync a directory: the file is in place
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def read_range(fd: int, start: int, end: int, *, where: str) -> bytes:
+    """Bytes ``[start, end)`` of an open object file; a short read is a format error, a failed one
+    (a disk I/O error) an ``ObjectReadError``."""
+    try:
+        data = os.pread(fd, end - start, start)
+    except OSError as exc:
+        raise ObjectReadError(f"{where}: read of [{start}, {end}) failed: {exc.strerror}") from None
+    if len(data) != end - start:
+        raise XorbFormatError(f"{where}: truncated: wanted bytes [{start}, {end}), file ends at {start + len(data)}")
+    return data

@@ -1,0 +1,498 @@
+"""Object sources: the bytes of a remote store's objects, by name and byte range.
+
+A remote store is a store directory served over HTTP(S) or copied to an
+object store (``s3://``, ``gs://``, ``az://``).  ``ObstoreSource`` reads its
+objects with obstore (Rust, releases the GIL): whole small objects (shards,
+listings, manifests), exact byte ranges of xorbs, and, where the service can
+list, the names under a prefix.  The store layer above (``remote.py``) turns
+``(xorb, chunk range)`` into such range reads; it does not know which kind
+of source it reads from, and a ``diskcache.CachedSource`` can sit between.
+
+Every call is bounded: one request may take at most ``request_timeout``
+seconds, failed requests (connection errors, resets, truncated bodies,
+5xx and 429 answers) are tried again with exponential backoff until
+``deadline`` seconds have passed since the call began.  A server that
+cannot be reached at all is remembered as down for ``DOWN_SECONDS``:
+meanwhile calls fail at once instead of each waiting for its deadline.
+
+Secrets (an HTTP bearer token, extra header values, credentials in a URL)
+never reach a message: ``redact`` removes them from every error text.
+Calls may come from any thread.
+"""
+
+from __future__ import annotations
+
+import configparser
+import http.client
+import os
+import random
+import re
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from xetfs.base.errors import MissingObjectError, StoreError, StoreTimeoutError
+from xetfs.base.settings import CONNECT_TIMEOUT, DOWN_SECONDS, FIRST_BACKOFF, IO_TIMEOUT, MAX_BACKOFF, REQUEST_TIMEOUT
+from xetfs.base.stats import RemoteCounters
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig
+
+T = TypeVar("T")
+
+SCHEMES = ("http", "https", "s3", "gs", "az", "abfs", "abfss")
+TOKEN_ENV = "XETFS_HTTP_TOKEN"  # bearer token for HTTP stores
+HEADERS_ENV = "XETFS_HTTP_HEADERS"  # extra HTTP headers: "Name: value" lines
+
+
+def is_url(location: str) -> bool:
+    """Whether ``location`` names a remote store (a URL with a known scheme) rather than a directory."""
+    scheme, sep, _ = location.partition("://")
+    return bool(sep) and scheme.lower() in SCHEMES
+
+
+class ObjectSource(Protocol):
+    """Bytes of a store's objects.  Names are paths relative to the store's top, ``/``-separated.
+
+    Raises ``MissingObjectError`` for an object that does not exist,
+    ``StoreTimeoutError`` when a call ran out of time, ``StoreError`` for
+    anything else; messages never carry secrets.
+    """
+
+    location: str  # the store's URL without secrets, for messages
+
+    def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
+        """The whole object ``name``; refused if larger than ``limit`` bytes.
+
+        ``fresh``: the object may change (a listing, a manifest), so a cache
+        in between asks the server first and falls back to its copy only
+        when the server cannot answer.
+        """
+        ...
+
+    def read_range(self, name: str, start: int, end: int) -> bytes | memoryview:
+        """Bytes ``[start, end)`` of object ``name``: exactly that many, or an error."""
+        ...
+
+    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        """``read_range`` into ``out``, which holds exactly ``end - start`` bytes."""
+        ...
+
+    def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
+        """``(name, size, mtime)`` of every object under ``prefix``, or None where the service cannot list."""
+        ...
+
+    def local_path(self, name: str) -> str | None:
+        """The object's file on this machine, for readers that read it themselves; None where it has none."""
+        ...
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
+        """How a decode worker opens the same source for itself: a URL and options (secrets included:
+        hand them over a pipe, never a command line), or None where workers read local files."""
+        ...
+
+
+def header_lines(headers: Sequence[str]) -> list[str]:
+    """``--header`` lines and those of ``XETFS_HTTP_HEADERS``, blank ones left out."""
+    return [line for line in (*headers, *os.environ.get(HEADERS_ENV, "").splitlines()) if line.strip()]
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How to reach a remote store.  ``headers`` may hold secrets: they are only ever sent."""
+
+    headers: tuple[tuple[str, str], ...] = ()
+    request_timeout: float = REQUEST_TIMEOUT
+    deadline: float = IO_TIMEOUT
+    connect_timeout: float = CONNECT_TIMEOUT
+
+    @classmethod
+    def from_env(cls, token: str | None = None, headers: list[str] | None = None, **kw: Any) -> RemoteOptions:
+        """Headers from ``--header`` lines and ``XETFS_HTTP_HEADERS``, a bearer token from ``token`` or
+        ``XETFS_HTTP_TOKEN``."""
+        pairs = []
+        for line in header_lines(headers or ()):
+            name, sep, value = line.partition(":")
+            if not sep or not name.strip():
+                raise StoreError(f"not an HTTP header (want 'Name: value'): {name.strip()[:40]!r}")
+            pairs.append((name.strip(), value.strip()))
+        token = token or os.environ.get(TOKEN_ENV)
+        if token:
+            pairs.append(("Authorization", f"Bearer {token}"))
+        return cls(headers=tuple(pairs), **kw)
+
+    @classmethod
+    def for_timeout(cls, io_timeout: float, headers: list[str] | None = None) -> RemoteOptions:
+        """Options (headers as in ``from_env``) under which every call ends within ``io_timeout`` seconds;
+        one request may stall for a third of it, leaving room for another try."""
+        step = max(1.0, io_timeout / 3)
+        return cls.from_env(headers=headers, deadline=io_timeout, request_timeout=step,
+                            connect_timeout=min(CONNECT_TIMEOUT, step))  # fmt: skip
+
+    def secrets(self) -> list[str]:
+        out = []
+        for _, value in self.headers:
+            out.append(value)
+            out.extend(part for part in value.split() if len(part) >= 4)
+        return out
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    """``text`` with every secret, any ``user:password@`` and any query string of a URL replaced by ``***``.
+
+    A URL's query may carry a signature or token (presigned and SAS URLs), and
+    client errors quote the URL they requested.
+    """
+    for secret in sorted(secrets, key=len, reverse=True):
+        if secret:
+            text = text.replace(secret, "***")
+    text = re.sub(r"(://[^\s?#]*)\?[^\s)\"'>]*", r"\1?***", text)
+    return re.sub(r"(://)[^/@\s]*@", r"\1***@", text)
+
+
+def public_url(url: str) -> str:
+    """``url`` without a password or query (what messages and cache keys may show).
+
+    A user name without a password stays: in ``abfs://CONTAINER@ACCOUNT...`` it names the container.
+    """
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:  # an IPv6 address
+        host = f"[{host}]"
+    if parts.port:
+        host += f":{parts.port}"
+    if parts.username and parts.password is None:
+        host = f"{parts.username}@{host}"
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
+
+
+@dataclass
+class _Health:
+    """Whether the server answered lately; shared by every call of one source."""
+
+    down_until: float = 0.0
+    reason: str = ""  # "after <request> failed (<why>)": the request that found the server down
+    since: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ObstoreSource:
+    """An ``ObjectSource`` over obstore: HTTP(S), S3 (and compatible), GCS and Azure."""
+
+    def __init__(self, url: str, options: RemoteOptions, counters: RemoteCounters | None = None) -> None:
+        self.location = public_url(url)
+        self._url = url
+        self.options = options
+        self.counters = counters or RemoteCounters()
+        self._secrets = options.secrets()
+        self._health = _Health()
+        self._lock = threading.Lock()
+        try:
+            self._store = _open(url, options)
+        except Exception as exc:  # obstore raises its own errors for bad configuration
+            raise StoreError(f"store {self.location}: {self._message(exc)}") from None
+        self.lists = not url.lower().startswith(("http://", "https://"))
+        self._http = _HttpRanges.for_url(url, options)
+
+    # -- ObjectSource ------------------------------------------------------
+
+    def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
+        import obstore
+
+        def get() -> bytes:
+            result = obstore.get(self._store, name)
+            if result.meta["size"] > limit:
+                raise StoreError(f"{self._where(name)}: {result.meta['size']} bytes, more than the {limit} allowed")
+            return bytes(result.bytes())
+
+        data = self._call(name, get)
+        self._count(len(data))
+        return data
+
+    def read_range(self, name: str, start: int, end: int) -> memoryview:
+        import obstore
+
+        def get() -> memoryview:
+            data = memoryview(obstore.get_range(self._store, name, start=start, end=end))  # (no copy)
+            if len(data) != end - start:
+                raise _Transient(f"short body: {len(data)} of {end - start} bytes")
+            return data
+
+        data = self._call(f"{name} bytes [{start}, {end})", get, name=name)
+        self._count(len(data))
+        return data
+
+    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        """``read_range`` into ``out`` (exactly ``end - start`` bytes).
+
+        From a plain HTTP(S) server, the body goes straight from the socket
+        into ``out`` (``http.client``, a kept-alive connection per thread): no
+        copy in between, and about half the CPU of the general client.
+        """
+        if self._http is None:
+            out[:] = self.read_range(name, start, end)
+            return
+        http = self._http
+        self._call(f"{name} bytes [{start}, {end})", lambda: http.get_into(name, start, end, out), name=name)
+        self._count(end - start)
+
+    def local_path(self, name: str) -> str | None:
+        return None
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
+        return self._url, self.options
+
+    def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
+        if not self.lists:
+            return None
+        import obstore
+
+        def run() -> list[tuple[str, int, float]]:
+            out: list[tuple[str, int, float]] = []
+            for batch in obstore.list(self._store, prefix or None, chunk_size=1000):
+                out.extend((meta["path"], meta["size"], meta["last_modified"].timestamp()) for meta in batch)
+            return out
+
+        return self._call(prefix or "/", run)
+
+    # -- retries, deadlines, health ------------------------------------------
+
+    def _call(self, what: str, fn: Callable[[], T], *, name: str | None = None) -> T:
+        """``fn()``, tried again on transient failures until the deadline."""
+        import obstore.exceptions as oe
+
+        deadline = time.monotonic() + self.options.deadline
+        backoff = FIRST_BACKOFF
+        with self._lock:
+            self.counters.in_flight += 1
+        try:
+            while True:
+                self._check_up(what)
+                with self._lock:
+                    self.counters.requests += 1
+                try:
+                    return fn()
+                except oe.NotFoundError:
+                    raise MissingObjectError(f"{self._where(name or what)}: not found") from None
+                except (oe.PermissionDeniedError, oe.UnauthenticatedError) as exc:
+                    self._error()
+                    raise StoreError(f"{self._where(what)}: access refused: {self._message(exc)}") from None
+                except StoreError:
+                    raise
+                except Exception as exc:  # obstore's errors, and our own _Transient
+                    self._error()
+                    message, full = self._message(exc), str(exc)
+                    status = _status(full)
+                    if status == 404:
+                        raise MissingObjectError(f"{self._where(name or what)}: not found") from None
+                    if status in (401, 403):
+                        raise StoreError(f"{self._where(what)}: access refused (HTTP {status})") from None
+                    if status is not None and 400 <= status < 500 and status not in (408, 429):
+                        raise StoreError(f"{self._where(what)}: {message}") from None
+                    if _unreachable(full):
+                        message = f"{message} (no connection: {_connect_reason(full)})"
+                        self._mark_down(f"after {what} failed: no connection ({_connect_reason(full)})")
+                        raise StoreError(f"{self._where(what)}: server unreachable: {message}") from None
+                    left = deadline - time.monotonic()
+                    if left <= backoff:
+                        raise StoreTimeoutError(
+                            f"{self._where(what)}: gave up after {self.options.deadline:g} s: {message}"
+                        ) from None
+                    with self._lock:
+                        self.counters.retries += 1
+                    time.sleep(backoff * random.uniform(0.5, 1.0))
+                    backoff = min(MAX_BACKOFF, backoff * 2)
+        finally:
+            with self._lock:
+                self.counters.in_flight -= 1
+
+    def _check_up(self, what: str) -> None:
+        health = self._health
+        with health.lock:
+            now = time.monotonic()
+            if now < health.down_until:  # not tried: the reason is another request's, and says so
+                raise StoreError(f"{self._where(what)}: not requested: server marked down "
+                                 f"{now - health.since:.1f} s ago, {health.reason}")  # fmt: skip
+
+    def _mark_down(self, reason: str) -> None:
+        with self._health.lock:
+            self._health.since = time.monotonic()
+            self._health.down_until = self._health.since + DOWN_SECONDS
+            self._health.reason = reason
+
+    def _count(self, size: int) -> None:
+        with self._lock:
+            self.counters.bytes += size
+
+    def _error(self) -> None:
+        with self._lock:
+            self.counters.errors += 1
+
+    def _where(self, what: str) -> str:
+        return f"{self.location}/{what}"
+
+    def _message(self, exc: BaseException) -> str:
+        # obstore messages go on with a multi-line debug dump of their causes: the first line, no secrets.
+        text = " ".join(str(exc).split("Debug source:")[0].split())
+        return redact(text[:300], self._secrets)
+
+
+class _Transient(Exception):
+    """A response that was not what was asked for (e.g. a short body); worth another try."""
+
+
+class _HttpRanges:
+    """Range requests to a plain HTTP(S) store with ``http.client``, into the caller's buffer.
+
+    Only for URLs without credentials or a query (which the general client
+    handles); its errors read as the general client's do to ``_call``
+    (``status code: N``, ``ConnectError``), so retries, deadlines and health
+    are the same.
+    """
+
+    def __init__(self, scheme: str, host: str, port: int | None, base: str, options: RemoteOptions) -> None:
+        self.https = scheme == "https"
+        self.host, self.port, self.base = host, port, base
+        self.headers = dict(options.headers)
+        self.timeout = options.request_timeout
+        self._local = threading.local()
+        self._open: set[http.client.HTTPConnection] = set()  # every thread's, so that they can be closed
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_url(cls, url: str, options: RemoteOptions) -> _HttpRanges | None:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme.lower() not in ("http", "https") or parts.username or parts.query or not parts.hostname:
+            return None
+        return cls(parts.scheme.lower(), parts.hostname, parts.port, parts.path.rstrip("/"), options)
+
+    def get_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        conn = self._connection()
+        path = f"{self.base}/{urllib.parse.quote(name)}"
+        try:
+            conn.request("GET", path, headers={**self.headers, "Range": f"bytes={start}-{end - 1}"})
+            response = conn.getresponse()
+        except ConnectionRefusedError as exc:
+            self._drop()
+            raise _Transient(f"ConnectError: {exc.strerror}") from None
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop()
+            raise _Transient(f"request failed: {exc}") from None
+        if response.status != 206:
+            response.read()
+            raise _Transient(f"server answered with status code: {response.status}")
+        got = 0
+        try:
+            while got < len(out):
+                n = response.readinto(out[got:])
+                if not n:
+                    break
+                got += n
+        except (OSError, http.client.HTTPException) as exc:
+            self._drop()
+            raise _Transient(f"body failed after {got} bytes: {exc}") from None
+        if got != end - start or (not response.isclosed() and response.read(1)):
+            self._drop()
+            raise _Transient(f"short body: {got} of {end - start} bytes")
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+            conn = self._local.conn = kind(self.host, self.port, timeout=self.timeout)
+            with self._lock:
+                self._open.add(conn)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+            with self._lock:
+                self._open.discard(conn)
+
+    def close(self) -> None:
+        """Close every thread's connection (a thread that reads again opens a new one)."""
+        with self._lock:
+            conns, self._open = self._open, set()
+        for conn in conns:
+            conn.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _status(message: str) -> int | None:
+    """The HTTP status an obstore error message reports, if any."""
+    m = re.search(r"status code: (\d{3})", message)
+    return int(m.group(1)) if m else None
+
+
+def _unreachable(message: str) -> bool:
+    """Whether an error says no connection could be made at all (as opposed to one that broke)."""
+    return "ConnectError" in message or "dns error" in message.lower()
+
+
+def _connect_reason(message: str) -> str:
+    m = re.search(r'message: "([^"]{1,80})"', message)
+    return m.group(1) if m else "cannot connect"
+
+
+def aws_files_config(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """S3 settings from the AWS shared config and credentials files, for what the environment leaves unset.
+
+    The profile is ``AWS_PROFILE`` (else ``default``); the files are
+    ``AWS_CONFIG_FILE`` (else ``~/.aws/config``: ``region``, ``endpoint_url``)
+    and ``AWS_SHARED_CREDENTIALS_FILE`` (else ``~/.aws/credentials``: the key
+    pair and session token).  The environment wins, as with the AWS tools.
+    """
+    env = os.environ if env is None else env
+    profile = env.get("AWS_PROFILE") or "default"
+    home = Path.home() / ".aws"
+    config = _ini(Path(env.get("AWS_CONFIG_FILE") or home / "config"), "default" if profile == "default"
+                  else f"profile {profile}")  # fmt: skip
+    creds = _ini(Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or home / "credentials"), profile)
+    out = {}
+    if not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")) and config.get("region"):
+        out["region"] = config["region"]
+    if not (env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT")) and config.get("endpoint_url"):
+        out["endpoint"] = config["endpoint_url"]
+    if not env.get("AWS_ACCESS_KEY_ID") and creds.get("aws_access_key_id"):
+        out["access_key_id"] = creds["aws_access_key_id"]
+        out["secret_access_key"] = creds.get("aws_secret_access_key", "")
+        if creds.get("aws_session_token"):
+            out["session_token"] = creds["aws_session_token"]
+    return out
+
+
+def _ini(path: Path, section: str) -> dict[str, str]:
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(path, encoding="utf-8")
+    except (OSError, configparser.Error):
+        return {}
+    return dict(parser[section]) if parser.has_section(section) else {}
+
+
+def _open(url: str, options: RemoteOptions) -> Any:
+    from obstore.store import from_url
+
+    client: ClientConfig = {
+        "timeout": timedelta(seconds=options.request_timeout),
+        "connect_timeout": timedelta(seconds=options.connect_timeout),
+        "allow_http": True,
+    }
+    if options.headers:
+        client["default_headers"] = dict(options.headers)
+    # Our own loop retries (with a deadline, and counting); obstore's would hide them.
+    retry: Any = {"max_retries": 0, "retry_timeout": timedelta(seconds=options.deadline)}
+    if url.lower().startswith(("s3://", "s3a://")):
+        config: Any = aws_files_config()
+        return from_url(url, config=config or None, client_options=client, retry_config=retry)
+    return from_url(url, client_options=client, retry_config=retry)

@@ -1,0 +1,116 @@
+"""Opening a store by location, and publishing a store directory for plain HTTP servers.
+
+``open_store`` gives the one ``store.Store`` for a directory or a URL: a URL
+is read through an ``objects.ObstoreSource`` (HTTP(S), S3, GCS, Azure),
+with the disk cache (``diskcache``, ``chunkcache``) in between unless it is
+turned off.  An HTTP server cannot list a directory, so a store it serves
+carries a listing, ``xetfs-listing.json`` at its top (written by ``xetfs
+pack`` and ``xetfs publish``): every object's path and size.  Object stores
+that can list are listed directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from xetfs.base.errors import MissingObjectError, StoreError
+from xetfs.base.settings import IO_TIMEOUT
+from xetfs.base.stats import RemoteCounters
+from xetfs.storage.chunkcache import ChunkCache
+from xetfs.storage.dirsource import DirSource
+from xetfs.storage.diskcache import CachedSource, DiskCache, default_dir
+from xetfs.storage.layout import LISTING_NAME, MAX_LISTING_BYTES, Listing, replace_file
+from xetfs.storage.objects import ObjectSource, ObstoreSource, RemoteOptions, is_url
+from xetfs.storage.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def local_listing(top: Path) -> Listing:
+    """The listing of the store directory ``top``, as a remote store reads it (without the listing itself)."""
+    source = DirSource.open(top)
+    listing = source.listing()
+    return Listing(tuple(o for o in listing.objects if o[0] != LISTING_NAME), listing.mtime)
+
+
+def publish(top: str | os.PathLike[str]) -> tuple[Path, Listing]:
+    """Write (atomically) or refresh ``TOP/xetfs-listing.json`` for the store directory ``top``."""
+    top_dir = Path(top)
+    listing = local_listing(top_dir)
+    path = DirSource.open(top_dir).top / LISTING_NAME
+    try:
+        replace_file(path, listing.dump())
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot write the listing: {exc.strerror}") from None
+    return path, listing
+
+
+def load_listing(source: ObjectSource, *, fallback: bool = True) -> Listing:
+    """The store's listing: listed by the service when it can, else its ``xetfs-listing.json``.
+
+    Without ``fallback``, a disk cache in between is not used when the server cannot answer: the
+    listing is the server's or an error (a refresh must not take an old listing for a new one).
+    """
+    if not fallback and isinstance(source, CachedSource):
+        source = source.inner
+    listed = source.list("")
+    if listed is not None:
+        mtime = max((t for *_, t in listed), default=0.0)
+        return Listing(tuple((n, s) for n, s, _ in listed), mtime)
+    try:
+        data = source.read(LISTING_NAME, limit=MAX_LISTING_BYTES, fresh=True)
+    except MissingObjectError:
+        raise StoreError(
+            f"store {source.location}: no {LISTING_NAME} (an HTTP server cannot list directories: "
+            f"run 'xetfs publish DIR' on the store directory before serving it)"
+        ) from None
+    return Listing.parse(data, where=f"{source.location}/{LISTING_NAME}")
+
+
+def open_remote(
+    url: str,
+    options: RemoteOptions | None = None,
+    *,
+    cache: DiskCache | None = None,
+    counters: RemoteCounters | None = None,
+) -> Store:
+    """The store at ``url``, read through ``cache`` when one is given."""
+    source: ObjectSource = ObstoreSource(url, options or RemoteOptions(), counters)
+    if cache is not None:
+        source = CachedSource(source, cache)
+    try:
+        listing = load_listing(source)
+    except StoreError as exc:
+        if str(exc).startswith(("store ", source.location)):
+            raise
+        raise StoreError(f"store {source.location}: {exc}") from None
+    return Store(source, listing, ChunkCache(cache) if cache is not None else None)
+
+
+def open_store(
+    location: str,
+    *,
+    io_timeout: float = IO_TIMEOUT,
+    headers: Sequence[str] = (),
+    cache_dir: Path | None = None,
+    disk_cache_size: int = 0,
+    counters: RemoteCounters | None = None,
+) -> Store:
+    """The store at ``location``: a directory, or a URL.
+
+    A remote store's reads give up after ``io_timeout`` seconds, send
+    ``headers`` (``NAME: VALUE``, besides those of the environment), and go
+    through the disk cache at ``cache_dir`` (default ``diskcache.default_dir()``)
+    unless ``disk_cache_size`` is 0.
+    """
+    if not is_url(location):
+        return Store.open(location)
+    options = RemoteOptions.for_timeout(io_timeout, list(headers))
+    cache = None
+    if disk_cache_size:
+        cache = DiskCache((cache_dir or default_dir()).absolute(), disk_cache_size, counters)
+        log.info("disk cache: %s, %d bytes at most", cache.directory, disk_cache_size)
+    return open_remote(location, options, cache=cache, counters=counters)

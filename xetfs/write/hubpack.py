@@ -1,0 +1,411 @@
+"""``xetfs pack --hub-cache`` and ``xetfs pack SRC... --repo``: Hub repos into a store's catalogue.
+
+Owns the import: which files to upload (blobs the catalogue does not know
+yet), the checks on each uploaded file (a blob's content must match its
+name; a file must not change while it is read), and the catalogue update
+(merged under the store's lock, replaced atomically, after every upload has
+finished, so nothing half-imported is ever named).
+
+Commit ids for ``pack SRC --repo`` without ``--commit`` (``derive_commit``):
+the sha1 of ``b"xetfs-tree 1\\n"`` followed by one line ``<blob name>
+<path>\\n`` per file, in path order (UTF-8).  The same files under the same
+names always give the same id; any change of a name or a byte gives another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from xetfs.base import hashes
+from xetfs.base.errors import XetfsError
+from xetfs.base.messages import plural, print_warning
+from xetfs.base.settings import PACK_ROUND_MIN_SIZE
+from xetfs.storage.catalogue import (
+    CATALOGUE_NAME,
+    Catalogue,
+    Content,
+    Repo,
+    Revision,
+    is_commit,
+    load_catalogue,
+    locked,
+    ref_problem,
+    repo_id_problem,
+    update_catalogue,
+)
+from xetfs.storage.remote import publish
+from xetfs.write.hubcache import CachedRepo, Digests, digest_file, is_lfs_path, scan_cache
+from xetfs.write.pack import links_hint, plan_pack, refuse_skips, upload
+
+Warn = Callable[[str], None]
+
+
+class Skips:
+    """The warnings of one import: printed as they come, counted by reason for the summary line."""
+
+    REASONS = (  # what a warning says, and what the summary calls one such item and several
+        ("partial download", "partial download", "partial downloads"),
+        ("broken symlink", "broken symlink", "broken symlinks"),
+        ("no snapshot", "ref without a snapshot", "refs without a snapshot"),
+        ("changed while being read", "file changed while read", "files changed while read"),
+        ("does not match its name", "blob whose content does not match its name",
+         "blobs whose content does not match their name"),
+        ("none of its files was imported", "revision with no file imported", "revisions with no file imported"),
+        ("no revision has a file", "repo with no revision imported", "repos with no revision imported"),
+    )  # fmt: skip
+    OTHER = ("other problem", "other problems")
+
+    def __init__(self, warn: Warn) -> None:
+        self._warn = warn
+        self.counts: dict[tuple[str, str], int] = {}  # by (singular, plural) label
+
+    def __call__(self, message: str) -> None:
+        self._warn(message)
+        reason = next(((one, many) for key, one, many in self.REASONS if key in message), self.OTHER)
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+
+    def summary(self) -> str:
+        if not self.counts:
+            return "nothing skipped"
+        parts = ", ".join(plural(n, one, many) for (one, many), n in sorted(self.counts.items(), key=lambda i: i[0][1]))
+        return f"skipped {sum(self.counts.values())} ({parts})"
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+# -- uploading with checks -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One file to upload: ``blob`` is the name it must match, or None to name it by the rule (``lfs``)."""
+
+    local: Path
+    blob: str | None
+    lfs: bool = False
+    family: str = ""  # files of one family (versions of one path) are uploaded in separate rounds
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    blob: str  # its blob name
+    content: Content
+
+
+def _stamp(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def upload_checked(jobs: Sequence[Job], store_dir: Path, *, progress: bool, warn: Warn) -> list[Stored | None]:
+    """Upload ``jobs`` with hf_xet; per job its blob name and content, or None (with a warning) when it failed a check.
+
+    A file whose size, mtime or inode differ before and after, or whose two
+    reads (ours for the git sha1, hf_xet's) disagree, "changed while being
+    read".  Raises ``XetfsError`` when hf_xet fails as a whole.
+    """
+    ready: list[tuple[int, tuple[int, int, int], Digests | None]] = []  # (index in jobs, stamp, our digests)
+    for i, job in enumerate(jobs):
+        try:
+            stamp = _stamp(job.local)
+            needs_sha1 = (job.blob is not None and len(job.blob) == 40) or (job.blob is None and not job.lfs)
+            digests = digest_file(job.local) if needs_sha1 else None
+        except OSError as exc:
+            warn(f"skipping {job.local}: unreadable: {exc}")
+            continue
+        if digests is not None and job.blob is not None and digests.git_sha1 != job.blob:
+            warn(_mismatch(job, digests.git_sha1))  # before it is uploaded: nothing of it goes into the store
+            continue
+        ready.append((i, stamp, digests))
+    rounds = _rounds([(jobs[i].family, stamp[0]) for i, stamp, _ in ready])
+    paths = [jobs[i].local for i, _, _ in ready]
+    uploaded = upload(paths, store_dir, progress=progress, rounds=rounds) if ready else []
+    out: list[Stored | None] = [None] * len(jobs)
+    for (i, stamp, digests), up in zip(ready, uploaded, strict=True):
+        out[i] = _check(jobs[i], stamp, digests, up.sha256, Content(hashes.to_hex(up.xet_hash), up.size), warn)
+    return out
+
+
+def _rounds(files: Sequence[tuple[str, int]]) -> list[int]:
+    """The upload round of each ``(family, size)``: the k-th large file of a family goes into round k.
+
+    hf_xet deduplicates only against earlier uploads, so versions of one
+    file must not share a round; everything else goes in round 0.
+    """
+    seen: dict[str, int] = {}
+    out = []
+    for family, size in files:
+        if not family or size < PACK_ROUND_MIN_SIZE:
+            out.append(0)
+            continue
+        out.append(seen.get(family, 0))
+        seen[family] = out[-1] + 1
+    return out
+
+
+def _check(job: Job, stamp: tuple[int, int, int], digests: Digests | None, sha256: str | None,
+           content: Content, warn: Warn) -> Stored | None:  # fmt: skip
+    try:
+        after = _stamp(job.local)
+    except OSError:
+        after = None
+    if after != stamp or content.size != stamp[0] or (digests is not None and digests.sha256 != sha256):
+        warn(f"skipping {job.local}: changed while being read")
+        return None
+    if job.blob is None:
+        name = sha256 if job.lfs else (digests.git_sha1 if digests else None)
+    else:
+        name = job.blob
+        actual = sha256 if len(name) == 64 else (digests.git_sha1 if digests else None)
+        if actual != name:
+            warn(_mismatch(job, actual) + "; its bytes are in the store, named by no file")
+            return None
+    if name is None:
+        warn(f"skipping {job.local}: hf_xet reported no sha256")
+        return None
+    return Stored(name, content)
+
+
+def _mismatch(job: Job, actual: str | None) -> str:
+    return f"skipping {job.local}: its content does not match its name (sha {actual})"
+
+
+def store_bytes(store_dir: Path) -> int:
+    """Bytes of the store's xorbs and shards (what a mount reads; hf_xet's own index and caches not counted)."""
+    total = 0
+    for root, _, files in os.walk(store_dir):
+        if os.path.basename(root) not in ("xorbs", "shards"):
+            continue
+        for name in files:
+            if not name.endswith((".tagset", ".redb")):
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.lstat(os.path.join(root, name)).st_size
+    return total
+
+
+# -- results ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HubPackResult:
+    repos: int
+    revisions: int
+    files: int  # snapshot files recorded
+    uploaded: int  # files uploaded by this run
+    cache_bytes: int  # bytes of the files uploaded by this run
+    store_bytes: int  # bytes the store grew by
+    skipped: str
+    skipped_count: int = 0  # the items ``skipped`` sums up
+
+    def line(self, store: Path) -> str:
+        ratio = f"{self.cache_bytes / self.store_bytes:.2f}x" if self.store_bytes and self.cache_bytes else "n/a"
+        return (
+            f"imported {plural(self.repos, 'repo')}, {plural(self.revisions, 'revision')}, "
+            f"{plural(self.files, 'file')} into {store}: {plural(self.uploaded, 'new file')}, "
+            f"{plural(self.cache_bytes, 'cache byte')} -> {plural(self.store_bytes, 'store byte')} added "
+            f"(dedup {ratio}); {self.skipped}"
+        )
+
+
+def _result(new: Catalogue, stored: Sequence[Stored | None], grown: int, skips: Skips) -> HubPackResult:
+    done = [s for s in stored if s is not None]
+    return HubPackResult(
+        repos=len(new.repos),
+        revisions=sum(len(r.revisions) for r in new.repos),
+        files=sum(len(rev.files) for r in new.repos for rev in r.revisions.values()),
+        uploaded=len(done),
+        cache_bytes=sum(s.content.size for s in done),
+        store_bytes=grown,
+        skipped=skips.summary(),
+        skipped_count=skips.total,
+    )
+
+
+def _existing(store_dir: Path) -> Catalogue:
+    path = store_dir / CATALOGUE_NAME
+    return load_catalogue(path) if path.exists() else Catalogue()  # a broken one stops the pack here
+
+
+def _store_dir(store: str | os.PathLike[str]) -> Path:
+    store_dir = Path(store).absolute()
+    if store_dir.exists() and not store_dir.is_dir():
+        raise XetfsError(f"store {store_dir}: exists and is not a directory")
+    store_dir.mkdir(parents=True, exist_ok=True)
+    return store_dir
+
+
+# -- a huggingface_hub cache -----------------------------------------------------------------
+
+
+def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Sequence[str] = (),
+                   progress: bool = False, warn: Warn = print_warning,
+                   strict: bool = False) -> HubPackResult:  # fmt: skip
+    """Import the cache at ``cache_dir`` (its repos in ``repos``, or all) into ``store``'s catalogue.
+
+    Blobs the catalogue already names are not uploaded again.  Raises
+    ``XetfsError`` or ``OSError`` for a missing cache, a broken catalogue or
+    a failed upload; problems with single items are warnings (counted in
+    ``skipped_count``), and with ``strict`` an error: before the upload
+    when the scan skipped something, else before the catalogue is written.
+    """
+    store_dir = _store_dir(store)
+    if not cache_dir.is_dir():
+        raise XetfsError(f"{cache_dir}: no huggingface_hub cache there (not a directory)")
+    skips = Skips(warn)
+    scanned = scan_cache(cache_dir, repos, skips)
+    if strict:
+        refuse_skips(skips.total, "item")
+    with locked(store_dir, _waiting(store_dir, warn)):
+        old = _existing(store_dir)
+        jobs = _plan_jobs(scanned, old)
+        before = store_bytes(store_dir)
+        stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
+        by_local = {job.local: s for job, s in zip(jobs, stored, strict=True) if s is not None}
+        new = _catalogue(scanned, old, by_local, skips)
+        if strict:
+            refuse_skips(skips.total, "item")
+        update_catalogue(store_dir, new)
+        publish(store_dir)  # the listing an HTTP server needs to serve the store
+        grown = store_bytes(store_dir) - before
+    return _result(new, stored, grown, skips)
+
+
+def _waiting(store_dir: Path, warn: Warn) -> Callable[[], None]:
+    return lambda: warn(f"another pack is writing {store_dir}: waiting for it to finish")
+
+
+def _previous(old: Catalogue, repo: CachedRepo, commit: str) -> Revision | None:
+    known = old.repo(repo.type, repo.id)
+    return None if known is None else known.revisions.get(commit)
+
+
+def _plan_jobs(scanned: Sequence[CachedRepo], old: Catalogue) -> list[Job]:
+    """What to upload: blobs the catalogue does not name, and files of revisions it does not hold yet."""
+    known = old.blob_index()
+    jobs: list[Job] = []
+    queued: set[str] = set()
+    for repo in scanned:
+        family = {f.blob: _basename(f.path) for rev in repo.revisions.values() for f in rev.files if f.blob}
+        for name, path in repo.blobs.items():
+            if name not in known and name not in queued:
+                queued.add(name)
+                jobs.append(Job(path, name, family=family.get(name, "")))
+        for commit, rev in repo.revisions.items():
+            previous = _previous(old, repo, commit)  # a commit never changes: what it holds is done
+            for f in rev.files:
+                if f.blob is None and (previous is None or f.path not in previous.files):
+                    jobs.append(Job(f.local, None, is_lfs_path(f.path, _size(f.local)), _basename(f.path)))
+            if rev.tree is not None and (previous is None or previous.tree is None):
+                jobs.append(Job(rev.tree, None, lfs=True))
+    return jobs
+
+
+def _catalogue(scanned: Sequence[CachedRepo], old: Catalogue, by_local: dict[Path, Stored], warn: Warn) -> Catalogue:
+    """The catalogue of what this import holds: every file whose bytes are in the store (uploaded or known).
+
+    A revision none of whose files got there is left out, and a repo left
+    with no revision; each with a warning (its files' own warnings said why).
+    """
+    contents = old.blob_index()
+    contents.update({s.blob: s.content for s in by_local.values()})
+    repos = []
+    for repo in scanned:
+        blobs = {name: contents[name] for name in repo.blobs if name in contents}
+        revisions: dict[str, Revision] = {}
+        for commit, rev in repo.revisions.items():
+            previous = _previous(old, repo, commit) or Revision()
+            files: dict[str, str] = {}
+            for f in rev.files:
+                got = by_local.get(f.local)
+                blob = f.blob or (got.blob if got else previous.files.get(f.path))
+                if blob is not None and blob in contents:
+                    files[f.path] = blob
+                    blobs[blob] = contents[blob]
+            got_tree = by_local.get(rev.tree) if rev.tree is not None else None
+            tree = got_tree.content if got_tree else (previous.tree if rev.tree is not None else None)
+            no_exist = tuple(sorted(set(rev.no_exist) - set(files)))
+            if files or no_exist:
+                revisions[commit] = Revision(files, no_exist, tree)
+            elif rev.files:
+                warn(f"{repo.type} {repo.id}: skipping revision {commit}: none of its files was imported")
+        refs = {ref: commit for ref, commit in repo.refs.items() if commit in revisions}
+        if revisions:
+            repos.append(Repo(repo.type, repo.id, refs, blobs, revisions))
+        elif repo.revisions:
+            warn(f"{repo.type} {repo.id}: not imported: no revision has a file that was")
+    return Catalogue(tuple(sorted(repos, key=lambda r: r.key)))
+
+
+def _basename(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+# -- a directory as one revision -----------------------------------------------------------
+
+
+def derive_commit(files: dict[str, str]) -> str:
+    """The commit id of a tree given as ``{path: blob name}`` (see the module docstring)."""
+    h = hashlib.sha1(b"xetfs-tree 1\n")
+    for path in sorted(files):
+        h.update(f"{files[path]} {path}\n".encode())
+    return h.hexdigest()
+
+
+def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.PathLike[str], *, repo_id: str,
+                  repo_type: str = "model", revision: str = "main", commit: str | None = None,
+                  progress: bool = False, warn: Warn = print_warning, strict: bool = False,
+                  follow_symlinks: bool = False) -> tuple[str, HubPackResult]:  # fmt: skip
+    """Record the files of ``sources`` (named as plain ``pack`` names them) as one revision of a repo.
+
+    Returns the commit id and the result.  Raises ``XetfsError`` for a bad
+    repo id, ref or commit, when a file fails its checks (a revision is
+    recorded whole or not at all), and with ``strict`` when a source path
+    would be skipped.  ``follow_symlinks`` as for ``pack.plan_pack``.
+    """
+    problem = repo_id_problem(repo_id)
+    if problem is not None:
+        raise XetfsError(f"--repo {repo_id!r}: {problem}")
+    if ref_problem(revision) is not None or is_commit(revision):
+        raise XetfsError(f"--revision {revision!r}: not a usable branch or tag name")
+    if commit is not None and not is_commit(commit.lower()):
+        raise XetfsError(f"--commit {commit!r}: not a 40-hex commit id")
+    store_dir = _store_dir(store)
+    skips = Skips(warn)
+    plan = plan_pack([Path(s) for s in sources], store_dir, skips, follow_symlinks=follow_symlinks)
+    if plan.all_links:
+        warn(links_hint(plan.all_links))
+    if strict:
+        refuse_skips(len(plan.skipped))
+    paths = ["/".join(f.path) for f in plan.files]
+    jobs = [Job(f.local, None, is_lfs_path(p, _size(f.local))) for f, p in zip(plan.files, paths, strict=True)]
+    with locked(store_dir, _waiting(store_dir, warn)):
+        _existing(store_dir)  # a broken catalogue stops the pack before anything is uploaded
+        before = store_bytes(store_dir)
+        stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
+        failed = [str(j.local) for j, s in zip(jobs, stored, strict=True) if s is None]
+        if failed:
+            raise XetfsError(
+                f"revision not recorded: {plural(len(failed), 'file')} failed their checks: {', '.join(failed)}"
+            )
+        files = {p: s.blob for p, s in zip(paths, stored, strict=True) if s is not None}
+        blobs = {s.blob: s.content for s in stored if s is not None}
+        commit_id = commit.lower() if commit else derive_commit(files)
+        new = Catalogue((Repo(repo_type, repo_id, {revision: commit_id}, blobs, {commit_id: Revision(files)}),))
+        update_catalogue(store_dir, new)
+        publish(store_dir)  # the listing an HTTP server needs to serve the store
+        grown = store_bytes(store_dir) - before
+    return commit_id, replace(_result(new, stored, grown, skips), skipped_count=len(plan.skipped))
