@@ -51,7 +51,8 @@ SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones q
 KEEP_FREE_SLOTS = 4
 MIN_JOB_BYTES = 256 * KiB  # smaller runs are decoded in the daemon
 MAX_WORKERS = 8  # --workers by default: one per CPU, at most this many
-WORKER_FETCHES = 4  # fetches of a remote store under way at once, per worker
+WORKER_FETCHES = 4  # fetches of a remote store under way at once, per worker (and remote jobs sent to it)
+STORE_READ_THREADS = 64  # threads the daemon's own store reads may hold at once (stuck ones included)
 
 # -- prefetch ----------------------------------------------------------------------------------
 PREFETCH_INITIAL = 2 * MiB  # a sequential stream's first prefetch window

@@ -51,6 +51,7 @@ class _Update:
     tree: TreeLike
     changes: Changes
     shards: int
+    shard_names: frozenset[str]
 
 
 class Refresher:
@@ -63,6 +64,10 @@ class Refresher:
         self.fs = fs
         self.store = store
         self.build_tree = build_tree
+        # Shards the mount has taken in: those it found when it started (a bad one among them was skipped
+        # then, with a warning), and those a refresh indexed.  Only a refresh that is put in place adds here,
+        # so the shards of one that failed are read again by the next.
+        self._indexed = {shard.name for shard in store.shard_files()}
         self._lock = trio.Lock()
 
     async def refresh(self) -> None:
@@ -71,13 +76,15 @@ class Refresher:
             try:
                 update = await trio.to_thread.run_sync(self._prepare, self.fs.current_index(), self.fs.current_tree())
             except (XetfsError, OSError) as exc:
-                self.fs.refresh.failures += 1
-                self.fs.refresh.last_failure = int(time.time())
-                self.fs.refresh_error = str(exc)
-                log.warning("refresh failed, the mount is as it was: %s", exc)
+                self._failed(str(exc))
+                return
+            except Exception as exc:  # a bug: the mount goes on as it was, and the log has the traceback
+                log.exception("refresh failed")
+                self._failed(f"internal error: {exc!r}")
                 return
             files = len(update.index) - len(self.fs.current_index())
             self.fs.replace(update.index, update.tree)
+            self._indexed |= update.shard_names
             c = self.fs.refresh
             c.refreshes += 1
             c.last_refresh = int(time.time())
@@ -88,16 +95,23 @@ class Refresher:
                      update.changes.added)  # fmt: skip
             await _invalidate(update.changes)
 
+    def _failed(self, reason: str) -> None:
+        self.fs.refresh.failures += 1
+        self.fs.refresh.last_failure = int(time.time())
+        self.fs.refresh_error = reason
+        log.warning("refresh failed, the mount is as it was: %s", reason)
+
     def _prepare(self, index: Index, tree: TreeLike) -> _Update:
-        """The new index and tree (in a thread; nothing of the live mount changes here)."""
-        listing = load_listing(self.store.source, fallback=False)
-        new_shards = self.store.add(listing)
-        shards = [parse_shard(self.store.read_shard(f), where=f"shard {f.name}") for f in new_shards]
+        """The new index and tree (in a thread; nothing the mount serves changes here: the store only
+        learns of more objects, which nothing reads until the new index names them)."""
+        self.store.add(load_listing(self.store.source, fallback=False))
+        new = [f for f in self.store.shard_files() if f.name not in self._indexed]
+        shards = [parse_shard(self.store.read_shard(f), where=f"shard {f.name}") for f in new]
         grown = index.copy()
         for shard in shards:
             grown.add_shard(shard)
         stable, changes = renumber(tree, self.build_tree(grown))
-        return _Update(grown, stable, changes, len(shards))
+        return _Update(grown, stable, changes, len(shards), frozenset(f.name for f in new))
 
 
 class RefreshTarget(Protocol):

@@ -23,7 +23,7 @@ from typing import Protocol
 
 from xetfs.names.tree import ROOT_INODE, XETFS_INODE, XETFS_NAME, Kind, Node
 
-Identity = tuple[str, object]  # ("file", hash) or ("path", (name, ...)): what a node is, across builds
+Identity = tuple[str, object]  # ("file", hash) or ("path", (kind, (name, ...))): what a node is, across builds
 
 
 class TreeLike(Protocol):
@@ -135,17 +135,18 @@ def _walk(tree: TreeLike) -> dict[Identity, tuple[int, Node]]:
     found: dict[Identity, tuple[int, Node]] = {}
     root = tree.get(ROOT_INODE)
     assert root is not None
-    found[("path", ())] = (ROOT_INODE, root)
+    found[("path", (Kind.DIR.value, ()))] = (ROOT_INODE, root)
     todo: list[tuple[int, tuple[bytes, ...]]] = [(ROOT_INODE, ())]
     hidden = tree.get(XETFS_INODE)
     if hidden is not None:
-        found[("path", (XETFS_NAME.encode(),))] = (XETFS_INODE, hidden)
+        found[("path", (Kind.DIR.value, (XETFS_NAME.encode(),)))] = (XETFS_INODE, hidden)
         todo.append((XETFS_INODE, (XETFS_NAME.encode(),)))
     while todo:
         inode, path = todo.pop()
         for name, node in tree.iter_children(inode):
             here = (*path, name)
-            key: Identity = ("file", node.entry.file_hash) if node.kind is Kind.FILE and node.entry else ("path", here)
+            key: Identity = (("file", node.entry.file_hash) if node.kind is Kind.FILE and node.entry
+                             else ("path", (node.kind.value, here)))  # (a path that changes kind is another node)
             found.setdefault(key, (node.inode, node))
             if node.kind is Kind.DIR:
                 todo.append((node.inode, here))

@@ -134,7 +134,7 @@ class Decoded:
     sizes: list[list[int | WorkerError]]  # per part, per chunk, in order
     read_bytes: int  # bytes read from the store or the disk cache
     fetched: Fetched  # what fetching them from a remote store cost
-    cached: int | str  # bytes kept in the disk cache, or why they could not be (an error message)
+    cached: int | tuple[int, str]  # bytes kept in the disk cache, or why they could not be (errno, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,12 +225,12 @@ class Worker:
             data = view[run.phys[0] - base : run.phys[-1] - base]
             decoded = decode_chunks_into(data, job.xorb_hash, run.specs(), self._slot(part.slot))
             out.append([WorkerError.of(s) if isinstance(s, XetfsError) else s for s in decoded])
-        cached: int | str = 0
+        cached: int | tuple[int, str] = 0
         if src.cache_to and self.cache_tmp is not None and all(isinstance(s, int) for p in out for s in p):
             from xetfs.storage.chunkcache import write_entry
 
             written = write_entry(src.cache_to, view, self.cache_tmp)
-            cached = written if isinstance(written, int) else f"{written.errno}:{written.strerror}"
+            cached = written if isinstance(written, int) else (written.errno or 0, written.strerror or str(written))
         return Decoded(job.job_id, out, len(view), self._fetched(), cached)
 
     def _decode_local(self, src: ChunkSource, xorb_hash: bytes, part: Part) -> tuple[list[int | WorkerError], int]:

@@ -28,7 +28,7 @@ import trio
 
 from xetfs.base import hashes
 from xetfs.base.errors import StoreTimeoutError, XetfsError
-from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES
+from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES, STORE_READ_THREADS, WORKER_FETCHES
 from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_chunks_into
@@ -48,11 +48,17 @@ async def inline_io(fn: Callable[..., T], *args: Any) -> T:
 
 
 def threaded_io(timeout: float) -> Io:
-    """Run each store call in a worker thread; give up after ``timeout`` seconds."""
+    """Run each store call in a worker thread; give up after ``timeout`` seconds.
+
+    The threads are limited apart from trio's default: reads stuck on a hung
+    store keep theirs until they return, and must not leave none for other work
+    (starting a worker, a refresh).
+    """
+    limiter = trio.CapacityLimiter(STORE_READ_THREADS)
 
     async def run(fn: Callable[..., T], *args: Any) -> T:
         with trio.move_on_after(timeout):
-            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
+            return await trio.to_thread.run_sync(fn, *args, abandon_on_cancel=True, limiter=limiter)
         raise StoreTimeoutError(f"{_describe_call(args)}: store read took more than {timeout:g} s")
 
     return run
@@ -95,6 +101,9 @@ class Loader:
         self._pool = pool
         self._run_bytes = pool.slot_size if pool is not None and store.local else run_bytes
         self._fetches = trio.CapacityLimiter(fetch_width) if fetch_width else None
+        # Remote jobs in flight at most: what the workers fetch at once, so that a job's time bound
+        # (``DecodePool.job_timeout``) is spent on its own fetch, not waiting behind others.
+        self._remote_jobs = trio.CapacityLimiter(pool.worker_count * WORKER_FETCHES) if pool is not None else None
         self._remote = remote or RemoteCounters()
         self._decode = DecodeCounters()
         self._store = StoreCounters()
@@ -287,7 +296,11 @@ class Loader:
         was lost (the slots are still the caller's).  Raises ``WorkerLost`` if the slots were fenced (the
         caller decodes elsewhere).  If cancelled, the pool frees the slots once the worker is done."""
         try:
-            decoded = await pool.decode(src, xorb_hash, jobs)
+            if src.path is None and self._remote_jobs is not None:
+                async with self._remote_jobs:
+                    decoded = await pool.decode(src, xorb_hash, jobs)
+            else:
+                decoded = await pool.decode(src, xorb_hash, jobs)
         except WorkerLost as lost:
             self._decode.worker_fallbacks += 1
             if lost.fenced:
@@ -299,7 +312,7 @@ class Loader:
         self._add_fetched(decoded.fetched)
         if decoded.cached and self.store.chunks is not None:
             cached = decoded.cached
-            self.store.chunks.added(xorb_hash, first, stop, cached if isinstance(cached, int) else OSError(cached))
+            self.store.chunks.added(xorb_hash, first, stop, cached if isinstance(cached, int) else OSError(*cached))
         return sizes
 
     def _add_fetched(self, fetched: Fetched) -> None:

@@ -154,6 +154,11 @@ class DecodePool:
         return replace(c)
 
     @property
+    def worker_count(self) -> int:
+        """How many worker processes the pool keeps running."""
+        return self._count
+
+    @property
     def usable(self) -> bool:
         """Jobs can be sent: a worker is ready, alive, and its results are being collected."""
         return any(self._takes_jobs(w) for w in self._workers)
@@ -232,11 +237,11 @@ class DecodePool:
         jobs_fd, results_fd = os.dup(process.stdin.fileno()), os.dup(process.stdout.fileno())
         process.stdin.close()
         process.stdout.close()
+        with contextlib.suppress(OSError):  # (the worker is gone already: its collector finds it lost)
+            os.write(jobs_fd, encode_frame(self._setup))  # blocking, into an empty pipe: the worker's first frame
         os.set_blocking(results_fd, False)
         os.set_blocking(jobs_fd, False)  # a full pipe must not stop the daemon: see ``_send``
-        worker = _Worker(number, process, jobs_fd, results_fd)
-        self._send(worker, encode_frame(self._setup))
-        return worker
+        return _Worker(number, process, jobs_fd, results_fd)
 
     def start(self, nursery: trio.Nursery) -> None:
         """Start the workers (the first time) and collect their results in ``nursery``.
@@ -347,7 +352,11 @@ class DecodePool:
         may block that close until the filesystem answers; meanwhile the
         other workers and the daemon go on.
         """
-        replacement = await trio.to_thread.run_sync(self._spawn, worker.number, abandon_on_cancel=True)
+        try:
+            replacement = await trio.to_thread.run_sync(self._spawn, worker.number, abandon_on_cancel=True)
+        except OSError as exc:  # no process could be started (descriptors, memory): one worker fewer
+            log.error("could not start a decode worker in the place of worker %d: %s", worker.number, exc)
+            return
         if self._closed:
             replacement.process.kill()
             return

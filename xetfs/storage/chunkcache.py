@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xetfs.base import hashes
+from xetfs.base.errors import XetfsError
 from xetfs.format.chunk import Buffer
-from xetfs.format.xorb import XorbLayout
+from xetfs.format.xorb import XorbLayout, chunk_run, decode_chunks
 from xetfs.storage.diskcache import DiskCache
 
 log = logging.getLogger(__name__)
@@ -106,15 +107,19 @@ class ChunkCache:
         self.disk.account(written)
 
     def drop(self, xorb_hash: bytes, entry: CachedRange, reason: str) -> None:
-        """Delete an entry that failed its check (or vanished); the next read fetches the range again."""
-        log.warning("disk cache: chunks [%d, %d) of xorb %s: %s; dropped, fetching them again", entry.first,
-                    entry.stop, hashes.to_hex(xorb_hash), reason)  # fmt: skip
-        with contextlib.suppress(OSError):
-            os.unlink(entry.path)
+        """Delete an entry that failed its check, or forget one that is gone (another mount evicted it);
+        the next read fetches the range again."""
         with self._lock:
             entries = self._known.get(xorb_hash, [])
             with contextlib.suppress(ValueError):
                 entries.remove((entry.first, entry.stop))
+        if not os.path.exists(entry.path):
+            self.disk.count(misses=1)  # evicted: a miss, not damage
+            return
+        log.warning("disk cache: chunks [%d, %d) of xorb %s: %s; dropped, fetching them again", entry.first,
+                    entry.stop, hashes.to_hex(xorb_hash), reason)  # fmt: skip
+        with contextlib.suppress(OSError):
+            os.unlink(entry.path)
         self.disk.count(corrupt=1)
 
     def keep_tail(self, layout: XorbLayout, tail_at: int, tail: Buffer, head: Callable[[int, int], Buffer]) -> None:
@@ -133,7 +138,9 @@ class ChunkCache:
         start, end = layout.phys_start(first), layout.phys_ends[stop - 1]
         piece = memoryview(tail)[max(start, tail_at) - tail_at : end - tail_at]
         data = piece if start >= tail_at else bytes(head(start, tail_at)) + piece
-        self.put(xorb_hash, first, stop, data)
+        specs = chunk_run(layout, first, stop, verify=True).specs()
+        if not any(isinstance(c, XetfsError) for c in decode_chunks(data, xorb_hash, specs)):  # kept verified
+            self.put(xorb_hash, first, stop, data)
 
     # -- internals ---------------------------------------------------------
 

@@ -166,7 +166,11 @@ class DiskCache:
         except OSError:
             return
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            except OSError as exc:  # (ENOLCK: a filesystem without locks) eviction waits for the next write
+                log.debug("disk cache %s: cannot lock it to evict: %s", self.directory, exc.strerror)
+                return
             entries = sorted(self._scan(), key=lambda e: e[2])
             total = sum(size for _, size, _ in entries)
             target = min(self.capacity, total if shrink else self.capacity) * DISK_CACHE_LOW_WATER

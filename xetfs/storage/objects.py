@@ -27,6 +27,7 @@ import http.client
 import os
 import random
 import re
+import socket
 import threading
 import time
 import urllib.parse
@@ -238,7 +239,12 @@ class ObstoreSource:
             out[:] = self.read_range(name, start, end)
             return
         http = self._http
-        self._call(f"{name} bytes [{start}, {end})", lambda: http.get_into(name, start, end, out), name=name)
+        try:
+            self._call(f"{name} bytes [{start}, {end})", lambda: http.get_into(name, start, end, out), name=name)
+        except _NotRanges:
+            self._http = None  # (a redirect, or a server that ignores Range: the general client handles both)
+            out[:] = self.read_range(name, start, end)
+            return
         self._count(end - start)
 
     def local_path(self, name: str) -> str | None:
@@ -346,45 +352,59 @@ class _Transient(Exception):
     """A response that was not what was asked for (e.g. a short body); worth another try."""
 
 
+class _NotRanges(StoreError):
+    """The server did not answer a range request with 206 (it redirects, or ignores ``Range``): the general
+    client takes over for this store."""
+
+
 class _HttpRanges:
     """Range requests to a plain HTTP(S) store with ``http.client``, into the caller's buffer.
 
     Only for URLs without credentials or a query (which the general client
     handles); its errors read as the general client's do to ``_call``
     (``status code: N``, ``ConnectError``), so retries, deadlines and health
-    are the same.
+    are the same.  Connections are kept alive in a small pool that any
+    thread takes from and gives back to.
     """
 
-    def __init__(self, scheme: str, host: str, port: int | None, base: str, options: RemoteOptions) -> None:
+    IDLE = 16  # idle connections kept at most
+
+    def __init__(self, scheme: str, host: str, port: int, base: str, options: RemoteOptions) -> None:
         self.https = scheme == "https"
         self.host, self.port, self.base = host, port, base
         self.headers = dict(options.headers)
         self.timeout = options.request_timeout
-        self._local = threading.local()
-        self._open: set[http.client.HTTPConnection] = set()  # every thread's, so that they can be closed
+        self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
     @classmethod
     def for_url(cls, url: str, options: RemoteOptions) -> _HttpRanges | None:
         parts = urllib.parse.urlsplit(url)
-        if parts.scheme.lower() not in ("http", "https") or parts.username or parts.query or not parts.hostname:
+        scheme = parts.scheme.lower()
+        if scheme not in ("http", "https") or parts.username or parts.query or not parts.hostname:
             return None
-        return cls(parts.scheme.lower(), parts.hostname, parts.port, parts.path.rstrip("/"), options)
+        port = parts.port or (443 if scheme == "https" else 80)
+        return cls(scheme, parts.hostname, port, parts.path.rstrip("/"), options)
 
     def get_into(self, name: str, start: int, end: int, out: memoryview) -> None:
-        conn = self._connection()
+        conn = self._take()
         path = f"{self.base}/{urllib.parse.quote(name)}"
         try:
             conn.request("GET", path, headers={**self.headers, "Range": f"bytes={start}-{end - 1}"})
             response = conn.getresponse()
         except ConnectionRefusedError as exc:
-            self._drop()
+            conn.close()
             raise _Transient(f"ConnectError: {exc.strerror}") from None
+        except socket.gaierror as exc:
+            conn.close()
+            raise _Transient(f"dns error: {exc}") from None
         except (OSError, http.client.HTTPException) as exc:
-            self._drop()
+            conn.close()
             raise _Transient(f"request failed: {exc}") from None
         if response.status != 206:
-            response.read()
+            conn.close()
+            if response.status == 200 or 300 <= response.status < 400:
+                raise _NotRanges(f"answered a range request with {response.status}")
             raise _Transient(f"server answered with status code: {response.status}")
         got = 0
         try:
@@ -394,34 +414,32 @@ class _HttpRanges:
                     break
                 got += n
         except (OSError, http.client.HTTPException) as exc:
-            self._drop()
+            conn.close()
             raise _Transient(f"body failed after {got} bytes: {exc}") from None
         if got != end - start or (not response.isclosed() and response.read(1)):
-            self._drop()
-            raise _Transient(f"short body: {got} of {end - start} bytes")
-
-    def _connection(self) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
-            conn = self._local.conn = kind(self.host, self.port, timeout=self.timeout)
-            with self._lock:
-                self._open.add(conn)
-        return conn
-
-    def _drop(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
             conn.close()
-            self._local.conn = None
-            with self._lock:
-                self._open.discard(conn)
+            raise _Transient(f"short body: {got} of {end - start} bytes")
+        self._give_back(conn)
+
+    def _take(self) -> http.client.HTTPConnection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        kind = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        return kind(self.host, self.port, timeout=self.timeout)
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < self.IDLE:
+                self._idle.append(conn)
+                return
+        conn.close()
 
     def close(self) -> None:
-        """Close every thread's connection (a thread that reads again opens a new one)."""
+        """Close the idle connections (a later read opens new ones)."""
         with self._lock:
-            conns, self._open = self._open, set()
-        for conn in conns:
+            idle, self._idle = self._idle, []
+        for conn in idle:
             conn.close()
 
     def __del__(self) -> None:
