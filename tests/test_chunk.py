@@ -15,6 +15,8 @@ from xetfs.errors import XorbFormatError
 from xetfs.format import chunk
 from xetfs.format.chunk import ChunkHeader, decode_chunk, parse_chunk_header
 
+pytestmark = pytest.mark.unit
+
 W = "test"
 
 

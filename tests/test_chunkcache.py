@@ -27,6 +27,8 @@ from xetfs.reader import Reader
 from xetfs.stats import RemoteCounters
 from xetfs.store import Store
 
+pytestmark = pytest.mark.unit
+
 X = bytes(range(32))
 
 

@@ -20,6 +20,8 @@ import oracle
 import pytest
 from oracle import ChunkLoc, CliRunner, OracleStore, copy_store, run_xetfs
 
+pytestmark = pytest.mark.integration
+
 STORES = ["basic_store", "multi_store"]
 SUMMARY = re.compile(
     r"^OK: (\d+) shards?, (\d+) xorbs?, (\d+) chunks?, (\d+) files?, (\d+) file bytes? checked$"

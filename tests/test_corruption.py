@@ -18,6 +18,8 @@ import oracle
 import pytest
 from oracle import CliRunner, OracleFile, OracleStore, run_xetfs
 
+pytestmark = pytest.mark.integration
+
 EXIT_PROBLEMS = 3  # ``xetfs verify`` found damage
 
 

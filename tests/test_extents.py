@@ -10,6 +10,8 @@ from xetfs.extents import PAGE, PAGED_MAX, Extent, Extents
 from xetfs.format.xorb import XorbLayout
 from xetfs.runs import Run
 
+pytestmark = pytest.mark.unit
+
 F = b"f" * 32
 G = b"g" * 32
 LAYOUT = XorbLayout(b"x" * 32, (108, 216, 324), (100, 200, 300), None)

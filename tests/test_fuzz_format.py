@@ -33,6 +33,8 @@ from xetfs.format.xorb import XorbLayout, footer_length, parse_footer, walk_head
 from xetfs.reader import Reader
 from xetfs.store import Store
 
+pytestmark = pytest.mark.unit
+
 T = TypeVar("T")
 EXAMPLES = int(os.environ.get("XETFS_FUZZ_EXAMPLES", "250"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

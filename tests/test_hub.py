@@ -106,6 +106,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Imported:
     return Imported(spec, store, tmp, xetfs(tmp, "pack", "--hub-cache", spec.root, store, "--no-progress"))
 
 
+@pytest.mark.integration
 def test_import_summary_and_dedup(imported: Imported) -> None:
     assert imported.pack.stderr == ""
     m = summary(imported.pack)
@@ -128,6 +129,7 @@ def test_import_summary_and_dedup(imported: Imported) -> None:
     assert float(m.group(7).rstrip("x")) > 2.0
 
 
+@pytest.mark.integration
 def test_running_again_adds_nothing(imported: Imported) -> None:
     before = (imported.store / CATALOGUE_NAME).read_bytes()
     m = summary(xetfs(imported.tmp, "pack", "--hub-cache", imported.spec.root, imported.store, "--no-progress"))
@@ -135,6 +137,7 @@ def test_running_again_adds_nothing(imported: Imported) -> None:
     assert (imported.store / CATALOGUE_NAME).read_bytes() == before
 
 
+@pytest.mark.integration
 def test_ls_lists_repos_and_revisions(imported: Imported) -> None:
     c1, c2, c3 = imported.spec.model_commits
     text = xetfs(imported.tmp, "ls", imported.store).stdout
@@ -338,6 +341,7 @@ def test_concurrent_packs_into_one_store_take_turns_and_keep_both(imported: Impo
         assert diff(imported.spec.root, m.path) == ""
 
 
+@pytest.mark.integration
 def test_verify_checks_the_catalogue_against_the_store(imported: Imported, tmp_path: Path) -> None:
     assert "OK:" in xetfs(tmp_path, "verify", imported.store).stdout
     store = tmp_path / "store"

@@ -26,6 +26,8 @@ from test_hub import Imported, clients, diff, xetfs
 
 from xetfs.remote import publish
 
+pytestmark = pytest.mark.e2e
+
 fuse = pytest.mark.fuse
 
 

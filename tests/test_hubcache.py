@@ -21,6 +21,8 @@ from xetfs.hubcache import (
 )
 from xetfs.hubpack import Job, Stored, _catalogue, _check, _rounds, derive_commit
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> hub_cache.CacheSpec:

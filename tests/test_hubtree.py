@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from test_tree import check_invariants, entry, make_index, resolve
 
 from xetfs import hashes
 from xetfs.catalogue import Catalogue, Content, Repo, Revision
 from xetfs.hubtree import build_hub_tree
 from xetfs.tree import ROOT_INODE, Kind
+
+pytestmark = pytest.mark.unit
 
 C1, C2 = "1" * 40, "2" * 40
 A, B, T = entry(1, 100), entry(2, 200), entry(3, 30)

@@ -21,6 +21,8 @@ from xetfs.format.shard import Shard, parse_shard
 from xetfs.format.xorb import XorbLayout
 from xetfs.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
 
+pytestmark = pytest.mark.unit
+
 PROPERTY = settings(max_examples=250, deadline=None, derandomize=True)
 
 

@@ -12,8 +12,11 @@ import re
 import signal
 from pathlib import Path
 
+import pytest
 from mounting import Mount, mounted, wait_until
 from oracle import OracleStore
+
+pytestmark = pytest.mark.fuse
 
 
 def _workers(m: Mount) -> list[int]:

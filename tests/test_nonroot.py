@@ -109,7 +109,6 @@ def _read_ahead_kb(mnt: Path) -> int:
     return int(Path(f"/sys/class/bdi/{device}/read_ahead_kb").read_text())
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="sets up a user and /dev/fuse: run the suite as root")
 def test_a_user_who_is_not_root_mounts_reads_and_unmounts(cli: CliRunner) -> None:
     entries = json.loads((SAMPLE / "xetfs-manifest.json").read_bytes())
     oracle = cli("cat", SAMPLE, next(e["xetHash"] for e in entries if e["path"] == "README.md"))

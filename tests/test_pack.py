@@ -40,6 +40,8 @@ from xetfs.pack import (
 from xetfs.store import Store
 from xetfs.tree import ROOT_INODE, build_tree
 
+pytestmark = pytest.mark.integration
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 CONTENT = {

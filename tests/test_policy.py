@@ -5,7 +5,11 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
+
 from xetfs.policy import ReadPolicy
+
+pytestmark = pytest.mark.unit
 
 MiB = 1024 * 1024
 SIZE = 1024 * MiB

@@ -34,6 +34,8 @@ from xetfs.pool import DecodePool, WorkerLost, _Pending
 from xetfs.reader import Reader
 from xetfs.store import ChunkSource, Store
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -24,6 +24,8 @@ from xetfs.mount import MountConfig, build_fs
 from xetfs.runs import Run, RunStore
 from xetfs.tree import BY_HASH_INODE
 
+pytestmark = pytest.mark.integration
+
 MiB = 1024 * 1024
 CACHE = 8 * MiB  # prefetch windows of a quarter of it: 2 MiB
 FILES = 32

@@ -10,6 +10,8 @@ import oracle
 import pytest
 from oracle import OracleStore
 
+pytestmark = pytest.mark.integration
+
 SCRIPT = oracle.REPO_ROOT / "scripts" / "profile_read.py"
 
 

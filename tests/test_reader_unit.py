@@ -28,6 +28,8 @@ from xetfs.pool import DecodePool, slots_for
 from xetfs.reader import Reader
 from xetfs.store import Store
 
+pytestmark = pytest.mark.unit
+
 _pool: DecodePool | None = None  # set by the ``decoding`` fixture
 
 

@@ -29,6 +29,8 @@ from test_hub import Imported, xetfs
 
 from xetfs.remote import publish
 
+pytestmark = pytest.mark.e2e
+
 fuse = pytest.mark.fuse
 
 # A client that reads refs/main, waits for a line on stdin, then reads it again and loads by repo id.

@@ -372,6 +372,7 @@ def huge_chunk_xorb() -> tuple[bytes, bytes, int, bytes]:
     return xorb_hash, writer.encode_chunk(data0, 0), GiB, footer
 
 
+@pytest.mark.integration
 def test_footer_chunk_sizes_are_bounded() -> None:
     """parse_footer must refuse chunks beyond the format's limits (docs/format.md 2.2: 8 + 256 KiB on disk,
     128 KiB decoded).
@@ -707,6 +708,7 @@ def _load_fuzz_module() -> Any:
     return module
 
 
+@pytest.mark.integration
 def test_fuzz_smoke(tmp_path: Path) -> None:
     """A few seconds of scripts/fuzz.py over every target: only declared errors, bounded memory."""
     fuzz = _load_fuzz_module()
@@ -720,6 +722,7 @@ def test_fuzz_smoke(tmp_path: Path) -> None:
     assert not (tmp_path / "failures").exists()
 
 
+@pytest.mark.integration
 def test_fuzzer_catches_a_planted_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The smoke test above can fail: an undeclared exception is counted, and its input saved."""
     fuzz = _load_fuzz_module()

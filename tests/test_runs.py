@@ -16,6 +16,8 @@ import trio.testing
 from xetfs.errors import IntegrityError
 from xetfs.runs import Loaded, Run, RunStore
 
+pytestmark = pytest.mark.unit
+
 X = b"x" * 32
 CHUNK = 10
 

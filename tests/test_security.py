@@ -153,6 +153,7 @@ def test_no_writable_shared_mapping(named_store: NamedStore) -> None:
         assert (m / "d" / "a.txt").read_bytes() == named_store.contents[named_store.a]
 
 
+@pytest.mark.integration
 def test_daemon_refuses_writes_itself(named_store: NamedStore) -> None:
     """Without the kernel's ``ro`` flag in the way, every write handler of ``XetFS`` answers EROFS."""
     import pyfuse3

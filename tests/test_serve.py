@@ -40,6 +40,8 @@ from xetfs.remote import LISTING_NAME
 from xetfs.serve.signing import Signer
 from xetfs.store import Store
 
+pytestmark = pytest.mark.e2e
+
 HERE = Path(__file__).resolve().parent
 MODEL, DATASET = hub_cache.MODEL, hub_cache.DATASET
 PAGE = "3"  # tree entries per page

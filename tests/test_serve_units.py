@@ -21,6 +21,8 @@ from xetfs.serve.common import BadRange, byte_range
 from xetfs.serve.reconstruction import Term, plan, v1_answer, v2_answer
 from xetfs.serve.signing import KeyFileError, Signer, load_key
 
+pytestmark = pytest.mark.unit
+
 # -- reconstruction plans -------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 from helpers.writer import StoreBuilder
 
 from xetfs import hashes, index
@@ -12,6 +13,8 @@ from xetfs.format.shard import parse_shard
 from xetfs.stabletree import renumber
 from xetfs.store import Store
 from xetfs.tree import ROOT_INODE, build_tree
+
+pytestmark = pytest.mark.unit
 
 
 def _index(root: Path) -> index.Index:

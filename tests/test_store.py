@@ -20,6 +20,8 @@ from xetfs import store as store_module
 from xetfs.errors import ObjectReadError
 from xetfs.store import Store
 
+pytestmark = pytest.mark.unit
+
 
 def test_a_slow_read_keeps_its_file_while_other_reads_close_cached_descriptors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch

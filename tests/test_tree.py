@@ -31,6 +31,8 @@ from xetfs.tree import (
     build_tree,
 )
 
+pytestmark = pytest.mark.unit
+
 _NO_TERMS = array("I")
 _NO_ENDS = array("Q")
 
