@@ -15,7 +15,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 import hub_cache
 import pytest
+from helpers.processes import kill_when
 from mounting import force_unmount, is_mounted, mounted
 from oracle import REPO_ROOT, hf_xet_env
 
@@ -257,19 +257,27 @@ def test_bad_input_is_named_and_the_rest_imports(imported: Imported, tmp_path: P
 
 @fuse
 def test_pack_killed_at_random_points_then_run_again(tmp_path: Path) -> None:
+    """Killed at random points of its writing (measured in bytes in the store, not in time), packs leave
+    a catalogue that reads or none, and a last pack completes the store."""
     spec = hub_cache.make_hub_cache(tmp_path / "cache", floats=256 * 1024)
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "xetfs", "pack", "--hub-cache", str(spec.root), str(store), "--no-progress"]
     env = hf_xet_env(tmp_path / "hf_xet")
+
+    def written(root: Path) -> int:
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+    reference = tmp_path / "reference"  # what a whole pack writes
+    assert subprocess.run([*cmd[:-2], str(reference), "--no-progress"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, check=False).returncode == 0  # fmt: skip
+    total = written(reference)
     rng = random.Random(15)
     killed = 0
     for _ in range(6):
+        target = written(store) + int(rng.uniform(0.02, 0.9) * (total - written(store)))
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.05, 1.2))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
+        if kill_when(proc, lambda target=target: written(store) >= target):
             killed += 1
-        proc.wait(60)
         path = store / CATALOGUE_NAME
         if path.exists():
             try:

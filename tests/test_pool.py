@@ -482,7 +482,9 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
         worker.process.wait()
         with pytest.raises(WorkerLost):  # the next job meets the closed pipe: the worker is lost
             await decode_one(pool, pool.take_slot(4000) or 1, path, xorb_hash, chunks)
-        await trio.sleep(0.2)  # the collector reads the leftover result: nothing may fail
+        with trio.fail_after(10):  # the collector reads the leftover result, then ends: nothing may fail
+            while worker.collecting:
+                await trio.sleep(0.01)
         return first
 
     try:

@@ -13,10 +13,8 @@ import hashlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +23,9 @@ from typing import Any
 import hub_cache
 import pytest
 import servers
+from helpers.processes import kill_when
 from helpers.writer import StoreBuilder
-from mounting import mounted, wait_until
+from mounting import mounted
 from oracle import CliRunner, random_bytes
 
 from xetfs import hashes
@@ -285,38 +284,16 @@ def _kill_during(cmd: list[str], env: dict[str, str], count: Any, low: int, high
     """Run ``cmd`` (a push) and SIGKILL it once ``count()`` objects are at the target, a random number in
     ``[low, high)``; returns that number.
 
-    The push runs in slices of about a millisecond (SIGCONT, then SIGSTOP), and the target is counted while
-    it is stopped, so it is killed where chosen however fast it runs, in the middle of an object or between.
+    The push runs in slices (``helpers.processes.kill_when``), so it is killed where chosen however fast it
+    runs, in the middle of an object or between.
     """
     stop_at = random.Random(seed).randrange(low, high)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            proc.send_signal(signal.SIGSTOP)
-            wait_until(lambda: _state(proc.pid) in ("T", "Z", None), 10, "the push to stop")
-            if proc.poll() is not None or _state(proc.pid) == "Z":
-                pytest.fail(f"the push ended before {stop_at} objects were at the target: {proc.stderr.read()!r}")  # type: ignore[union-attr]
-            if count() >= stop_at:
-                proc.send_signal(signal.SIGKILL)
-                break
-            assert time.monotonic() < deadline, f"no {stop_at} objects at the target after 120 s"
-            proc.send_signal(signal.SIGCONT)
-            time.sleep(0.001)  # (a time slice for the push, not a wait for something to be ready)
-    finally:
-        proc.kill()
-        proc.wait(10)
-        assert proc.stderr is not None
-        proc.stderr.close()
+    assert proc.stderr is not None
+    with proc.stderr:
+        if not kill_when(proc, lambda: count() >= stop_at):
+            pytest.fail(f"the push ended before {stop_at} objects were at the target: {proc.stderr.read()!r}")
     return stop_at
-
-
-def _state(pid: int) -> str | None:
-    """The state letter of process ``pid`` (``T`` stopped, ``Z`` exited), or None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def _check_names(mnt: Path, files: dict[str, bytes]) -> None:
