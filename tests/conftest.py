@@ -15,11 +15,11 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import oracle
 import pytest
+from helpers import oracle
+from helpers.oracle import CliResult, CliRunner, OracleStore
 from helpers.requirements import in_ci, missing_fuse, missing_root, tier_of
 from hypothesis import settings
-from oracle import CliResult, CliRunner, OracleStore
 
 if not os.access(oracle.REPO_ROOT, os.W_OK):
     # Another user's checkout (the unit tier run as a user who is not root): hypothesis cannot keep its

@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import oracle
 import pytest
+from helpers import oracle
 from helpers.served import run_served
 from helpers.writer import StoreBuilder
 

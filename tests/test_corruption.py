@@ -14,10 +14,10 @@ import re
 import shutil
 from pathlib import Path
 
-import oracle
 import pytest
+from helpers import oracle
 from helpers.damage import assert_reads_back, check_cli_contained, files_using, sole_xorb, verify_problems
-from oracle import CliRunner, OracleStore, run_xetfs
+from helpers.oracle import CliRunner, OracleStore, run_xetfs
 
 pytestmark = pytest.mark.integration
 

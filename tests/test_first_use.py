@@ -17,10 +17,10 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-import oracle
 import pytest
-from mounting import force_unmount, is_mounted, wait_until
-from oracle import OracleStore, run_xetfs
+from helpers import oracle
+from helpers.mounting import force_unmount, is_mounted, wait_until
+from helpers.oracle import OracleStore, run_xetfs
 
 from xetfs import hashes
 from xetfs.exitstatus import MEANING, ExitStatus
@@ -515,7 +515,7 @@ def test_ls_shows_names_and_mtimes(packed: Path) -> None:
 
 @pytest.fixture(scope="module")
 def packed_mount(packed: Path) -> Iterator[Path]:
-    from mounting import mounted
+    from helpers.mounting import mounted
 
     with mounted(packed) as m:
         yield m.path
@@ -569,7 +569,7 @@ def test_tools_that_walk_the_tree_see_the_named_tree(packed_mount: Path, tmp_pat
 @pytest.mark.fuse
 def test_stats_keep_their_size_while_open(packed: Path) -> None:
     """An open ``.xetfs/stats`` is one document: its size and bytes do not change under the reader."""
-    from mounting import mounted
+    from helpers.mounting import mounted
 
     with mounted(packed) as m:  # a mount of its own: nothing in the page cache, so reads move the counters
         _check_stats_while_open(m.path)
@@ -596,7 +596,7 @@ def _check_stats_while_open(packed_mount: Path) -> None:
 
 @pytest.mark.fuse
 def test_mount_shows_the_store_as_the_source(packed: Path, tmp_path: Path) -> None:
-    from mounting import mounted
+    from helpers.mounting import mounted
 
     odd = tmp_path / "a store, with a comma"
     shutil.copytree(packed, odd)
@@ -618,7 +618,7 @@ def test_a_url_store_is_shown_without_its_password() -> None:
 
 @pytest.mark.fuse
 def test_a_store_whose_path_is_not_ascii_mounts(packed: Path, tmp_path: Path) -> None:
-    from mounting import mounted
+    from helpers.mounting import mounted
 
     odd = tmp_path / "café"
     shutil.copytree(packed, odd)

@@ -24,9 +24,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-import oracle
 import pytest
-import servers
+from helpers import oracle, servers
 from helpers.damage import (
     all_locs,
     check_cli_contained,
@@ -37,8 +36,8 @@ from helpers.damage import (
     sole_xorb,
     verify_problems,
 )
-from mounting import mounted
-from oracle import CliRunner, OracleStore
+from helpers.mounting import mounted
+from helpers.oracle import CliRunner, OracleStore
 
 pytestmark = pytest.mark.fuse
 

@@ -18,15 +18,15 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hub_cache
 import pytest
+from helpers import hub_cache
+from helpers.hub import Imported, clients, diff, xetfs
+from helpers.mounting import force_unmount, is_mounted, mounted
+from helpers.oracle import REPO_ROOT, hf_xet_env
 from helpers.processes import kill_when
-from mounting import force_unmount, is_mounted, mounted
-from oracle import REPO_ROOT, hf_xet_env
 
 from xetfs import hashes
 from xetfs.catalogue import CATALOGUE_NAME, load_catalogue, locked
@@ -36,37 +36,16 @@ from xetfs.indexer import load_index
 from xetfs.store import Store
 
 fuse = pytest.mark.fuse
-HERE = Path(__file__).resolve().parent
 SUMMARY = re.compile(
     r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) new files?, (\d+) cache bytes? -> "
     r"(-?\d+) store bytes? added \(dedup (.*)\); (.*)"
 )
 
 
-def xetfs(tmp: Path, *args: object, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "xetfs", *map(str, args)],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=hf_xet_env(tmp / "hf_xet"), timeout=120, check=False,
-    )  # fmt: skip
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
-
-
 def summary(proc: subprocess.CompletedProcess[str]) -> re.Match[str]:
     m = SUMMARY.search(proc.stdout)
     assert m is not None, proc.stdout
     return m
-
-
-def clients(cache: Path, tmp: Path) -> dict[str, Any]:
-    """The report of ``hub_clients.py`` run on ``cache``, offline."""
-    env = dict(hf_xet_env(tmp / "hf_xet"), HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", HF_HOME=str(tmp / "hf_home"),
-               TRANSFORMERS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", NO_COLOR="1")  # fmt: skip
-    proc = subprocess.run([sys.executable, str(HERE / "hub_clients.py")], capture_output=True, text=True, env=env,
-                          timeout=120, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return dict(json.loads(proc.stdout))
 
 
 def hf_cache_ls(cache: Path, tmp: Path) -> list[dict[str, Any]]:
@@ -82,20 +61,6 @@ def hf_cache_ls(cache: Path, tmp: Path) -> list[dict[str, Any]]:
         row["snapshot_path"] = str(Path(row["snapshot_path"]).relative_to(cache))
     assert rows
     return list(rows)
-
-
-def diff(a: Path, b: Path) -> str:
-    """``diff -r`` (symlinks followed; the mount's ``.xetfs`` is hidden from listings)."""
-    proc = subprocess.run(["diff", "-r", str(a), str(b)], capture_output=True, text=True, check=False)
-    return proc.stdout + proc.stderr
-
-
-@dataclass
-class Imported:
-    spec: hub_cache.CacheSpec
-    store: Path
-    tmp: Path
-    pack: subprocess.CompletedProcess[str]
 
 
 @pytest.fixture(scope="module")

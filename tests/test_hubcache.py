@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import hub_cache
 import pytest
+from helpers import hub_cache
 
 from xetfs.catalogue import Catalogue, Content
 from xetfs.hubcache import (

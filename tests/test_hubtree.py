@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_tree import check_invariants, entry, make_index, resolve
+from helpers.trees import check_invariants, entry, make_index, resolve
 
 from xetfs import hashes
 from xetfs.catalogue import Catalogue, Content, Repo, Revision

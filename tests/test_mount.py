@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import oracle
 import pytest
-from mounting import Mount, mounted
-from oracle import OracleFile, OracleStore, run_xetfs
+from helpers import oracle
+from helpers.mounting import Mount, mounted
+from helpers.oracle import OracleFile, OracleStore, run_xetfs
 
 pytestmark = pytest.mark.fuse
 

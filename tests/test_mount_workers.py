@@ -13,8 +13,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from mounting import Mount, mounted, wait_until
-from oracle import OracleStore
+from helpers.mounting import Mount, mounted, wait_until
+from helpers.oracle import OracleStore
 
 pytestmark = pytest.mark.fuse
 

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mounting import force_unmount, is_mounted, mount_device, mountinfo, wait_until
-from oracle import REPO_ROOT, CliRunner
+from helpers.mounting import force_unmount, is_mounted, mount_device, mountinfo, wait_until
+from helpers.oracle import REPO_ROOT, CliRunner
 
 pytestmark = pytest.mark.fuse
 

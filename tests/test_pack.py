@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hub_cache
 import pytest
-from oracle import CliRunner, hf_xet_env
+from helpers import hub_cache
+from helpers.oracle import CliRunner, hf_xet_env
 
 from xetfs import hashes
 from xetfs.errors import ManifestError, XetfsError

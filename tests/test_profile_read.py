@@ -6,9 +6,9 @@ import re
 import subprocess
 import sys
 
-import oracle
 import pytest
-from oracle import OracleStore
+from helpers import oracle
+from helpers.oracle import OracleStore
 
 pytestmark = pytest.mark.integration
 

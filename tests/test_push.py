@@ -20,13 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import hub_cache
 import pytest
-import servers
+from helpers import hub_cache, servers
+from helpers.mounting import mounted
+from helpers.oracle import CliRunner, random_bytes
 from helpers.processes import kill_when
 from helpers.writer import StoreBuilder
-from mounting import mounted
-from oracle import CliRunner, random_bytes
 
 from xetfs import hashes
 from xetfs.catalogue import CATALOGUE_NAME

@@ -18,12 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import oracle
 import pytest
-import servers
 import trio
-from mounting import mounted, wait_until
-from oracle import CliRunner, hf_xet_env
+from helpers import oracle, servers
+from helpers.mounting import mounted, wait_until
+from helpers.oracle import CliRunner, hf_xet_env
 
 from xetfs.diskcache import CachedSource, DiskCache
 from xetfs.errors import StoreError

@@ -46,9 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import oracle
 import pytest
-from helpers import writer
+from helpers import oracle, writer
 from helpers.damage import (
     BLOCK,
     all_locs,
@@ -59,9 +58,9 @@ from helpers.damage import (
     read_blocks,
     sole_xorb,
 )
+from helpers.mounting import Mount, force_unmount, is_mounted, memory, mounted, wait_until
+from helpers.oracle import OracleStore, run_xetfs
 from helpers.writer import StoreBuilder
-from mounting import Mount, force_unmount, is_mounted, memory, mounted, wait_until
-from oracle import OracleStore, run_xetfs
 
 from xetfs import hashes
 from xetfs.errors import XorbFormatError

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import oracle
 import pytest
 import trio
+from helpers import oracle
+from helpers.mounting import Mount, force_unmount, is_mounted, mounted, mountinfo
+from helpers.oracle import OracleStore, run_xetfs
 from helpers.writer import StoreBuilder
-from mounting import Mount, force_unmount, is_mounted, mounted, mountinfo
-from oracle import OracleStore, run_xetfs
 
 from xetfs import hashes
 

@@ -13,9 +13,9 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import oracle
-from mounting import Mount
-from oracle import CliRunner, OracleFile, OracleStore, run_xetfs
+from helpers import oracle
+from helpers.mounting import Mount
+from helpers.oracle import CliRunner, OracleFile, OracleStore, run_xetfs
 
 EXIT_PROBLEMS = 3  # ``xetfs verify`` found damage
 BLOCK = 64 * 1024  # one FUSE request per pread with --direct-io

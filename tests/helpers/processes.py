@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from mounting import wait_until
+from helpers.mounting import wait_until
 
 
 def state(pid: int) -> str | None:

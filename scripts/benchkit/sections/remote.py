@@ -45,7 +45,7 @@ from benchkit.sections.load import load
 from benchkit.util import BenchError, cat_to_null, children_cpu, dd, files_equal
 
 sys.path.insert(0, str(REPO / "tests"))
-import servers
+from helpers import servers
 
 RANGE = 8 * 1024 * 1024
 THREADS = 8
