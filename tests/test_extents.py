@@ -129,7 +129,7 @@ def test_find_by_page_or_by_bisection_agrees_with_a_model(seed: int, limit: int)
             start = rng.randrange(0, 64 * PAGE, rng.choice([1, 512, PAGE]))
             size = rng.choice([rng.randrange(1, 3 * PAGE), rng.randrange(PAGE, PAGED_MAX + 1), 2 * PAGED_MAX])
             new = extent(start, start + size)
-            if len(ex) >= ex.limit or ex._paged >= ex.page_limit:
+            if len(ex) >= ex.limit or ex.paged >= ex.page_limit:
                 model = []  # the memo starts afresh
             model = [e for e in model if e.stop <= new.start or e.start >= new.stop] + [new]
             ex.add(F, new)
@@ -145,7 +145,7 @@ def test_find_by_page_or_by_bisection_agrees_with_a_model(seed: int, limit: int)
             stop = start + rng.choice([1, 100, PAGE])
             want = next((e for e in model if e.start <= start and stop <= e.stop and e.run.held), None)
             assert ex.find(F, start, stop) is want, (start, stop)
-        pages = ex._files[F].pages if F in ex._files else {}
+        pages = ex.pages(F)
         assert all(e in model for e in pages.values())
         assert all(e.stop - e.start <= PAGED_MAX for e in pages.values())
-        assert ex._paged == len(pages) and len(ex) == len(model)
+        assert ex.paged == len(pages) and len(ex) == len(model)

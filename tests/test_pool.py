@@ -262,16 +262,16 @@ def _whole_file(store: Store, idx: index.Index, file_hash: bytes) -> list[bytes 
 def test_workers_start_with_the_first_run_and_say_when_ready() -> None:
     pool = DecodePool(2)
     try:
-        assert pool._workers == [] and not pool.usable
+        assert pool.statistics().alive == 0 and not pool.usable
 
         async def body() -> bool:
             await pool.wait_ready()
             return pool.usable
 
         assert run_served(pool.start, body)
-        assert len(pool._workers) == 2
+        assert pool.statistics().alive == 2
         run_served(pool.start, pool.wait_ready)  # a second run: no new workers
-        assert len(pool._workers) == 2
+        assert pool.statistics().alive == 2
     finally:
         pool.close()
 

@@ -321,7 +321,7 @@ def test_disk_cache_lru_and_restart(tmp_path: Path) -> None:
     cache = DiskCache(tmp_path, 10_000, counters)
     for i in range(5):
         cache.put(f"k{i}", bytes([i]) * 1500)
-        os.utime(cache._path(f"k{i}"), (1000 + i, 1000 + i))  # a clear order of use
+        os.utime(cache.entry_path(f"k{i}"), (1000 + i, 1000 + i))  # a clear order of use
     assert cache.get("k0") is not None  # k0 is now the most recently used
     for i in range(5, 8):
         cache.put(f"k{i}", bytes([i]) * 1500)
