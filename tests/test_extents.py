@@ -18,7 +18,7 @@ LAYOUT = XorbLayout(b"x" * 32, (108, 216, 324), (100, 200, 300), None)
 
 
 def extent(start: int, stop: int, delta: int = 0, held: bool = True) -> Extent:
-    run = Run(b"x" * 32, 0, 3, 0, bytes(300))
+    run = Run(b"x" * 32, 0, 3, 0, memoryview(bytes(300)))
     run.held = held
     return Extent(start, stop, delta, run, LAYOUT)
 

@@ -10,6 +10,7 @@ equal.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -236,12 +237,16 @@ def test_pack_killed_at_random_points_then_run_again(tmp_path: Path) -> None:
     assert subprocess.run([*cmd[:-2], str(reference), "--no-progress"], cwd=REPO_ROOT, env=env,
                           capture_output=True, check=False).returncode == 0  # fmt: skip
     total = written(reference)
+
+    def reached(target: int) -> bool:
+        return written(store) >= target
+
     rng = random.Random(15)
     killed = 0
     for _ in range(6):
         target = written(store) + int(rng.uniform(0.02, 0.9) * (total - written(store)))
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if kill_when(proc, lambda target=target: written(store) >= target):
+        if kill_when(proc, functools.partial(reached, target)):
             killed += 1
         path = store / CATALOGUE_NAME
         if path.exists():

@@ -190,7 +190,7 @@ def test_sha256sum_every_file(named: Mount, basic_store: OracleStore) -> None:
     files = named_files(basic_store)
     proc = run("sha256sum", *sorted(files), cwd=named.path)
     assert proc.returncode == 0, proc.stderr
-    got = dict(reversed(line.split(maxsplit=1)) for line in proc.stdout.decode().splitlines())
+    got = {name: digest for digest, name in (line.split(maxsplit=1) for line in proc.stdout.decode().splitlines())}
     assert got == {p: f.sha256 for p, f in files.items()}
     assert got["empty"] == hashlib.sha256(b"").hexdigest()
 
@@ -199,7 +199,7 @@ def test_sha256sum_by_hash_root(by_hash: Mount, basic_store: OracleStore) -> Non
     unique = basic_store.unique()
     proc = run("sha256sum", *[f.hash for f in unique], cwd=by_hash.path)
     assert proc.returncode == 0, proc.stderr
-    got = dict(reversed(line.split(maxsplit=1)) for line in proc.stdout.decode().splitlines())
+    got = {name: digest for digest, name in (line.split(maxsplit=1) for line in proc.stdout.decode().splitlines())}
     assert got == {f.hash: f.sha256 for f in unique}
 
 

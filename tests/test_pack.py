@@ -422,7 +422,7 @@ def test_strict_refuses_skips_and_the_exit_status_tells_them(tmp_path: Path) -> 
     )
     assert not store.exists()  # nothing uploaded
     loose = run_pack(tmp_path, src, store)
-    assert loose.returncode == ExitStatus.SKIPPED == 4, loose.stderr
+    assert loose.returncode == ExitStatus.SKIPPED and int(ExitStatus.SKIPPED) == 4, loose.stderr
     assert loose.stdout == (
         f"packed 1 file (1 byte) into {store}; {store / MANIFEST_NAME} names 1 file; "
         "skipped 1 path (see the warnings)\n"

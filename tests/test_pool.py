@@ -90,7 +90,7 @@ def _decode(pool: DecodePool, path: str, xorb_hash: bytes, chunks: ChunkRun) -> 
         assert slot is not None
         try:
             done = await decode_one(pool, slot, path, xorb_hash, chunks)
-            at, got = 0, []
+            at, got = 0, list[bytes | XetfsError]()
             for size in done.sizes:
                 if isinstance(size, int):
                     got.append(bytes(pool.view(slot, at + size)[at:]))

@@ -103,7 +103,7 @@ def test_push_to_s3_is_a_store_and_a_second_push_sends_nothing(
     assert (meta["e_tag"] or "").strip('"') == hashlib.md5((hub_store / MANIFEST_NAME).read_bytes()).hexdigest()
     assert f"{len(source) + 1} objects sent" in first.stderr, first.stderr
     report = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
-    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
+    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout.decode() + report.stderr
     local = cli("ls", "--json", "--files", hub_store)
     remote = cli("ls", "--json", "--files", url, "--disk-cache-size", 0)
     assert remote.returncode == 0, remote.stderr
@@ -160,7 +160,7 @@ def test_push_to_a_directory_serves_and_a_second_push_writes_nothing(
     assert _files_state(target) == before  # not one file written again (a new file would be a new inode)
     with servers.nginx(tmp_path / "www") as web:
         report = cli("verify", "--no-progress", f"{web.url}/hub", "--disk-cache-size", 0)
-        assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
+        assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout.decode() + report.stderr
 
 
 # -- order, and what push refuses ----------------------------------------------------------------
@@ -323,7 +323,7 @@ def test_push_killed_at_a_random_point_then_again_gives_a_store_that_verifies(
     again = _xetfs("push", store.top, url, env=s3_env)
     assert again.returncode == 0, again.stderr
     report = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
-    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
+    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout.decode() + report.stderr
     with mounted(url, "--disk-cache-size", "0") as m:
         _check_names(m.path, store.files)
 
@@ -347,7 +347,7 @@ def test_push_to_a_directory_killed_then_again(tmp_path: Path, cli: CliRunner, s
     assert (f"{len(left)} temporary files of an interrupted push removed" in again.stderr) == bool(left)
     assert not (target / ".xetfs-push").exists()
     report = cli("verify", "--no-progress", target)
-    assert report.returncode == 0, report.stdout + report.stderr
+    assert report.returncode == 0, report.stdout.decode() + report.stderr
     with mounted(target) as m:
         _check_names(m.path, store.files)
 

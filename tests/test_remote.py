@@ -366,6 +366,12 @@ class CountingSource:
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         return None
 
+    def local_path(self, name: str) -> str | None:
+        return None
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
+        return None
+
 
 def test_cached_source_keeps_whole_objects_and_falls_back_when_down(tmp_path: Path) -> None:
     fake = CountingSource({"shard": b"S" * 3000, "listing": b"v1"})

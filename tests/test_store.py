@@ -51,7 +51,7 @@ def test_a_slow_read_keeps_its_file_while_other_reads_close_cached_descriptors(
 
     def slow_read() -> None:
         try:
-            got.append(store.read_xorb(slow, 0, size))
+            got.append(bytes(store.read_xorb(slow, 0, size)))
         except Exception as exc:
             got.append(exc)
 

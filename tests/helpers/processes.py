@@ -39,7 +39,7 @@ def kill_when(proc: subprocess.Popen[bytes], reached: Callable[[], bool], deadli
             if reached():
                 proc.send_signal(signal.SIGKILL)
                 return True
-            assert time.monotonic() < end, f"{proc.args}: the point to kill it at not reached in {deadline} s"
+            assert time.monotonic() < end, f"{proc.args!r}: the point to kill it at not reached in {deadline} s"
             proc.send_signal(signal.SIGCONT)
             time.sleep(0.001)  # (a time slice for the process, not a wait for something to be ready)
     finally:

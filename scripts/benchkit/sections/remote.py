@@ -287,7 +287,7 @@ def _read(
     the xorb bytes the server sent over those the file needs (footers included: from mounting on)."""
     web = store if isinstance(store, servers.Server) else None
     mark = web.log_mark() if web is not None else 0
-    location = web.url if web is not None else store
+    location = store.url if isinstance(store, servers.Server) else store
     with r.primed(now=False) as go, r.mounts.xetfs(location, *options, variant=r.variant(variant)) as x:
         go()
         path = x.mountpoint / ds.main.hash
