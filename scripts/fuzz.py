@@ -419,7 +419,8 @@ def check_xorb(data: bytes) -> bool:
         for i, c in zip(range(start, stop), chunks, strict=True):
             if isinstance(c, (FormatError, IntegrityError)):
                 continue  # a bad chunk is reported as its error; its neighbours still decode
-            _require(isinstance(c, bytes), f"chunk {i} decodes to {type(c).__name__}")
+            if not isinstance(c, bytes):
+                raise PropertyFailure(f"chunk {i} decodes to {type(c).__name__}")
             _require(len(c) == layout.chunk_size(i), f"chunk {i} decodes to {len(c)} bytes")
             if layout.chunk_hashes is not None:
                 _require(hashes.chunk_hash(c) == layout.chunk_hashes[i], "unverified bytes returned")

@@ -83,7 +83,7 @@ async def read_all(args: argparse.Namespace) -> None:
             if args.random:
                 offsets = list(range(0, attrs.st_size, args.block))
                 random.Random(args.seed).shuffle(offsets)
-                passes = [("cold", offsets), ("cached", offsets)]
+                passes: list[tuple[str, list[int] | None]] = [("cold", offsets), ("cached", offsets)]
             else:
                 passes = [("sequential", None)]
             for name, order in passes:

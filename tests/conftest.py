@@ -2,6 +2,9 @@
 
 Store fixtures are session-scoped and read-only by convention: a test that
 damages a store works on a copy (``oracle.copy_store``).
+
+The hooks here give every test its tier and check what it needs from the machine
+(``helpers/requirements.py`` says what the tiers and the ``fuse`` and ``root`` markers mean).
 """
 
 from __future__ import annotations
@@ -12,9 +15,55 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import oracle
 import pytest
-from oracle import CliResult, CliRunner, OracleStore
+from helpers import oracle
+from helpers.oracle import CliResult, CliRunner, OracleStore
+from helpers.requirements import in_ci, missing_fuse, missing_root, tier_of
+from hypothesis import settings
+
+if not os.access(oracle.REPO_ROOT, os.W_OK):
+    # Another user's checkout (the unit tier run as a user who is not root): hypothesis cannot keep its
+    # examples in .hypothesis there, and would warn, which this suite makes an error.
+    settings.register_profile("read-only-checkout", database=None)
+    settings.load_profile("read-only-checkout")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test has exactly one tier; a ``fuse`` test is ``e2e`` and gets that marker here."""
+    problems = []
+    for item in items:
+        try:
+            tier = tier_of({mark.name for mark in item.iter_markers()})
+        except ValueError as exc:
+            problems.append(f"{item.nodeid}: {exc}")
+            continue
+        if tier is None:
+            problems.append(f"{item.nodeid}: no tier (mark it, or its module, unit, integration or e2e)")
+        elif item.get_closest_marker(tier) is None:
+            item.add_marker(tier)
+    if problems:
+        raise pytest.UsageError("tests without one tier:\n  " + "\n  ".join(problems))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``fuse`` or ``root`` is skipped, with the reason, where the machine lacks it."""
+    reason = (missing_fuse() if item.get_closest_marker("fuse") else None) or (
+        missing_root() if item.get_closest_marker("root") else None
+    )
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Under ``CI=true`` a skipped test fails: the suite skips only for what the machine lacks."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+    if report.skipped and in_ci() and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, where nothing may be: {reason}"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -23,53 +23,20 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import oracle
 import pytest
-from mounting import Mount, mounted, wait_until
-from oracle import OracleStore, run_xetfs
+from helpers import oracle
+from helpers.amplification import MOST, chunk_set, decoded, settled
+from helpers.mounting import Mount, mounted
+from helpers.oracle import OracleStore, run_xetfs
 from safetensors import safe_open
 from safetensors.numpy import save
 
 pytestmark = pytest.mark.fuse
 
 MiB = 1024 * 1024
-MOST = 1.05
 RSS_OVERHEAD = 100 * MiB
-SETTLE_DEADLINE = 10.0
-
-
-def chunk_set(store: OracleStore, name: str, reads: list[tuple[int, int]] | None = None) -> set[tuple[str, int]]:
-    """The distinct chunks a file's reads touch (all of the file by default)."""
-    locs = oracle.file_chunks(store, store[name].hash)
-    if reads is None:
-        return {(c.xorb, c.chunk) for c in locs}
-    return {(c.xorb, c.chunk) for off, n in reads for c in locs if c.start < off + n and c.end > off}
-
-
-def settled(m: Mount) -> dict[str, Any]:
-    """The counters once background prefetch is done (polled, with a deadline)."""
-    last = [m.stats()]
-
-    def quiet() -> bool:
-        now = m.stats()
-        same = all(now[k] == last[0][k] for k in ("cache", "decode", "prefetch"))
-        last[0] = now
-        return same and now["cache"]["misses"] + now["prefetch"]["chunks"] == now["decode"]["chunks"]
-
-    try:
-        wait_until(quiet, SETTLE_DEADLINE, "the counters to settle", m.proc, m.log_path)
-    except Exception as exc:
-        raise AssertionError(
-            f"{exc}\nlast counters: {json.dumps({k: last[0][k] for k in ('cache', 'decode', 'prefetch')})}"
-        ) from None
-    return last[0]
-
-
-def decoded(m: Mount) -> int:
-    return int(settled(m)["decode"]["chunks"])
 
 
 def sha256_of(path: Path, block: int = MiB, start: int = 0, length: int | None = None) -> str:

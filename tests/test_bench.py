@@ -24,6 +24,8 @@ from benchkit.sections import GROUPS, SECTIONS, hub, load, parquet, remote, serv
 from benchkit.sections.fio import fio_command, parse_fio
 from benchkit.util import parse_size
 
+pytestmark = pytest.mark.unit
+
 A = Row("a", "row a", "GB/s", xetfs=True)
 B = Row("b", "row b", "GB/s")
 A_OVER_B = Row("a_over_b", "a / b", "x", Target(">=", 1.0, ">= 1x"), ratio(A, B), xetfs=True)

@@ -16,6 +16,8 @@ import trio.testing
 from xetfs.base.stats import LayoutCounters
 from xetfs.read.cache import LoadingCache
 
+pytestmark = pytest.mark.unit
+
 
 def value_of(key: int) -> bytes:
     """The value a key loads to: ``key % 7 + 1`` copies of one byte (sizes 1..7)."""

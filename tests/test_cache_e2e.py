@@ -37,10 +37,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import oracle
 import pytest
-from mounting import Mount, memory, mounted, wait_until
-from oracle import ChunkLoc, CliRunner, OracleFile, OracleStore
+from helpers import oracle
+from helpers.mounting import Mount, memory, mounted, wait_until
+from helpers.oracle import ChunkLoc, CliRunner, OracleFile, OracleStore
 
 pytestmark = pytest.mark.fuse
 

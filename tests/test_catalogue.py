@@ -27,6 +27,8 @@ from xetfs.storage.catalogue import (
     write_catalogue,
 )
 
+pytestmark = pytest.mark.unit
+
 C1, C2, C3 = "1" * 40, "2" * 40, "3" * 40
 X1, X2 = "a" * 64, "b" * 64
 SHA256 = "c" * 64

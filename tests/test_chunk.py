@@ -15,6 +15,8 @@ from xetfs.base.errors import XorbFormatError
 from xetfs.format import chunk
 from xetfs.format.chunk import ChunkHeader, decode_chunk, parse_chunk_header
 
+pytestmark = pytest.mark.unit
+
 W = "test"
 
 

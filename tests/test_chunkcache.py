@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import oracle
 import pytest
+from helpers import oracle
 from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
@@ -27,6 +27,8 @@ from xetfs.storage.dirsource import DirSource
 from xetfs.storage.diskcache import DiskCache
 from xetfs.storage.objects import RemoteOptions
 from xetfs.storage.store import Store
+
+pytestmark = pytest.mark.unit
 
 X = bytes(range(32))
 

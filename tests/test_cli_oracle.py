@@ -16,9 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import oracle
 import pytest
-from oracle import ChunkLoc, CliRunner, OracleStore, copy_store, run_xetfs
+from helpers import oracle
+from helpers.oracle import ChunkLoc, CliRunner, OracleStore, copy_store, run_xetfs
+
+pytestmark = pytest.mark.integration
 
 STORES = ["basic_store", "multi_store"]
 SUMMARY = re.compile(

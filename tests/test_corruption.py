@@ -14,11 +14,12 @@ import re
 import shutil
 from pathlib import Path
 
-import oracle
 import pytest
-from oracle import CliRunner, OracleFile, OracleStore, run_xetfs
+from helpers import oracle
+from helpers.damage import assert_reads_back, check_cli_contained, files_using, sole_xorb, verify_problems
+from helpers.oracle import CliRunner, OracleStore, run_xetfs
 
-EXIT_PROBLEMS = 3  # ``xetfs verify`` found damage
+pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
@@ -26,88 +27,7 @@ def store(multi_store: OracleStore, tmp_path: Path) -> OracleStore:
     return oracle.copy_store(multi_store, tmp_path / "store")
 
 
-def files_using(store: OracleStore, xorb: str, chunk: int | None = None) -> set[str]:
-    """Hashes of the files that read chunk ``chunk`` (or any chunk) of ``xorb``."""
-    return {
-        f.hash
-        for f in store.unique()
-        if any(c.xorb == xorb and chunk in (None, c.chunk) for c in oracle.file_chunks(store, f.hash))
-    }
-
-
-def sole_xorb(store: OracleStore, name: str) -> str:
-    """The xorb that holds file ``name`` (uploaded alone, so it has exactly one)."""
-    (xorb,) = {t.xorb for t in oracle.store_terms(store)[store[name].hash]}
-    return xorb
-
-
-def assert_fails_cleanly(cli: CliRunner, store: OracleStore, f: OracleFile, *names: str) -> None:
-    """``cat`` of ``f`` fails: one error line naming ``names``, no wrong bytes on stdout."""
-    r = cli("cat", store.path, f.hash)
-    assert r.returncode != 0, f.name
-    assert f.read().startswith(r.stdout), f"{f.name}: wrong bytes written before the error"
-    lines = r.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("xetfs: error: "), lines
-    for name in names:
-        assert name in lines[0], (name, lines[0])
-
-
-def assert_reads_back(cli: CliRunner, store: OracleStore, f: OracleFile) -> None:
-    r = cli("cat", store.path, f.hash)
-    assert (r.returncode, r.stderr) == (0, ""), f.name
-    assert r.stdout == f.read(), f.name
-
-
-def check_contained(cli: CliRunner, store: OracleStore, affected: set[str], *names: str) -> None:
-    """Files in ``affected`` fail naming ``names``; every other file reads back exactly."""
-    assert affected and len(affected) < len(store.unique()), "the damage must hit some files and spare others"
-    for f in store.unique():
-        if f.hash in affected:
-            assert_fails_cleanly(cli, store, f, *names)
-        else:
-            assert_reads_back(cli, store, f)
-
-
-def verify_problems(store: OracleStore) -> list[str]:
-    """Run ``xetfs verify`` as a process; it must report damage, and without a traceback."""
-    proc = run_xetfs("verify", store.path)
-    out, err = proc.stdout.decode(), proc.stderr.decode()
-    assert "Traceback" not in out + err
-    assert proc.returncode == EXIT_PROBLEMS, out + err
-    lines = out.splitlines()
-    problems = [line for line in lines if line.startswith("PROBLEM: ")]
-    n = len(problems)
-    assert lines[-1].startswith(f"{n} problem: " if n == 1 else f"{n} problems: "), lines[-1]
-    return problems
-
-
 # -- a flipped byte in a chunk payload ------------------------------------------------
-
-
-@pytest.mark.parametrize(("name", "scheme"), [("a.bin", 0), ("c.txt", 1), ("e.f32", 2)])
-def test_flipped_payload_byte(cli: CliRunner, store: OracleStore, name: str, scheme: int) -> None:
-    f = store[name]
-    locs = oracle.file_chunks(store, f.hash)
-    xorb = sole_xorb(store, name)
-    chunks = oracle.xorb_chunks(store.xorb_path(xorb))
-    # A chunk in the middle of the file, compressed with the scheme under test.
-    loc = next(c for c in locs[len(locs) // 2 :] if chunks[c.chunk].scheme == scheme)
-    chunk = chunks[loc.chunk]
-    affected = files_using(store, xorb, loc.chunk)
-    assert f.hash in affected
-    oracle.flip_byte(store.xorb_path(xorb), chunk.payload_start + (chunk.phys_end - chunk.payload_start) // 2)
-
-    problems = verify_problems(store)
-    pattern = re.compile(rf"\bxorb {xorb}\b.*\bchunk {loc.chunk}\b")
-    assert any(pattern.search(p) for p in problems), problems
-    check_contained(cli, store, affected, xorb)
-
-    # The rest of the damaged file is still readable: everything before and after the chunk.
-    data = f.read()
-    before = cli("cat", store.path, f.hash, "--length", loc.start)
-    assert (before.returncode, before.stdout) == (0, data[: loc.start])
-    after = cli("cat", store.path, f.hash, "--offset", loc.end)
-    assert (after.returncode, after.stdout) == (0, data[loc.end :])
 
 
 def test_flipped_byte_fails_in_a_subprocess(store: OracleStore) -> None:
@@ -133,7 +53,7 @@ def test_flipped_byte_in_footer_hashes(cli: CliRunner, store: OracleStore) -> No
     oracle.flip_byte(path, footer + 52 + 5)  # inside the first chunk hash (docs/format.md 2.4)
     problems = verify_problems(store)
     assert any(xorb in p for p in problems), problems
-    check_contained(cli, store, affected, xorb)
+    check_cli_contained(cli, store, affected, xorb)
 
 
 # -- shards ---------------------------------------------------------------------------
@@ -178,7 +98,7 @@ def test_deleted_xorb(cli: CliRunner, store: OracleStore) -> None:
     store.xorb_path(xorb).unlink()
     problems = verify_problems(store)
     assert any(xorb in p and "missing" in p for p in problems), problems
-    check_contained(cli, store, affected, xorb)
+    check_cli_contained(cli, store, affected, xorb)
 
 
 @pytest.mark.parametrize("where", ["mid-footer", "last-byte", "mid-chunks", "first-chunk"])
@@ -198,7 +118,7 @@ def test_truncated_xorb(cli: CliRunner, store: OracleStore, where: str) -> None:
     oracle.truncate(path, cut)
     problems = verify_problems(store)
     assert any(xorb in p for p in problems), problems
-    check_contained(cli, store, affected, xorb)
+    check_cli_contained(cli, store, affected, xorb)
 
 
 def test_xorb_without_footer_still_reads(cli: CliRunner, store: OracleStore) -> None:

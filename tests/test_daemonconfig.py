@@ -13,6 +13,8 @@ from xetfs.commands.mount import _config, daemon_argv
 from xetfs.fuse.daemonconfig import ConfigError, dump_config, load_config
 from xetfs.fuse.mount import MountConfig
 
+pytestmark = pytest.mark.unit
+
 EVERY_FIELD_SET = MountConfig(
     store="https://user:pw@host/store?sig=x",
     mountpoint=Path("/mnt/x"),

@@ -11,13 +11,15 @@ from xetfs.format.xorb import XorbLayout
 from xetfs.read.extents import PAGE, Extent, Extents
 from xetfs.read.runs import Run
 
+pytestmark = pytest.mark.unit
+
 F = b"f" * 32
 G = b"g" * 32
 LAYOUT = XorbLayout(b"x" * 32, (108, 216, 324), (100, 200, 300), None)
 
 
 def extent(start: int, stop: int, delta: int = 0, held: bool = True) -> Extent:
-    run = Run(b"x" * 32, 0, 3, 0, bytes(300))
+    run = Run(b"x" * 32, 0, 3, 0, memoryview(bytes(300)))
     run.held = held
     return Extent(start, stop, delta, run, LAYOUT)
 
@@ -128,7 +130,7 @@ def test_find_by_page_or_by_bisection_agrees_with_a_model(seed: int, limit: int)
             start = rng.randrange(0, 64 * PAGE, rng.choice([1, 512, PAGE]))
             size = rng.choice([rng.randrange(1, 3 * PAGE), rng.randrange(PAGE, PAGED_MAX + 1), 2 * PAGED_MAX])
             new = extent(start, start + size)
-            if len(ex) >= ex.limit or ex._paged >= ex.page_limit:
+            if len(ex) >= ex.limit or ex.paged >= ex.page_limit:
                 model = []  # the memo starts afresh
             model = [e for e in model if e.stop <= new.start or e.start >= new.stop] + [new]
             ex.add(F, new)
@@ -144,7 +146,7 @@ def test_find_by_page_or_by_bisection_agrees_with_a_model(seed: int, limit: int)
             stop = start + rng.choice([1, 100, PAGE])
             want = next((e for e in model if e.start <= start and stop <= e.stop and e.run.held), None)
             assert ex.find(F, start, stop) is want, (start, stop)
-        pages = ex._files[F].pages if F in ex._files else {}
+        pages = ex.pages(F)
         assert all(e in model for e in pages.values())
         assert all(e.stop - e.start <= PAGED_MAX for e in pages.values())
-        assert ex._paged == len(pages) and len(ex) == len(model)
+        assert ex.paged == len(pages) and len(ex) == len(model)

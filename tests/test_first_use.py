@@ -17,10 +17,10 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
-import oracle
 import pytest
-from mounting import force_unmount, is_mounted, wait_until
-from oracle import OracleStore, run_xetfs
+from helpers import oracle
+from helpers.mounting import force_unmount, is_mounted, wait_until
+from helpers.oracle import OracleStore, run_xetfs
 
 from xetfs.base import hashes
 from xetfs.base.exitstatus import MEANING, ExitStatus
@@ -47,6 +47,7 @@ def _others_can_run(path: Path) -> bool:
     return all(p.stat().st_mode & stat.S_IXOTH for p in (real, *real.parents))
 
 
+@pytest.mark.integration
 def test_setup_puts_xetfs_on_path(tmp_path: Path) -> None:
     """After setup, a new shell whose PATH has the link directory runs ``xetfs``; a rerun is quiet."""
     bin_dir = tmp_path / "bin"
@@ -67,6 +68,7 @@ def test_setup_puts_xetfs_on_path(tmp_path: Path) -> None:
     assert again.returncode == 0 and "xetfs" not in again.stderr, again.stderr
 
 
+@pytest.mark.integration
 def test_setup_leaves_another_xetfs_alone(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -82,6 +84,7 @@ def test_setup_leaves_another_xetfs_alone(tmp_path: Path) -> None:
     assert proc.returncode == 0 and Path(os.readlink(other)) == VENV_XETFS, proc.stderr
 
 
+@pytest.mark.integration
 def test_pip_install_of_the_project(tmp_path: Path) -> None:
     """``pip install .`` from a clean copy of the sources gives a working ``xetfs`` (not this checkout's)."""
     src = tmp_path / "src"
@@ -132,6 +135,7 @@ def _checkout_with_fake_pip(tmp_path: Path) -> tuple[Path, Path]:
     return repo, tmp_path / "pip-calls"
 
 
+@pytest.mark.integration
 def test_setup_installs_the_extras_asked_for_and_keeps_earlier_ones(tmp_path: Path) -> None:
     repo, calls = _checkout_with_fake_pip(tmp_path)
     env = {**os.environ, "XETFS_BIN_DIR": "none", "PIP_CALLS": str(calls), "REAL_PYTHON": sys.executable}
@@ -152,6 +156,7 @@ def test_setup_installs_the_extras_asked_for_and_keeps_earlier_ones(tmp_path: Pa
     assert bad.returncode == 2 and "--extras takes a comma-separated list" in bad.stderr
 
 
+@pytest.mark.integration
 def test_the_demo_installs_the_pack_extra_not_the_test_tools(tmp_path: Path) -> None:
     """The demo's setup step asks pip for ``.[pack]`` only (its fake xetfs then stops it: nothing is mounted)."""
     repo, calls = _checkout_with_fake_pip(tmp_path)
@@ -181,6 +186,7 @@ def test_the_demo_runs_and_leaves_no_log_behind(tmp_path: Path) -> None:
 # -- arguments and messages ------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_every_option_has_help() -> None:
     from xetfs.commands.cli import build_parser
 
@@ -197,6 +203,7 @@ def test_every_option_has_help() -> None:
     assert "--log-level {debug,info,warning,error}\n" in text and "least severe messages to log" in text
 
 
+@pytest.mark.integration
 def test_mount_on_a_missing_mountpoint_says_so(basic_store: OracleStore, tmp_path: Path) -> None:
     missing = tmp_path / "no-such-dir"
     proc = run_xetfs("mount", basic_store.path, missing)
@@ -208,6 +215,7 @@ def test_mount_on_a_missing_mountpoint_says_so(basic_store: OracleStore, tmp_pat
     assert proc.stderr.decode() == f"xetfs: error: {not_dir}: not a directory\n"
 
 
+@pytest.mark.integration
 def test_ls_warns_in_the_style_of_every_other_command(basic_store: OracleStore, tmp_path: Path) -> None:
     """``xetfs: warning: ...`` from ``ls`` (through logging) as from ``mount`` and ``pack`` (printed)."""
     store = oracle.copy_store(basic_store, tmp_path / "store")
@@ -221,6 +229,7 @@ def test_ls_warns_in_the_style_of_every_other_command(basic_store: OracleStore, 
     assert proc.stderr.decode() == f"xetfs: warning: names: 'gone.bin': file {missing} is not in the store; skipped\n"
 
 
+@pytest.mark.integration
 def test_counts_are_worded_with_their_plural() -> None:
     assert [plural(n, "file") for n in (0, 1, 2)] == ["0 files", "1 file", "2 files"]
     assert plural(1, "entry") == "1 entry" and plural(3, "entry") == "3 entries" and plural(2, "day") == "2 days"
@@ -229,6 +238,7 @@ def test_counts_are_worded_with_their_plural() -> None:
     )
 
 
+@pytest.mark.integration
 def test_exit_statuses_are_distinct_and_each_has_a_meaning() -> None:
     from xetfs.commands import cli
 
@@ -254,6 +264,7 @@ def _into_a_closed_pipe(*args: object) -> subprocess.CompletedProcess[bytes]:
         os.close(write_end)
 
 
+@pytest.mark.integration
 def test_verify_into_a_closed_pipe_keeps_the_damage_status(basic_store: OracleStore, tmp_path: Path) -> None:
     """``xetfs verify STORE | head`` on a damaged store never exits 0: it says 3 (damage found)."""
     store = oracle.copy_store(basic_store, tmp_path / "store")
@@ -266,6 +277,7 @@ def test_verify_into_a_closed_pipe_keeps_the_damage_status(basic_store: OracleSt
         assert (proc.returncode, proc.stderr) == (3, b"")
 
 
+@pytest.mark.integration
 def test_ls_into_a_closed_pipe_is_not_a_success(basic_store: OracleStore) -> None:
     proc = _into_a_closed_pipe("ls", basic_store.path)
     assert (proc.returncode, proc.stderr) == (141, b"")
@@ -333,6 +345,7 @@ def test_an_empty_store_mounts_and_verifies(tmp_path: Path, mnt: Path) -> None:
     assert os.listdir(mnt) == [] and json.loads((mnt / ".xetfs/stats").read_bytes())["index"]["files"] == 0
 
 
+@pytest.mark.integration
 def test_xorbs_without_shards_are_refused_by_mount_and_verify(basic_store: OracleStore, tmp_path: Path) -> None:
     store = oracle.copy_store(basic_store, tmp_path / "store")
     for shard in store.shard_paths():
@@ -475,6 +488,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp / "store"
 
 
+@pytest.mark.integration
 def test_pack_records_mtimes_in_the_manifest(packed: Path) -> None:
     from xetfs.storage.manifest import parse_mtime
 
@@ -484,6 +498,7 @@ def test_pack_records_mtimes_in_the_manifest(packed: Path) -> None:
     assert files["README.md"]["mtime"] == "2020-09-13T12:26:40.123456789Z"
 
 
+@pytest.mark.integration
 def test_ls_shows_names_and_mtimes(packed: Path) -> None:
     rows = json.loads(run_xetfs("ls", packed, "--json").stdout)
     assert [r["path"] for r in rows] == sorted(TREE)
@@ -500,7 +515,7 @@ def test_ls_shows_names_and_mtimes(packed: Path) -> None:
 
 @pytest.fixture(scope="module")
 def packed_mount(packed: Path) -> Iterator[Path]:
-    from mounting import mounted
+    from helpers.mounting import mounted
 
     with mounted(packed) as m:
         yield m.path
@@ -554,7 +569,7 @@ def test_tools_that_walk_the_tree_see_the_named_tree(packed_mount: Path, tmp_pat
 @pytest.mark.fuse
 def test_stats_keep_their_size_while_open(packed: Path) -> None:
     """An open ``.xetfs/stats`` is one document: its size and bytes do not change under the reader."""
-    from mounting import mounted
+    from helpers.mounting import mounted
 
     with mounted(packed) as m:  # a mount of its own: nothing in the page cache, so reads move the counters
         _check_stats_while_open(m.path)
@@ -581,7 +596,7 @@ def _check_stats_while_open(packed_mount: Path) -> None:
 
 @pytest.mark.fuse
 def test_mount_shows_the_store_as_the_source(packed: Path, tmp_path: Path) -> None:
-    from mounting import mounted
+    from helpers.mounting import mounted
 
     odd = tmp_path / "a store, with a comma"
     shutil.copytree(packed, odd)
@@ -591,6 +606,7 @@ def test_mount_shows_the_store_as_the_source(packed: Path, tmp_path: Path) -> No
     assert " ".join(table[:-1]) == str(odd) and table[-1] == "fuse.xetfs"
 
 
+@pytest.mark.integration
 def test_a_url_store_is_shown_without_its_password() -> None:
     from xetfs.fuse.mount import MountConfig, fuse_options
 
@@ -602,7 +618,7 @@ def test_a_url_store_is_shown_without_its_password() -> None:
 
 @pytest.mark.fuse
 def test_a_store_whose_path_is_not_ascii_mounts(packed: Path, tmp_path: Path) -> None:
-    from mounting import mounted
+    from helpers.mounting import mounted
 
     odd = tmp_path / "café"
     shutil.copytree(packed, odd)

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import servers
-from mounting import force_unmount, is_mounted, mountinfo, wait_until
-from oracle import REPO_ROOT, CliRunner
+from helpers import servers
+from helpers.mounting import force_unmount, is_mounted, mountinfo, wait_until
+from helpers.oracle import REPO_ROOT, CliRunner
 
 from xetfs.commands.cli import build_parser
 from xetfs.commands.mountopts import (

@@ -34,6 +34,8 @@ from xetfs.read.reader import Reader
 from xetfs.storage import index
 from xetfs.storage.store import Store
 
+pytestmark = pytest.mark.unit
+
 T = TypeVar("T")
 EXAMPLES = int(os.environ.get("XETFS_FUZZ_EXAMPLES", "250"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])

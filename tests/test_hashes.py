@@ -16,6 +16,8 @@ import pytest
 
 from xetfs.base import hashes
 
+pytestmark = pytest.mark.unit
+
 # rh(seed) from xet-core's generator: the node hash used for `seed` (its size is seed * 100).
 _NODE = {
     0: "0000000000000000000000000000000000000000000000000000000000000000",

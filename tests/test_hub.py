@@ -10,23 +10,24 @@ equal.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import hub_cache
 import pytest
-from mounting import force_unmount, is_mounted, mounted
-from oracle import REPO_ROOT, hf_xet_env
+from helpers import hub_cache
+from helpers.hub import Imported, clients, diff, xetfs
+from helpers.mounting import force_unmount, is_mounted, mounted
+from helpers.oracle import REPO_ROOT, hf_xet_env
+from helpers.processes import kill_when
 
 from xetfs.base import hashes
 from xetfs.base.errors import CatalogueError
@@ -36,37 +37,16 @@ from xetfs.storage.indexer import load_index
 from xetfs.storage.store import Store
 
 fuse = pytest.mark.fuse
-HERE = Path(__file__).resolve().parent
 SUMMARY = re.compile(
     r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) new files?, (\d+) cache bytes? -> "
     r"(-?\d+) store bytes? added \(dedup (.*)\); (.*)"
 )
 
 
-def xetfs(tmp: Path, *args: object, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "xetfs", *map(str, args)],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=hf_xet_env(tmp / "hf_xet"), timeout=120, check=False,
-    )  # fmt: skip
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
-
-
 def summary(proc: subprocess.CompletedProcess[str]) -> re.Match[str]:
     m = SUMMARY.search(proc.stdout)
     assert m is not None, proc.stdout
     return m
-
-
-def clients(cache: Path, tmp: Path) -> dict[str, Any]:
-    """The report of ``hub_clients.py`` run on ``cache``, offline."""
-    env = dict(hf_xet_env(tmp / "hf_xet"), HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", HF_HOME=str(tmp / "hf_home"),
-               TRANSFORMERS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", NO_COLOR="1")  # fmt: skip
-    proc = subprocess.run([sys.executable, str(HERE / "hub_clients.py")], capture_output=True, text=True, env=env,
-                          timeout=120, check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return dict(json.loads(proc.stdout))
 
 
 def hf_cache_ls(cache: Path, tmp: Path) -> list[dict[str, Any]]:
@@ -84,20 +64,6 @@ def hf_cache_ls(cache: Path, tmp: Path) -> list[dict[str, Any]]:
     return list(rows)
 
 
-def diff(a: Path, b: Path) -> str:
-    """``diff -r`` (symlinks followed; the mount's ``.xetfs`` is hidden from listings)."""
-    proc = subprocess.run(["diff", "-r", str(a), str(b)], capture_output=True, text=True, check=False)
-    return proc.stdout + proc.stderr
-
-
-@dataclass
-class Imported:
-    spec: hub_cache.CacheSpec
-    store: Path
-    tmp: Path
-    pack: subprocess.CompletedProcess[str]
-
-
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory: pytest.TempPathFactory) -> Imported:
     tmp = tmp_path_factory.mktemp("hub")
@@ -106,6 +72,7 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> Imported:
     return Imported(spec, store, tmp, xetfs(tmp, "pack", "--hub-cache", spec.root, store, "--no-progress"))
 
 
+@pytest.mark.integration
 def test_import_summary_and_dedup(imported: Imported) -> None:
     assert imported.pack.stderr == ""
     m = summary(imported.pack)
@@ -128,6 +95,7 @@ def test_import_summary_and_dedup(imported: Imported) -> None:
     assert float(m.group(7).rstrip("x")) > 2.0
 
 
+@pytest.mark.integration
 def test_running_again_adds_nothing(imported: Imported) -> None:
     before = (imported.store / CATALOGUE_NAME).read_bytes()
     m = summary(xetfs(imported.tmp, "pack", "--hub-cache", imported.spec.root, imported.store, "--no-progress"))
@@ -135,6 +103,7 @@ def test_running_again_adds_nothing(imported: Imported) -> None:
     assert (imported.store / CATALOGUE_NAME).read_bytes() == before
 
 
+@pytest.mark.integration
 def test_ls_lists_repos_and_revisions(imported: Imported) -> None:
     c1, c2, c3 = imported.spec.model_commits
     text = xetfs(imported.tmp, "ls", imported.store).stdout
@@ -254,19 +223,31 @@ def test_bad_input_is_named_and_the_rest_imports(imported: Imported, tmp_path: P
 
 @fuse
 def test_pack_killed_at_random_points_then_run_again(tmp_path: Path) -> None:
+    """Killed at random points of its writing (measured in bytes in the store, not in time), packs leave
+    a catalogue that reads or none, and a last pack completes the store."""
     spec = hub_cache.make_hub_cache(tmp_path / "cache", floats=256 * 1024)
     store = tmp_path / "store"
     cmd = [sys.executable, "-m", "xetfs", "pack", "--hub-cache", str(spec.root), str(store), "--no-progress"]
     env = hf_xet_env(tmp_path / "hf_xet")
+
+    def written(root: Path) -> int:
+        return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+    reference = tmp_path / "reference"  # what a whole pack writes
+    assert subprocess.run([*cmd[:-2], str(reference), "--no-progress"], cwd=REPO_ROOT, env=env,
+                          capture_output=True, check=False).returncode == 0  # fmt: skip
+    total = written(reference)
+
+    def reached(target: int) -> bool:
+        return written(store) >= target
+
     rng = random.Random(15)
     killed = 0
     for _ in range(6):
+        target = written(store) + int(rng.uniform(0.02, 0.9) * (total - written(store)))
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.05, 1.2))
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
+        if kill_when(proc, functools.partial(reached, target)):
             killed += 1
-        proc.wait(60)
         path = store / CATALOGUE_NAME
         if path.exists():
             try:
@@ -338,6 +319,7 @@ def test_concurrent_packs_into_one_store_take_turns_and_keep_both(imported: Impo
         assert diff(imported.spec.root, m.path) == ""
 
 
+@pytest.mark.integration
 def test_verify_checks_the_catalogue_against_the_store(imported: Imported, tmp_path: Path) -> None:
     assert "OK:" in xetfs(tmp_path, "verify", imported.store).stdout
     store = tmp_path / "store"

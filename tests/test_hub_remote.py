@@ -18,13 +18,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import hub_cache
 import pytest
-import servers
-from mounting import mounted
-from test_hub import Imported, clients, diff, xetfs
+from helpers import hub_cache, servers
+from helpers.hub import Imported, clients, diff, xetfs
+from helpers.mounting import mounted
 
 from xetfs.storage.remote import publish
+
+pytestmark = pytest.mark.e2e
 
 fuse = pytest.mark.fuse
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import hub_cache
 import pytest
+from helpers import hub_cache
 
 from xetfs.storage.catalogue import Catalogue, Content
 from xetfs.write.hubcache import (
@@ -20,6 +20,8 @@ from xetfs.write.hubcache import (
     scan_cache,
 )
 from xetfs.write.hubpack import Job, Stored, _catalogue, _check, _rounds, derive_commit
+
+pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from test_tree import check_invariants, entry, make_index, resolve
+import pytest
+from helpers.trees import check_invariants, entry, make_index, resolve
 
 from xetfs.base import hashes
 from xetfs.names.hubtree import build_hub_tree
 from xetfs.names.tree import ROOT_INODE, Kind
 from xetfs.storage.catalogue import Catalogue, Content, Repo, Revision
+
+pytestmark = pytest.mark.unit
 
 C1, C2 = "1" * 40, "2" * 40
 A, B, T = entry(1, 100), entry(2, 200), entry(3, 30)

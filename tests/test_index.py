@@ -22,6 +22,8 @@ from xetfs.format.xorb import XorbLayout
 from xetfs.storage import index
 from xetfs.storage.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
 
+pytestmark = pytest.mark.unit
+
 PROPERTY = settings(max_examples=250, deadline=None, derandomize=True)
 
 

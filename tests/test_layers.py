@@ -13,6 +13,10 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 PACKAGE = Path(__file__).resolve().parent.parent / "xetfs"
 
 # Each folder of xetfs/ and its rank: a module may import from its own folder and from folders of a

@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.mounting import Mount, mounted
+from helpers.oracle import OracleStore
 from helpers.writer import StoreBuilder
-from mounting import Mount, mounted
-from oracle import OracleStore
 
 from xetfs.base import hashes
 from xetfs.storage.manifest import ManifestFile, dump_manifest

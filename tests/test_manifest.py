@@ -15,6 +15,8 @@ from xetfs.base.errors import ManifestError
 from xetfs.storage import manifest
 from xetfs.storage.manifest import Manifest, ManifestFile, combine, dump_manifest, parse_manifest, path_problem
 
+pytestmark = pytest.mark.unit
+
 H1 = "a961cc336abf956bb689f545ea7d691ec2f156b97c4d103229835856e093916d"
 H2 = "a761aca208d2c117c0ba1b37dece516ccab58ed5fc9ebcbfad5ae78a5f77e500"
 SHA = "98ea6e4f216f2fb4b69fff9b3a44842c38686ca685f3f55dc48c5d3fb1107be4"

@@ -21,10 +21,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import oracle
 import pytest
-from mounting import EXIT_DEADLINE, force_unmount, is_mounted, mount_device, mounted, wait_until
-from oracle import OracleStore, run_xetfs
+from helpers import oracle
+from helpers.mounting import EXIT_DEADLINE, force_unmount, is_mounted, mount_device, mounted, wait_until
+from helpers.oracle import OracleStore, run_xetfs
 
 from xetfs.base import hashes
 from xetfs.storage.manifest import ManifestFile, dump_manifest

@@ -12,8 +12,11 @@ import re
 import signal
 from pathlib import Path
 
-from mounting import Mount, mounted, wait_until
-from oracle import OracleStore
+import pytest
+from helpers.mounting import Mount, mounted, wait_until
+from helpers.oracle import OracleStore
+
+pytestmark = pytest.mark.fuse
 
 
 def _workers(m: Mount) -> list[int]:
@@ -93,8 +96,7 @@ def test_unmount_ends_the_workers(basic_store: OracleStore) -> None:
 
 def test_a_killed_worker_costs_no_read_of_a_remote_store(big_store: OracleStore, tmp_path: Path) -> None:
     """Over nginx, the workers fetch, decode and verify; killed during a read, the daemon takes over."""
-    import oracle
-    import servers
+    from helpers import oracle, servers
 
     from xetfs.storage.remote import publish
 

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from mounting import force_unmount, is_mounted, mount_device, mountinfo, wait_until
-from oracle import REPO_ROOT, CliRunner
+from helpers.mounting import force_unmount, is_mounted, mount_device, mountinfo, wait_until
+from helpers.oracle import REPO_ROOT, CliRunner
 
 pytestmark = pytest.mark.fuse
 
@@ -109,7 +109,6 @@ def _read_ahead_kb(mnt: Path) -> int:
     return int(Path(f"/sys/class/bdi/{device}/read_ahead_kb").read_text())
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="sets up a user and /dev/fuse: run the suite as root")
 def test_a_user_who_is_not_root_mounts_reads_and_unmounts(cli: CliRunner) -> None:
     entries = json.loads((SAMPLE / "xetfs-manifest.json").read_bytes())
     oracle = cli("cat", SAMPLE, next(e["xetHash"] for e in entries if e["path"] == "README.md"))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from xetfs.read.order import EvictionOrder
 from xetfs.read.runs import Run
+
+pytestmark = pytest.mark.unit
 
 
 def run(first: int, size: int = 100) -> Run:

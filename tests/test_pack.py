@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hub_cache
 import pytest
-from oracle import CliRunner, hf_xet_env
+from helpers import hub_cache
+from helpers.oracle import CliRunner, hf_xet_env
 
 from xetfs.base import hashes
 from xetfs.base.errors import ManifestError, XetfsError
@@ -36,6 +36,8 @@ from xetfs.write.pack import (
     plan_pack,
     upload,
 )
+
+pytestmark = pytest.mark.integration
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -417,7 +419,7 @@ def test_strict_refuses_skips_and_the_exit_status_tells_them(tmp_path: Path) -> 
     )
     assert not store.exists()  # nothing uploaded
     loose = run_pack(tmp_path, src, store)
-    assert loose.returncode == ExitStatus.SKIPPED == 4, loose.stderr
+    assert loose.returncode == ExitStatus.SKIPPED and int(ExitStatus.SKIPPED) == 4, loose.stderr
     assert loose.stdout == (
         f"packed 1 file (1 byte) into {store}; {store / MANIFEST_NAME} names 1 file; "
         "skipped 1 path (see the warnings)\n"

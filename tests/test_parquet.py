@@ -12,13 +12,13 @@ from pathlib import Path
 
 import duckdb
 import numpy as np
-import oracle
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from mounting import mounted
-from oracle import OracleStore
-from test_amplification import MOST, chunk_set, decoded
+from helpers import oracle
+from helpers.amplification import MOST, chunk_set, decoded
+from helpers.mounting import mounted
+from helpers.oracle import OracleStore
 
 pytestmark = pytest.mark.fuse
 

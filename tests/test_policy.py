@@ -5,7 +5,11 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
+
 from xetfs.read.policy import ReadPolicy
+
+pytestmark = pytest.mark.unit
 
 MiB = 1024 * 1024
 SIZE = 1024 * MiB
@@ -182,10 +186,10 @@ def test_streams_stay_distinct_and_their_index_stays_true_under_any_mix_of_reads
         p.on_read(off, rng.choice((4096, 65536, MiB)), SIZE)
         if step % 97 == 0 or step > 19_900:
             assert len({id(s) for s in p.streams}) == len(p.streams) <= 8
-            for front, s in p._fronts.items():
+            for front, s in p.fronts.items():
                 assert s.front == front and any(s is t for t in p.streams)
-            assert p._prefetching == sum(1 for s in p.streams if s.window)
-            assert len(p._singles) <= p.max_singles
+            assert p.prefetching == sum(1 for s in p.streams if s.window)
+            assert p.singles <= p.max_singles
 
 
 def test_random_reads_never_take_the_place_of_a_stream() -> None:
@@ -197,7 +201,7 @@ def test_random_reads_never_take_the_place_of_a_stream() -> None:
         p.on_read(rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 4096, SIZE)
     p.on_read(128 * 1024, 128 * 1024, SIZE)
     assert p.streams[0].start == 0 and p.streams[0].front == 256 * 1024  # it went on
-    assert len(p.streams) == 1 and len(p._singles) <= p.max_singles
+    assert len(p.streams) == 1 and p.singles <= p.max_singles
 
 
 def first_prefetch(p: ReadPolicy, reads: list[tuple[bool, int, int]]) -> int | None:

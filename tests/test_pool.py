@@ -34,6 +34,8 @@ from xetfs.read.reader import Reader
 from xetfs.storage import index
 from xetfs.storage.store import ChunkSource, Store
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -88,7 +90,7 @@ def _decode(pool: DecodePool, path: str, xorb_hash: bytes, chunks: ChunkRun) -> 
         assert slot is not None
         try:
             done = await decode_one(pool, slot, path, xorb_hash, chunks)
-            at, got = 0, []
+            at, got = 0, list[bytes | XetfsError]()
             for size in done.sizes:
                 if isinstance(size, int):
                     got.append(bytes(pool.view(slot, at + size)[at:]))
@@ -260,16 +262,16 @@ def _whole_file(store: Store, idx: index.Index, file_hash: bytes) -> list[bytes 
 def test_workers_start_with_the_first_run_and_say_when_ready() -> None:
     pool = DecodePool(2)
     try:
-        assert pool._workers == [] and not pool.usable
+        assert pool.statistics().alive == 0 and not pool.usable
 
         async def body() -> bool:
             await pool.wait_ready()
             return pool.usable
 
         assert run_served(pool.start, body)
-        assert len(pool._workers) == 2
+        assert pool.statistics().alive == 2
         run_served(pool.start, pool.wait_ready)  # a second run: no new workers
-        assert len(pool._workers) == 2
+        assert pool.statistics().alive == 2
     finally:
         pool.close()
 
@@ -480,7 +482,9 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
         worker.process.wait()
         with pytest.raises(WorkerLost):  # the next job meets the closed pipe: the worker is lost
             await decode_one(pool, pool.take_slot(4000) or 1, path, xorb_hash, chunks)
-        await trio.sleep(0.2)  # the collector reads the leftover result: nothing may fail
+        with trio.fail_after(10):  # the collector reads the leftover result, then ends: nothing may fail
+            while worker.collecting:
+                await trio.sleep(0.01)
         return first
 
     try:

@@ -16,13 +16,15 @@ import pytest
 import trio
 from helpers.writer import StoreBuilder
 
-from xetfs.base import hashes
+from xetfs.base import hashes, settings
 from xetfs.fuse.fs import XetFS
 from xetfs.fuse.mount import MountConfig, build_fs
 from xetfs.names.tree import BY_HASH_INODE
 from xetfs.read import sessions as sessions_module
 from xetfs.read.runs import Run, RunStore
 from xetfs.storage.index import FileEntry
+
+pytestmark = pytest.mark.integration
 
 MiB = 1024 * 1024
 CACHE = 8 * MiB  # prefetch windows of a quarter of it: 2 MiB
@@ -117,8 +119,8 @@ def test_a_file_whose_prefetch_stalls_leaves_room_for_the_others(
         async with trio.open_nursery() as nursery:
             fs.start_background(nursery)
             await read_from_start(fs, stuck, 6 * MiB)
-            stalled = [size for file_hash, size in asked[-sessions_module.PREFETCH_TASKS :] if file_hash == stuck]
-            assert len(stalled) == sessions_module.PREFETCH_TASKS  # both stuck
+            stalled = [size for file_hash, size in asked[-settings.PREFETCH_TASKS :] if file_hash == stuck]
+            assert len(stalled) == settings.PREFETCH_TASKS  # both stuck
             assert fs.sessions.prefetch_bytes == sum(stalled)
             await read_from_start(fs, other, 4 * MiB)
             nursery.cancel_scope.cancel()

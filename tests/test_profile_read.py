@@ -6,9 +6,11 @@ import re
 import subprocess
 import sys
 
-import oracle
 import pytest
-from oracle import OracleStore
+from helpers import oracle
+from helpers.oracle import OracleStore
+
+pytestmark = pytest.mark.integration
 
 SCRIPT = oracle.REPO_ROOT / "scripts" / "profile_read.py"
 

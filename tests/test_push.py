@@ -13,21 +13,19 @@ import hashlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import hub_cache
 import pytest
-import servers
+from helpers import hub_cache, servers
+from helpers.mounting import mounted
+from helpers.oracle import CliRunner, random_bytes
+from helpers.processes import kill_when
 from helpers.writer import StoreBuilder
-from mounting import mounted, wait_until
-from oracle import CliRunner, random_bytes
 
 from xetfs.base import hashes
 from xetfs.commands.credentials import CredentialsError, load_credentials, parse_credentials
@@ -105,7 +103,7 @@ def test_push_to_s3_is_a_store_and_a_second_push_sends_nothing(
     assert (meta["e_tag"] or "").strip('"') == hashlib.md5((hub_store / MANIFEST_NAME).read_bytes()).hexdigest()
     assert f"{len(source) + 1} objects sent" in first.stderr, first.stderr
     report = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
-    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
+    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout.decode() + report.stderr
     local = cli("ls", "--json", "--files", hub_store)
     remote = cli("ls", "--json", "--files", url, "--disk-cache-size", 0)
     assert remote.returncode == 0, remote.stderr
@@ -162,7 +160,7 @@ def test_push_to_a_directory_serves_and_a_second_push_writes_nothing(
     assert _files_state(target) == before  # not one file written again (a new file would be a new inode)
     with servers.nginx(tmp_path / "www") as web:
         report = cli("verify", "--no-progress", f"{web.url}/hub", "--disk-cache-size", 0)
-        assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
+        assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout.decode() + report.stderr
 
 
 # -- order, and what push refuses ----------------------------------------------------------------
@@ -285,38 +283,16 @@ def _kill_during(cmd: list[str], env: dict[str, str], count: Any, low: int, high
     """Run ``cmd`` (a push) and SIGKILL it once ``count()`` objects are at the target, a random number in
     ``[low, high)``; returns that number.
 
-    The push runs in slices of about a millisecond (SIGCONT, then SIGSTOP), and the target is counted while
-    it is stopped, so it is killed where chosen however fast it runs, in the middle of an object or between.
+    The push runs in slices (``helpers.processes.kill_when``), so it is killed where chosen however fast it
+    runs, in the middle of an object or between.
     """
     stop_at = random.Random(seed).randrange(low, high)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            proc.send_signal(signal.SIGSTOP)
-            wait_until(lambda: _state(proc.pid) in ("T", "Z", None), 10, "the push to stop")
-            if proc.poll() is not None or _state(proc.pid) == "Z":
-                pytest.fail(f"the push ended before {stop_at} objects were at the target: {proc.stderr.read()!r}")  # type: ignore[union-attr]
-            if count() >= stop_at:
-                proc.send_signal(signal.SIGKILL)
-                break
-            assert time.monotonic() < deadline, f"no {stop_at} objects at the target after 120 s"
-            proc.send_signal(signal.SIGCONT)
-            time.sleep(0.001)  # (a time slice for the push, not a wait for something to be ready)
-    finally:
-        proc.kill()
-        proc.wait(10)
-        assert proc.stderr is not None
-        proc.stderr.close()
+    assert proc.stderr is not None
+    with proc.stderr:
+        if not kill_when(proc, lambda: count() >= stop_at):
+            pytest.fail(f"the push ended before {stop_at} objects were at the target: {proc.stderr.read()!r}")
     return stop_at
-
-
-def _state(pid: int) -> str | None:
-    """The state letter of process ``pid`` (``T`` stopped, ``Z`` exited), or None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def _check_names(mnt: Path, files: dict[str, bytes]) -> None:
@@ -347,7 +323,7 @@ def test_push_killed_at_a_random_point_then_again_gives_a_store_that_verifies(
     again = _xetfs("push", store.top, url, env=s3_env)
     assert again.returncode == 0, again.stderr
     report = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
-    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout + report.stderr
+    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout.decode() + report.stderr
     with mounted(url, "--disk-cache-size", "0") as m:
         _check_names(m.path, store.files)
 
@@ -371,7 +347,7 @@ def test_push_to_a_directory_killed_then_again(tmp_path: Path, cli: CliRunner, s
     assert (f"{len(left)} temporary files of an interrupted push removed" in again.stderr) == bool(left)
     assert not (target / ".xetfs-push").exists()
     report = cli("verify", "--no-progress", target)
-    assert report.returncode == 0, report.stdout + report.stderr
+    assert report.returncode == 0, report.stdout.decode() + report.stderr
     with mounted(target) as m:
         _check_names(m.path, store.files)
 

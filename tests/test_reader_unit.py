@@ -13,6 +13,7 @@ import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import writer
@@ -28,6 +29,8 @@ from xetfs.read.reader import Reader
 from xetfs.storage import index
 from xetfs.storage.index import FileEntry, Index
 from xetfs.storage.store import Store
+
+pytestmark = pytest.mark.unit
 
 _pool: DecodePool | None = None  # set by the ``decoding`` fixture
 
@@ -65,7 +68,7 @@ def opened(root: Path, **options: object) -> Iterator[tuple[Index, Reader]]:
         store.close()
 
 
-def running(reader: Reader, call: str, *args: object, **kwargs: object) -> object:
+def running(reader: Reader, call: str, *args: object, **kwargs: object) -> Any:
     """``reader.<call>(*args)`` in a trio run where the reader's workers (if any) are served."""
     return run_served(reader.start, lambda: getattr(reader, call)(*args, **kwargs))
 

@@ -20,12 +20,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hub_cache
 import pytest
-import servers
-from mounting import Mount, mounted
-from oracle import hf_xet_env
-from test_hub import Imported, xetfs
+from helpers import hub_cache, servers
+from helpers.hub import Imported, xetfs
+from helpers.mounting import Mount, mounted
+from helpers.oracle import hf_xet_env
+
+pytestmark = pytest.mark.e2e
 
 fuse = pytest.mark.fuse
 
@@ -147,7 +148,7 @@ def test_refresh_every_loads_a_new_pack_by_itself(imported: Imported) -> None:
     with mounted(imported.store, "--refresh-every", "0.2") as m:
         folder = m.path / "models--acme--tiny-bert"
         commit = _new_revision(imported)
-        from mounting import wait_until
+        from helpers.mounting import wait_until
 
         wait_until(lambda: (folder / "refs" / "main").read_text() == commit, 20, "the periodic refresh")
         assert (folder / "snapshots" / commit / "extra.txt").read_text() == "added in revision 4\n"

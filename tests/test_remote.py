@@ -18,12 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import oracle
 import pytest
-import servers
 import trio
-from mounting import mounted, wait_until
-from oracle import CliRunner, hf_xet_env
+from helpers import oracle, servers
+from helpers.mounting import mounted, wait_until
+from helpers.oracle import CliRunner, hf_xet_env
 
 from xetfs.base.errors import StoreError
 from xetfs.base.stats import RemoteCounters
@@ -322,7 +321,7 @@ def test_disk_cache_lru_and_restart(tmp_path: Path) -> None:
     cache = DiskCache(tmp_path, 10_000, counters)
     for i in range(5):
         cache.put(f"k{i}", bytes([i]) * 1500)
-        os.utime(cache._path(f"k{i}"), (1000 + i, 1000 + i))  # a clear order of use
+        os.utime(cache.entry_path(f"k{i}"), (1000 + i, 1000 + i))  # a clear order of use
     assert cache.get("k0") is not None  # k0 is now the most recently used
     for i in range(5, 8):
         cache.put(f"k{i}", bytes([i]) * 1500)
@@ -364,7 +363,16 @@ class CountingSource:
             raise StoreError("fake://store: server unreachable")
         return self.objects[name][start:end]
 
+    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        out[:] = self.read_range(name, start, end)
+
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
+        return None
+
+    def local_path(self, name: str) -> str | None:
+        return None
+
+    def worker_setup(self) -> tuple[str, RemoteOptions] | None:
         return None
 
 

@@ -46,12 +46,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import oracle
 import pytest
-from helpers import writer
+from helpers import oracle, writer
+from helpers.damage import (
+    BLOCK,
+    all_locs,
+    check_contained,
+    check_error_log,
+    errors_of,
+    log_lines,
+    read_blocks,
+    sole_xorb,
+)
+from helpers.mounting import Mount, force_unmount, is_mounted, memory, mounted, wait_until
+from helpers.oracle import OracleStore, run_xetfs
 from helpers.writer import StoreBuilder
-from mounting import Mount, force_unmount, is_mounted, memory, mounted, wait_until
-from oracle import OracleStore, run_xetfs
 
 from xetfs.base import hashes
 from xetfs.base.errors import XorbFormatError
@@ -60,7 +69,6 @@ from xetfs.format.xorb import parse_footer
 T = TypeVar("T")
 fuse = pytest.mark.fuse
 
-BLOCK = 64 * 1024  # one FUSE request per pread with --direct-io
 MiB = 1024 * 1024
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,84 +80,6 @@ REPO = Path(__file__).resolve().parent.parent
 def store(multi_store: OracleStore, tmp_path: Path) -> OracleStore:
     """A private copy of the multi store (one upload call per file) to damage."""
     return oracle.copy_store(multi_store, tmp_path / "store")
-
-
-def log_lines(m: Mount, level: str) -> list[str]:
-    return [line for line in m.log().splitlines() if f" {level} " in line]
-
-
-def sole_xorb(store: OracleStore, name: str) -> str:
-    (xorb,) = {t.xorb for t in oracle.store_terms(store)[store[name].hash]}
-    return xorb
-
-
-Damaged = Callable[[str, int], bool]  # (xorb hex, chunk index) -> damaged?
-Locs = dict[str, list[oracle.ChunkLoc]]  # file hash -> where each of its chunks comes from
-
-
-def all_locs(store: OracleStore) -> Locs:
-    """Every file's chunks, parsed by the oracle (call it before damaging the store)."""
-    return {f.hash: oracle.file_chunks(store, f.hash) for f in store.unique()}
-
-
-def blocks(size: int) -> list[tuple[int, int]]:
-    return [(off, min(BLOCK, size - off)) for off in range(0, size, BLOCK)]
-
-
-def expected_failures(locs: list[oracle.ChunkLoc], size: int, damaged: Damaged) -> set[int]:
-    """Offsets of the 64 KiB blocks of a file that need a damaged chunk."""
-    bad = [c for c in locs if damaged(c.xorb, c.chunk)]
-    return {off for off, n in blocks(size) if any(c.start < off + n and off < c.end for c in bad)}
-
-
-def read_blocks(path: Path, original: bytes) -> set[int]:
-    """``pread`` every block; successes must equal the original, failures must be EIO.  Returns failed offsets."""
-    failed = set()
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for off, n in blocks(len(original)):
-            try:
-                got = os.pread(fd, n, off)
-            except OSError as exc:
-                assert exc.errno == errno.EIO, f"{path} at {off}: {exc}"
-                failed.add(off)
-                continue
-            assert got == original[off : off + n], f"{path}: WRONG BYTES at [{off}, {off + n})"
-    finally:
-        os.close(fd)
-    return failed
-
-
-def check_contained(m: Mount, store: OracleStore, locs: Locs, damaged: Damaged) -> tuple[int, dict[str, set[int]]]:
-    """Read every file of the store block by block; exactly the blocks over damaged chunks fail.
-
-    Returns the number of failed reads and the failed offsets per file hash.
-    """
-    total = 0
-    per_file: dict[str, set[int]] = {}
-    for f in store.unique():
-        failed = read_blocks(m / f.hash, f.read())
-        assert failed == expected_failures(locs[f.hash], f.size, damaged), f.name
-        if failed:
-            per_file[f.hash] = failed
-        total += len(failed)
-    return total, per_file
-
-
-def check_error_log(m: Mount, per_file: dict[str, set[int]], *names: str) -> None:
-    """One ERROR line per failed read, naming its file, its offset and every one of ``names``."""
-    errors = log_lines(m, "ERROR")
-    assert len(errors) == sum(map(len, per_file.values())), "\n".join(errors)
-    for file_hash, offsets in per_file.items():
-        for off in offsets:
-            lines = [e for e in errors if file_hash in e and f"offset {off} " in e]
-            assert len(lines) == 1, (file_hash, off, errors)
-            for name in names:
-                assert name in lines[0], (name, lines[0])
-
-
-def errors_of(m: Mount) -> dict[str, int]:
-    return dict(m.stats()["errors"])
 
 
 def writable(path: Path) -> None:
@@ -281,28 +211,6 @@ def test_strict_refuses_a_bad_shard(store: OracleStore, tmp_path: Path, damage: 
 
 
 @fuse
-@pytest.mark.parametrize(("name", "scheme"), [("a.bin", 0), ("c.txt", 1), ("e.f32", 2)])
-def test_flipped_payload_byte(store: OracleStore, name: str, scheme: int) -> None:
-    xorb = sole_xorb(store, name)
-    chunks = oracle.xorb_chunks(store.xorb_path(xorb))
-    locs = oracle.file_chunks(store, store[name].hash)
-    loc = next(c for c in locs[len(locs) // 2 :] if chunks[c.chunk].scheme == scheme)
-    chunk = chunks[loc.chunk]
-    before = all_locs(store)
-    oracle.flip_byte(store.xorb_path(xorb), chunk.payload_start + (chunk.phys_end - chunk.payload_start) // 2)
-
-    with mounted(store.path, "--direct-io", allow_errors=True) as m:
-        failed, per_file = check_contained(m, store, before, lambda x, c: (x, c) == (xorb, loc.chunk))
-        assert store[name].hash in per_file
-        check_error_log(m, per_file, xorb, f"chunk {loc.chunk}")
-        e = errors_of(m)
-        if scheme == 0:  # a raw chunk always decodes: only its hash can tell
-            assert e == {"integrity": failed, "missing": 0, "format": 0, "timeout": 0, "io": 0}
-        else:
-            assert e["integrity"] + e["format"] == failed and e["missing"] == e["timeout"] == 0, e
-
-
-@fuse
 @pytest.mark.parametrize("when", ["before-mount", "while-mounted"])
 def test_missing_xorb(store: OracleStore, when: str) -> None:
     xorb = sole_xorb(store, "c.txt")
@@ -372,6 +280,7 @@ def huge_chunk_xorb() -> tuple[bytes, bytes, int, bytes]:
     return xorb_hash, writer.encode_chunk(data0, 0), GiB, footer
 
 
+@pytest.mark.integration
 def test_footer_chunk_sizes_are_bounded() -> None:
     """parse_footer must refuse chunks beyond the format's limits (docs/format.md 2.2: 8 + 256 KiB on disk,
     128 KiB decoded).
@@ -707,6 +616,7 @@ def _load_fuzz_module() -> Any:
     return module
 
 
+@pytest.mark.integration
 def test_fuzz_smoke(tmp_path: Path) -> None:
     """A few seconds of scripts/fuzz.py over every target: only declared errors, bounded memory."""
     fuzz = _load_fuzz_module()
@@ -720,6 +630,7 @@ def test_fuzz_smoke(tmp_path: Path) -> None:
     assert not (tmp_path / "failures").exists()
 
 
+@pytest.mark.integration
 def test_fuzzer_catches_a_planted_bug(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The smoke test above can fail: an undeclared exception is counted, and its input saved."""
     fuzz = _load_fuzz_module()

@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import oracle
 import pytest
 import trio
+from helpers import oracle
+from helpers.mounting import Mount, force_unmount, is_mounted, mounted, mountinfo
+from helpers.oracle import OracleStore, run_xetfs
 from helpers.writer import StoreBuilder
-from mounting import Mount, force_unmount, is_mounted, mounted, mountinfo
-from oracle import OracleStore, run_xetfs
 
 from xetfs.base import hashes
 
@@ -153,6 +153,7 @@ def test_no_writable_shared_mapping(named_store: NamedStore) -> None:
         assert (m / "d" / "a.txt").read_bytes() == named_store.contents[named_store.a]
 
 
+@pytest.mark.integration
 def test_daemon_refuses_writes_itself(named_store: NamedStore) -> None:
     """Without the kernel's ``ro`` flag in the way, every write handler of ``XetFS`` answers EROFS."""
     import pyfuse3

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import hub_cache
 import pytest
-from oracle import REPO_ROOT, hf_xet_env
-from servers import S3_ENV, Server, free_port, moto_s3, nginx_balancer, upload_dir, xetfs_serve
+from helpers import hub_cache
+from helpers.oracle import REPO_ROOT, hf_xet_env
+from helpers.servers import S3_ENV, Server, free_port, moto_s3, nginx_balancer, upload_dir, xetfs_serve
 
 from xetfs.base import hashes
 from xetfs.serve.signing import Signer
@@ -39,6 +39,8 @@ from xetfs.storage.catalogue import load_catalogue
 from xetfs.storage.indexer import load_index
 from xetfs.storage.remote import LISTING_NAME
 from xetfs.storage.store import Store
+
+pytestmark = pytest.mark.e2e
 
 HERE = Path(__file__).resolve().parent
 MODEL, DATASET = hub_cache.MODEL, hub_cache.DATASET
@@ -95,7 +97,8 @@ def clients(
     else:
         env["HF_HUB_DISABLE_IMPLICIT_TOKEN"] = "1"
     env.update(extra or {})
-    proc = subprocess.run([sys.executable, str(HERE / "serve_clients.py"), *args], capture_output=True, text=True,
+    script = HERE / "helpers" / "serve_clients.py"
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
                           env=env, timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, f"{proc.stderr}\n--- server log ---\n{log_of(server)}"
     return json.loads(proc.stdout), tmp / "hub"

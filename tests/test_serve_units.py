@@ -21,6 +21,8 @@ from xetfs.serve.reconstruction import Term, plan, v1_answer, v2_answer
 from xetfs.serve.signing import KeyFileError, Signer, load_key
 from xetfs.storage.catalogue import Content, Repo, Revision
 
+pytestmark = pytest.mark.unit
+
 # -- reconstruction plans -------------------------------------------------------------------
 
 
@@ -80,7 +82,7 @@ def test_a_plan_trims_to_whole_chunks() -> None:
     p = plan([Term(b"x" * 32, 0, 4, 40)], {b"x" * 32: layout}, 15, 25, max_fetch=1000)
     assert (p.offset_into_first_range, p.terms) == (5, (Term(b"x" * 32, 1, 3, 20),))
     doc = v1_answer(p, {f: "u" for f in p.fetches})
-    (fetch,) = doc["fetch_info"][next(iter(doc["fetch_info"]))]  # type: ignore[index]
+    (fetch,) = doc["fetch_info"][next(iter(doc["fetch_info"]))]  # type: ignore[index, call-overload]
     assert fetch == {"range": {"start": 1, "end": 3}, "url": "u", "url_range": {"start": 0, "end": 39}}  # (its own)
     doc2 = v2_answer(p, {f: "u" for f in p.fetches})
     ((_, [entry]),) = doc2["xorbs"].items()  # type: ignore[attr-defined]

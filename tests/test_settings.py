@@ -6,7 +6,11 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from xetfs.base import settings
+
+pytestmark = pytest.mark.unit
 
 PACKAGE = Path(__file__).resolve().parent.parent / "xetfs"
 SETTINGS = PACKAGE / "base" / "settings.py"

@@ -20,6 +20,8 @@ from xetfs.base.errors import ShardFormatError
 from xetfs.format import shard
 from xetfs.format.shard import CasChunk, Term, parse_shard
 
+pytestmark = pytest.mark.unit
+
 W = "shard test"
 HELLO_SHARD = "f5df023b52902f6516da9b41432161b304f443c655fcd235af1f4426b5ae5f29"  # hf_xet 1.8.0, b"hello world"
 

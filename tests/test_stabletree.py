@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
 from helpers.writer import StoreBuilder
 
 from xetfs.base import hashes
@@ -13,6 +14,8 @@ from xetfs.names.stabletree import renumber
 from xetfs.names.tree import ROOT_INODE, build_tree
 from xetfs.storage import index
 from xetfs.storage.store import Store
+
+pytestmark = pytest.mark.unit
 
 
 def _index(root: Path) -> index.Index:

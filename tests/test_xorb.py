@@ -18,6 +18,8 @@ from xetfs.base.errors import XorbFormatError
 from xetfs.format import xorb
 from xetfs.format.xorb import XorbLayout, footer_length, parse_footer, walk_headers
 
+pytestmark = pytest.mark.unit
+
 W = "xorb test"
 
 # The xorb hf_xet 1.8.0 wrote for b"hello world" (one chunk, scheme 0, footer).

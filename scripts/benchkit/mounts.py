@@ -26,7 +26,7 @@ from benchkit.rows import Variant
 from benchkit.util import BenchError, log, poll, read_ahead_kb, tree_cpu, tree_hwm
 
 sys.path.insert(0, str(REPO / "tests"))
-from mounting import force_unmount, is_mounted
+from helpers.mounting import force_unmount, is_mounted
 
 STATS = ".xetfs/stats"
 READY_DEADLINE = 60.0

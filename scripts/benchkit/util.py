@@ -16,7 +16,7 @@ from pathlib import Path
 from benchkit.paths import REPO
 
 sys.path.insert(0, str(REPO / "tests"))
-from mounting import mount_device
+from helpers.mounting import mount_device
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB

@@ -25,7 +25,9 @@ Pure bookkeeping: no I/O, no trio.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from xetfs.base.settings import EXTENTS_LIMIT, PAGED_MAX
 from xetfs.format.xorb import XorbLayout
@@ -74,6 +76,16 @@ class Extents:
 
     def __len__(self) -> int:
         return self._count
+
+    @property
+    def paged(self) -> int:
+        """Page entries over all files (at most ``page_limit``)."""
+        return self._paged
+
+    def pages(self, file_hash: bytes) -> Mapping[int, Extent]:
+        """Page number -> the small extent holding that page's first byte, for one file (a read-only view)."""
+        f = self._files.get(file_hash)
+        return MappingProxyType(f.pages) if f is not None else MappingProxyType({})
 
     def find(self, file_hash: bytes, start: int, stop: int) -> Extent | None:
         """The extent holding all of file bytes ``[start, stop)`` with its run still held, if any."""

@@ -46,7 +46,9 @@ has been consumed.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from xetfs.base.settings import (
     PREFETCH_INITIAL,
@@ -99,6 +101,21 @@ class ReadPolicy:
     _fronts: dict[int, Stream] = field(default_factory=dict)
     _singles: dict[int, int] = field(default_factory=dict)
     _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
+
+    @property
+    def fronts(self) -> Mapping[int, Stream]:
+        """Where each stream's reads end -> that stream (a read-only view)."""
+        return MappingProxyType(self._fronts)
+
+    @property
+    def prefetching(self) -> int:
+        """The streams with a prefetch window."""
+        return self._prefetching
+
+    @property
+    def singles(self) -> int:
+        """The reads that continued no stream, remembered now (at most ``max_singles``)."""
+        return len(self._singles)
 
     def on_read(self, offset: int, length: int, file_size: int, busy: bool = False) -> Decision:
         """Record a read; ``busy`` says enough prefetches are running, for the file or over all files

@@ -191,6 +191,10 @@ class DiskCache:
         finally:
             os.close(lock)
 
+    def entry_path(self, key: str) -> Path:
+        """The file that holds ``key``'s entry (it may not exist); its mtime is its last use."""
+        return self._path(key)
+
     # -- internals ---------------------------------------------------------
 
     def _path(self, key: str) -> Path:

@@ -1,7 +1,7 @@
 """Section hub: a huggingface_hub cache imported into a store, then loaded by repo id through a mount.
 
 * import: ``xetfs pack --hub-cache`` of a cache written the way
-  huggingface_hub writes it (``tests/hub_cache.py``): three revisions of a
+  huggingface_hub writes it (``tests/helpers/hub_cache.py``): three revisions of a
   model whose safetensors differ in one of eight tensors each (16 MiB per
   tensor; 2 MiB with --quick), plus a small dataset; into a fresh store
   every round.  Throughput (cache bytes / wall), CPU s per GiB of the cache
@@ -37,7 +37,7 @@ from benchkit.sections.common import run_json
 from benchkit.util import BenchError, children_cpu
 
 sys.path.insert(0, str(REPO / "tests"))
-import hub_cache
+from helpers import hub_cache
 
 COLUMN = ""
 TENSOR_MIB, QUICK_TENSOR_MIB = 16, 2

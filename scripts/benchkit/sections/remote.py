@@ -45,7 +45,7 @@ from benchkit.sections.load import load
 from benchkit.util import BenchError, cat_to_null, children_cpu, dd, files_equal
 
 sys.path.insert(0, str(REPO / "tests"))
-import servers
+from helpers import servers
 
 RANGE = 8 * 1024 * 1024
 THREADS = 8
@@ -310,7 +310,7 @@ def _read(
     the xorb bytes the server sent over those the file needs (footers included: from mounting on)."""
     web = store if isinstance(store, servers.Server) else None
     mark = web.log_mark() if web is not None else 0
-    location = web.url if web is not None else store
+    location = store.url if isinstance(store, servers.Server) else store
     with r.primed(now=False) as go, r.mounts.xetfs(location, *options, variant=r.variant(variant)) as x:
         go()
         path = x.mountpoint / ds.main.hash

@@ -45,7 +45,7 @@ from benchkit.sections.sequential import peer_download, peer_output
 from benchkit.util import BenchError, cat_to_null, children_cpu, files_equal, tree_cpu
 
 sys.path.insert(0, str(REPO / "tests"))
-import servers
+from helpers import servers
 
 SERVE_KINDS = ("random", "text")
 NAME = "data.bin"

@@ -57,7 +57,7 @@ def scenario_all(commit: str) -> dict[str, Any]:
     for key, kwargs in (("main", {"revision": "main"}), ("v1.0", {"revision": "v1.0"}),
                         ("dataset", {"repo_type": "dataset"})):  # fmt: skip
         repo = DATASET if key == "dataset" else MODEL
-        folder = Path(snapshot_download(repo, **kwargs))  # type: ignore[arg-type]
+        folder = Path(snapshot_download(repo, **kwargs))  # type: ignore[call-overload]
         files = {str(p.relative_to(folder)): digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
         snapshots[key] = [rel(folder), files]
     report["snapshot_download"] = snapshots
@@ -74,7 +74,7 @@ def scenario_all(commit: str) -> dict[str, Any]:
         for key in sorted(f.keys()):
             tensors[key] = hashlib.sha256(f.get_tensor(key).tobytes()).hexdigest()
     report["safe_open"] = tensors
-    errors = {}
+    errors: dict[str, Any] = {}
     for key, call in (
         ("repo", lambda: hf_hub_download("acme/no-such-model", "config.json")),
         ("revision", lambda: hf_hub_download(MODEL, "config.json", revision="no-such-branch")),
@@ -82,7 +82,7 @@ def scenario_all(commit: str) -> dict[str, Any]:
         ("snapshot_revision", lambda: snapshot_download(MODEL, revision="no-such-branch")),
     ):
         try:
-            call()
+            call()  # type: ignore[no-untyped-call]
             errors[key] = {"error": None}
         except Exception as exc:
             errors[key] = failure(exc)

@@ -49,7 +49,7 @@ def main() -> None:
         unknown = try_to_load_from_cache(MODEL, "never-heard-of.json", revision=rev)
         cached[rev] = [rel(hit) if isinstance(hit, str) else None, missing is _CACHED_NO_EXIST, unknown]
     report["try_to_load_from_cache"] = cached
-    snapshots = {}
+    snapshots: dict[str, Any] = {}
     for rev in ("main", "v1.0"):
         folder = Path(snapshot_download(MODEL, revision=rev))
         snapshots[rev] = [rel(folder), sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())]

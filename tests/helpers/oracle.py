@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 XETFS_TIMEOUT = 300.0  # seconds; a hung command fails the test instead of the whole run
 
 # -- running hf_xet and xetfs ---------------------------------------------------------
