@@ -204,10 +204,11 @@ def performance_page(current: str) -> str:
     _, sep2, tail = rest.partition(TABLES_END)
     if not sep or not sep2:
         raise SystemExit(f"docs/performance.md: the {TABLES_BEGIN!r} and {TABLES_END!r} markers are missing")
-    if BENCH_JSON.exists():
+    runs = sorted(BENCH_JSON.parent.glob(f"{BENCH_JSON.stem}*.json"))  # docs/bench.json and more runs: bench-*.json
+    if runs:
         import json
 
-        body = render_markdown(json.loads(BENCH_JSON.read_text()), source="docs/bench.json")
+        body = "\n\n".join(render_markdown(json.loads(p.read_text()), source=f"docs/{p.name}") for p in runs)
     else:
         body = "No bench JSON is committed yet (`docs/bench.json`): the tables appear here once one is."
     return f"{head}{TABLES_BEGIN}\n\n{body.strip()}\n\n{TABLES_END}{tail}"
