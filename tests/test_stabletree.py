@@ -47,3 +47,38 @@ def test_known_nodes_keep_their_numbers_new_ones_come_after_and_changes_are_name
     again, more = renumber(stable, new)  # a second refresh with nothing new
     assert more.added == 0 and more.directories == []
     assert again.lookup(ROOT_INODE, hashes.to_hex(c_hash).encode()) == added
+
+
+def test_link_counts_that_change_are_named_and_a_gone_directory_keeps_a_parent(tmp_path: Path) -> None:
+    import json
+
+    from xetfs.storage.manifest import parse_manifest
+
+    rng = random.Random(4)
+    b = StoreBuilder(tmp_path)
+    a_hash = b.add_file(rng.randbytes(3000))
+    b.finish()
+    idx = _index(tmp_path)
+    entry = idx.get(a_hash)
+    assert entry is not None
+
+    def names(*paths: str) -> bytes:
+        rows = [{"type": "file", "path": p, "size": entry.size, "xetHash": hashes.to_hex(a_hash)} for p in paths]
+        return json.dumps(rows).encode()
+
+    old, _ = build_tree(idx, parse_manifest(names("a/x", "c/z"), source="old"))
+    new, _ = build_tree(idx, parse_manifest(names("a/x", "b/y"), source="new"))
+    gone_dir = old.lookup(ROOT_INODE, b"c")
+    file_before = old.lookup(old.lookup(ROOT_INODE, b"a").inode, b"x")  # type: ignore[union-attr]
+    assert gone_dir is not None and file_before is not None
+    stable, changes = renumber(old, new)
+    file_after = stable.lookup(stable.lookup(ROOT_INODE, b"b").inode, b"y")  # type: ignore[union-attr]
+    assert file_after is not None and file_after.inode == file_before.inode  # one file, one inode
+    assert stable.lookup(ROOT_INODE, b"c") is None
+    assert stable.get(gone_dir.inode) is not None  # an open handle still finds it by number
+    assert stable.parent_of(gone_dir.inode) == ROOT_INODE
+    assert (ROOT_INODE, b"c") in changes.entries and ROOT_INODE in changes.directories
+    once, _ = build_tree(idx, parse_manifest(names("a/x"), source="once"))
+    _, more = renumber(once, new)  # the file gains a name: its link count changes
+    node = once.lookup(once.lookup(ROOT_INODE, b"a").inode, b"x")  # type: ignore[union-attr]
+    assert node is not None and node.inode in more.attributes

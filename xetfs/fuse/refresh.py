@@ -131,7 +131,8 @@ async def _invalidate(changes: Changes) -> None:
     """Ask the kernel to forget what ``changes`` made wrong, without ever blocking the daemon's thread."""
     for parent, name in changes.entries:
         pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
-    inodes = [(inode, True) for inode in changes.directories] + [(inode, False) for inode in changes.contents]
+    inodes = [(inode, True) for inode in (*changes.directories, *changes.attributes)]
+    inodes += [(inode, False) for inode in changes.contents]
     if inodes:
         await trio.to_thread.run_sync(_forget, inodes, abandon_on_cancel=True)
 

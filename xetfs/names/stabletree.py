@@ -62,6 +62,7 @@ class Changes:
     directories: list[int] = field(default_factory=list)  # their entries changed: attributes to forget
     entries: list[tuple[int, bytes]] = field(default_factory=list)  # (directory, name): gone, or another inode
     contents: list[int] = field(default_factory=list)  # data files and symlinks whose bytes changed
+    attributes: list[int] = field(default_factory=list)  # other nodes whose attributes changed (link count, mtime)
     added: int = 0  # nodes the new tree has that the old one had not
 
 
@@ -102,7 +103,12 @@ class StableTree:
         return 0 if inner is None else self.inner.num_children(inner)
 
     def parent_of(self, inode: int) -> int:
-        return self._outer[self.inner.parent_of(self._inward[inode])]
+        inner = self._inward.get(inode)
+        if inner is None:  # a directory the tree no longer has, still open: the root is its parent now
+            if inode in self._gone:
+                return ROOT_INODE
+            raise KeyError(inode)
+        return self._outer[self.inner.parent_of(inner)]
 
     def is_dir(self, inode: int) -> bool:
         inner = self._inward.get(inode)
@@ -177,8 +183,11 @@ def renumber(old: TreeLike, new: TreeLike) -> tuple[StableTree, Changes]:
             changes.added += 1
         else:
             stable = known[0]
-            if node.kind in (Kind.DATA, Kind.SYMLINK) and node.data != known[1].data:
+            old_node = known[1]
+            if node.kind in (Kind.DATA, Kind.SYMLINK) and node.data != old_node.data:
                 changes.contents.append(stable)
+            elif (node.nlink, node.mtime_ns) != (old_node.nlink, old_node.mtime_ns):  # (a file named once more, say)
+                changes.attributes.append(stable)
         inward[stable], outer[inner] = inner, stable
     gone = {stable: node for key, (stable, node) in before.items() if key not in after and stable not in inward}
     if isinstance(old, StableTree):
