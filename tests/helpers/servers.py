@@ -95,7 +95,8 @@ class Server:
             _stop(self.proc)
 
 
-_NGINX_CONF = """
+# What every nginx of the tests has: one process, its files under {tmp}, a log of every request.
+_NGINX_HEAD = """
 daemon off;
 master_process off;
 worker_processes 1;
@@ -109,7 +110,9 @@ http {{
     fastcgi_temp_path {tmp}/fastcgi;
     uwsgi_temp_path {tmp}/uwsgi;
     scgi_temp_path {tmp}/scgi;
-    default_type application/octet-stream;
+"""
+
+_NGINX_CONF = _NGINX_HEAD + """    default_type application/octet-stream;
     sendfile on;
     server {{
         listen 127.0.0.1:{port};
@@ -134,21 +137,7 @@ def nginx(root: Path, *, token: str | None = None, port: int | None = None) -> I
         yield server
 
 
-_NGINX_BALANCER_CONF = """
-daemon off;
-master_process off;
-worker_processes 1;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log warn;
-events {{ worker_connections 512; }}
-http {{
-    access_log {tmp}/access.log;
-    client_body_temp_path {tmp}/body;
-    proxy_temp_path {tmp}/proxy;
-    fastcgi_temp_path {tmp}/fastcgi;
-    uwsgi_temp_path {tmp}/uwsgi;
-    scgi_temp_path {tmp}/scgi;
-    log_format cached '$request_method $uri $status $upstream_cache_status';
+_NGINX_BALANCER_CONF = _NGINX_HEAD + """    log_format cached '$request_method $uri $status $upstream_cache_status';
     proxy_cache_path {tmp}/cache keys_zone=xorbs:8m;
     upstream backends {{ {servers} }}
     server {{
