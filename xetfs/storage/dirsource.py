@@ -67,7 +67,8 @@ class DirSource:
     # -- ObjectSource --------------------------------------------------------
 
     def local_path(self, name: str) -> str | None:
-        return str(self.top / name) if name else str(self.top)
+        # (a string join, not a Path: every read of a local store asks, and pathlib costs microseconds)
+        return f"{self.location}/{name}" if name else self.location
 
     def worker_setup(self) -> tuple[str, RemoteOptions] | None:
         return None
