@@ -296,14 +296,22 @@ def _read_in_place(fd: int, run: ChunkRun, out: memoryview, base: int = 0) -> bo
 def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> None:
     """Answer jobs until ``jobs_fd`` closes.
 
-    A thread reads the jobs as they come and starts the fetches of remote
-    ones; this thread decodes them in order and writes the results.
+    For a remote store, a thread reads the jobs as they come and starts the
+    fetches of remote ones; this thread decodes them in order and writes the
+    results.  For a local store, this thread does it all, one job after the
+    other: a hand-over between threads costs more than a local read.
     """
     setup = read_frame(jobs_fd)
     if not isinstance(setup, Setup):
         return
     worker = Worker(shared, slot_size, setup)
-    fetcher = ThreadPoolExecutor(WORKER_FETCHES) if worker.source is not None else None
+    if worker.source is None:
+        while (job := read_frame(jobs_fd)) is not None:
+            assert isinstance(job, DecodeJob | LayoutJob)
+            done = worker.load_layout(job) if isinstance(job, LayoutJob) else worker.decode(job, None)
+            os.write(results_fd, encode_frame(done))
+        return
+    fetcher = ThreadPoolExecutor(WORKER_FETCHES)
     jobs: queue.Queue[tuple[Job, Future[Buffer | XetfsError] | None] | None] = queue.Queue()
 
     def receive() -> None:
@@ -311,7 +319,7 @@ def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> 
             while (job := read_frame(jobs_fd)) is not None:
                 assert isinstance(job, DecodeJob | LayoutJob)
                 future = None
-                if isinstance(job, DecodeJob) and job.source.path is None and fetcher is not None:
+                if isinstance(job, DecodeJob) and job.source.path is None:
                     future = fetcher.submit(worker.fetch, job)
                 jobs.put((job, future))
         finally:
