@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import NamedTuple
@@ -313,6 +313,20 @@ def decode_chunks_into(
         pos += size
         sizes.append(size)
     return sizes
+
+
+def decode_runs_into(
+    data: Buffer, xorb_hash: bytes, runs: Sequence[tuple[ChunkRun, memoryview]]
+) -> list[list[int | XetfsError]]:
+    """``decode_chunks_into`` for adjacent runs read in one piece, each into its own ``out``.
+
+    ``data`` starts at the first run's first chunk header.  Returns, per run,
+    per chunk, its decoded length or the error that stopped it.
+    """
+    view = memoryview(data)
+    base = runs[0][0].phys[0] if runs else 0
+    return [decode_chunks_into(view[run.phys[0] - base : run.phys[-1] - base], xorb_hash, run.specs(), out)
+            for run, out in runs]  # fmt: skip
 
 
 def check_in_place(headers: Buffer, run: ChunkRun, out: memoryview) -> bool:

@@ -49,7 +49,7 @@ from xetfs.base.malloc import keep_freed_memory
 from xetfs.base.settings import MAX_OPEN_FILES, WORKER_FETCHES
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.chunk import HEADER_SIZE, Buffer
-from xetfs.format.xorb import ChunkRun, XorbLayout, check_in_place, decode_chunks_into
+from xetfs.format.xorb import ChunkRun, XorbLayout, check_in_place, decode_chunks_into, decode_runs_into
 from xetfs.storage.objects import ObjectSource, RemoteOptions
 from xetfs.storage.store import ChunkSource, OpenFiles, open_xorb, read_chunk_run, read_layout
 
@@ -218,13 +218,8 @@ class Worker:
             failed = [list[int | WorkerError]([WorkerError.of(fetched)] * (len(p.chunks.phys) - 1)) for p in job.parts]
             return Decoded(job.job_id, failed, 0, self._fetched(), 0)
         view = memoryview(fetched)
-        base = job.parts[0].chunks.phys[0]
-        out: list[list[int | WorkerError]] = []
-        for part in job.parts:
-            run = part.chunks
-            data = view[run.phys[0] - base : run.phys[-1] - base]
-            decoded = decode_chunks_into(data, job.xorb_hash, run.specs(), self._slot(part.slot))
-            out.append([WorkerError.of(s) if isinstance(s, XetfsError) else s for s in decoded])
+        decoded = decode_runs_into(view, job.xorb_hash, [(part.chunks, self._slot(part.slot)) for part in job.parts])
+        out = [[WorkerError.of(s) if isinstance(s, XetfsError) else s for s in sizes] for sizes in decoded]
         cached: int | tuple[int, str] = 0
         if src.cache_to and self.cache_tmp is not None and all(isinstance(s, int) for p in out for s in p):
             from xetfs.storage.chunkcache import write_entry

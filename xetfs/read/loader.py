@@ -31,7 +31,7 @@ from xetfs.base.errors import StoreTimeoutError, XetfsError
 from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES, STORE_READ_THREADS, WORKER_FETCHES
 from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.format.chunk import Buffer
-from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_chunks_into
+from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_runs_into
 from xetfs.read.decode_worker import Fetched
 from xetfs.read.pool import DecodePool, WorkerLost
 from xetfs.read.runs import Loaded, Run, RunStore
@@ -202,15 +202,13 @@ class Loader:
         if sizes is None:  # no worker ready yet, or it was lost: decode here, into the slots
             try:
                 data = await self._read(src, xorb_hash, layout, first, stop)
-                base, view = layout.phys_start(first), memoryview(data)
-                sizes = [decode_chunks_into(view[run.phys[0] - base : run.phys[-1] - base], xorb_hash, run.specs(),
-                                            pool.view(slot, run.unpacked[-1] - run.unpacked[0]))
-                         for slot, run in jobs]  # fmt: skip
+                outs = [(run, pool.view(slot, run.unpacked[-1] - run.unpacked[0])) for slot, run in jobs]
+                sizes = decode_runs_into(data, xorb_hash, outs)
             except BaseException:
                 for slot in slots:
                     pool.free_slot(slot)
                 raise
-            self._count(len(view), [s for part in sizes for s in part])
+            self._count(len(memoryview(data)), [s for part in sizes for s in part])
             if all(isinstance(s, int) for part in sizes for s in part):
                 self._keep(src, xorb_hash, first, stop, data)
         out = Loaded([], {})
