@@ -538,18 +538,28 @@ def _pack(src: list[Path], store: Path, cache_dir: Path, *extra: str) -> None:
         raise RuntimeError(f"xetfs pack into {store} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
 
 
-def small_files(data_dir: Path, count: int) -> PackedDir:
-    """``count`` files of ``SMALL_MIN``-``SMALL_MAX`` bytes (text-like and random, alternately) in one
-    directory, and the store ``xetfs pack`` writes of it; built on first use."""
-    root = data_dir / "data" / f"small{count}-v{DATA_VERSION}"
+def _packed_once(root: Path, build: Callable[[Path], dict[str, Any]]) -> PackedDir:
+    """The packed directory at ``root``: ``build(root / "files")`` writes the files and packs them into
+    ``root / "store"`` the first time, and returns its ``meta.json`` (``names`` and ``bytes`` at least)."""
     meta_path = root / "meta.json"
     if not meta_path.exists():
-        import numpy as np
-
         if root.exists():
             shutil.rmtree(root)
         files = root / "files"
         files.mkdir(parents=True)
+        meta_path.write_text(json.dumps(build(files)))
+    meta = json.loads(meta_path.read_text())
+    return PackedDir(root, root / "files", root / "store", tuple(meta["names"]), meta["bytes"])
+
+
+def small_files(data_dir: Path, count: int) -> PackedDir:
+    """``count`` files of ``SMALL_MIN``-``SMALL_MAX`` bytes (text-like and random, alternately) in one
+    directory, and the store ``xetfs pack`` writes of it; built on first use."""
+    root = data_dir / "data" / f"small{count}-v{DATA_VERSION}"
+
+    def build(files: Path) -> dict[str, Any]:
+        import numpy as np
+
         log(f"building {count:,} small files and their store in {root} (once)")
         t0 = time.monotonic()
         rng = np.random.default_rng(10)
@@ -566,25 +576,20 @@ def small_files(data_dir: Path, count: int) -> PackedDir:
             names.append(name)
         _pack([files], root / "store", root / "hf_xet-cache")
         total = sum((files / n).stat().st_size for n in names)
-        took = round(time.monotonic() - t0, 1)
-        meta_path.write_text(json.dumps({"names": names, "bytes": total, "build_seconds": took}))
-    meta = json.loads(meta_path.read_text())
-    return PackedDir(root, root / "files", root / "store", tuple(meta["names"]), meta["bytes"])
+        return {"names": names, "bytes": total, "build_seconds": round(time.monotonic() - t0, 1)}
+
+    return _packed_once(root, build)
 
 
 def repo_store(data_dir: Path, ds: Dataset, repo: str) -> PackedDir:
     """The main file of ``ds`` (as ``data.bin``) packed as the ``main`` revision of Hub repo ``repo``: a store
     that ``xetfs serve`` serves; built on first use (the file is hard-linked, not copied)."""
     root = data_dir / "data" / f"repo-{ds.kind}-{ds.main.size}-v{DATA_VERSION}"
-    meta_path = root / "meta.json"
-    if not meta_path.exists():
-        if root.exists():
-            shutil.rmtree(root)
-        files = root / "files"
-        files.mkdir(parents=True)
+
+    def build(files: Path) -> dict[str, Any]:
         os.link(ds.main.path, files / "data.bin")
         log(f"packing {ds.kind} as the repo {repo} in {root} (once)")
         _pack([files], root / "store", root / "hf_xet-cache", "--repo", repo)
-        meta_path.write_text(json.dumps({"names": ["data.bin"], "bytes": ds.main.size, "repo": repo}))
-    meta = json.loads(meta_path.read_text())
-    return PackedDir(root, root / "files", root / "store", tuple(meta["names"]), meta["bytes"])
+        return {"names": ["data.bin"], "bytes": ds.main.size, "repo": repo}
+
+    return _packed_once(root, build)
