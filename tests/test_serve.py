@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,9 @@ from urllib.parse import urlsplit
 
 import pytest
 from helpers import hub_cache
+from helpers.mounting import wait_until
 from helpers.oracle import REPO_ROOT, hf_xet_env
+from helpers.processes import children, state
 from helpers.servers import S3_ENV, Server, free_port, moto_s3, nginx_balancer, upload_dir, xetfs_serve
 
 from xetfs.base import hashes
@@ -76,7 +79,9 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
 
 @pytest.fixture(scope="module")
 def server(packed: Packed) -> Iterator[Server]:
-    with xetfs_serve(packed.store, "--tree-page-size", PAGE, "--max-fetch", MAX_FETCH) as s:
+    # Two server processes on one port, whatever the cores: every test below also shows that no request
+    # depends on which process answered an earlier one.
+    with xetfs_serve(packed.store, "--tree-page-size", PAGE, "--max-fetch", MAX_FETCH, "--workers", "2") as s:
         yield s
 
 
@@ -504,11 +509,46 @@ def test_two_processes_behind_a_caching_load_balancer(packed: Packed, tmp_path: 
 
 
 def test_serve_listens_on_loopback_and_refuses_a_missing_store(server: Server, tmp_path: Path) -> None:
-    assert f"(listening on http://127.0.0.1:{server.port})" in log_of(server)
+    assert f"(listening on http://127.0.0.1:{server.port}; 2 server processes)" in log_of(server)
     missing = tmp_path / "none"
-    proc = subprocess.run([sys.executable, "-m", "xetfs", "serve", str(missing), "--port", str(free_port())],
-                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=60, check=False)  # fmt: skip
-    assert (proc.returncode, proc.stderr) == (1, f"xetfs: error: store {missing}: no such directory\n")
+    for workers in ("1", "3"):  # one error line, however many processes would have served
+        proc = subprocess.run([sys.executable, "-m", "xetfs", "serve", str(missing), "--port", str(free_port()),
+                               "--workers", workers], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
+                              check=False)  # fmt: skip
+        assert (proc.returncode, proc.stderr) == (1, f"xetfs: error: store {missing}: no such directory\n")
+
+
+def _workers_of(server: Server, count: int) -> list[int]:
+    """The server processes under ``server``'s parent, once all ``count`` are there."""
+    assert server.proc is not None
+    pid = server.proc.pid
+    wait_until(lambda: len(children(pid)) == count, 60, f"{count} server processes under {pid}: {children(pid)}")
+    return children(pid)
+
+
+def test_server_processes_answer_on_one_port_and_stop_together(packed: Packed) -> None:
+    with xetfs_serve(packed.store, "--workers", "3") as server:
+        workers = _workers_of(server, 3)
+        for _ in range(12):  # a connection each: whichever process takes it, the same answer
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+            conn.request("GET", f"/api/models/{MODEL}/revision/main")
+            resp = conn.getresponse()
+            assert resp.status == 200 and json.loads(resp.read())["sha"], resp.status
+            conn.close()
+        assert server.proc is not None
+        server.proc.terminate()
+        assert server.proc.wait(30) == 0, log_of(server)
+        wait_until(lambda: all(state(pid) in (None, "Z") for pid in workers), 30, f"workers {workers} ended")
+
+
+def test_a_killed_server_process_stops_the_others_with_an_error(packed: Packed) -> None:
+    with xetfs_serve(packed.store, "--workers", "2") as server:
+        first, second = _workers_of(server, 2)
+        os.kill(second, signal.SIGKILL)
+        assert server.proc is not None
+        assert server.proc.wait(30) == 128 + signal.SIGKILL
+        wait_until(lambda: state(first) in (None, "Z"), 30, f"worker {first} ended")
+        assert "server process 1 was killed by SIGKILL; stopping the others" in log_of(server)
 
 
 def test_damage_past_the_first_block_cuts_a_plain_download_short(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 from helpers import writer
 
 from xetfs.base import hashes
-from xetfs.base.errors import XorbFormatError
+from xetfs.base.errors import XetfsError, XorbFormatError
 from xetfs.format import xorb
 from xetfs.format.xorb import XorbLayout, footer_length, parse_footer, walk_headers
 
@@ -463,3 +463,21 @@ def test_check_in_place_of_raw_chunks_checks_every_hash() -> None:
     damaged[700] ^= 1
     assert not xorb.check_in_place(headers, run, damaged)
     assert xorb.check_in_place(headers, run._replace(hashes=None), damaged)
+
+
+@pytest.mark.parametrize("scheme", [0, 1, 2])
+def test_check_run_names_just_the_chunks_that_fail(scheme: int) -> None:
+    """``check_run`` agrees with ``decode_run`` chunk by chunk: None where it decodes to its bytes, the same
+    error where it does not, and a damaged chunk does not stop the check of the others."""
+    chunks = _chunks(6, seed=scheme + 40)
+    built = writer.pack_xorb(chunks, [scheme] * 6)
+    layout = _parse(built.data)
+    data = bytearray(built.data[: built.phys_ends[-1]])
+    assert xorb.check_run(data, layout.xorb_hash, layout, 0, 6) == [None] * 6
+    assert xorb.decode_run(data, layout.xorb_hash, layout, 0, 6, verify=True) == chunks
+    data[built.phys_ends[2] - 1] ^= 0x40  # the last stored byte of chunk 2
+    tail = data[built.phys_start(1) :]  # the bytes of chunks [1, 6), read from chunk 1 on
+    found = xorb.check_run(tail, layout.xorb_hash, layout, 1, 5)
+    assert found[0] is None and found[2:] == [None, None]
+    expected = xorb.decode_run(tail, layout.xorb_hash, layout, 1, 5, verify=True)[1]
+    assert isinstance(found[1], XetfsError) and str(found[1]) == str(expected), found

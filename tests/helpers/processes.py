@@ -1,4 +1,4 @@
-"""Kill a child process at a point of its progress, not after a time.
+"""Processes in tests: kill a child at a point of its progress (not after a time), list a process's children.
 
 The process runs in slices of about a millisecond (SIGCONT, then SIGSTOP), and its progress is
 measured while it is stopped, so it is killed where chosen however fast or slow the machine is.
@@ -45,3 +45,19 @@ def kill_when(proc: subprocess.Popen[bytes], reached: Callable[[], bool], deadli
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def children(pid: int) -> list[int]:
+    """The pids of the live child processes of ``pid`` (from /proc; exited ones not counted)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry.name))
+    return sorted(found)

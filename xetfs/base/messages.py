@@ -29,6 +29,11 @@ def print_warning(message: str) -> None:
     print(f"xetfs: warning: {message}", file=sys.stderr)
 
 
+def print_error(message: str) -> None:
+    """Write ``xetfs: error: MESSAGE`` on stderr."""
+    print(f"xetfs: error: {message}", file=sys.stderr)
+
+
 class UserFormatter(logging.Formatter):
     """Log records as ``xetfs: LEVEL: message`` with the level in lower case, as ``print_warning`` writes them."""
 

@@ -9,6 +9,8 @@ stay with the code that parses them.  Sizes are in bytes, times in seconds.
 
 from __future__ import annotations
 
+import os
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -97,6 +99,8 @@ SERVE_PORT = 8080
 SERVE_TOKEN_TTL = 3600  # seconds a Xet access token lives
 SERVE_URL_TTL = 3600  # seconds a signed xorb-range URL lives
 SERVE_MAX_FETCH = 8 * MiB  # serialized bytes of a xorb range in a reconstruction answer
-SERVE_CHECKS = 8  # xorb ranges read and checked at the same time
+SERVE_CHECKS = 8  # xorb ranges read and checked at the same time, per server process
+SERVE_WORKERS_MAX = 4  # --workers default: one server process per core, at most this many
+SERVE_WORKERS = max(1, min(len(os.sched_getaffinity(0)), SERVE_WORKERS_MAX))
 SERVE_TREE_PAGE = 1000  # entries per page of a tree listing, as the Hub
 SERVE_RESCAN = 2.0  # a local store is looked at for new packs at most this often

@@ -23,7 +23,7 @@ from xetfs import __version__
 from xetfs.base import hashes
 from xetfs.base.errors import XetfsError, describe
 from xetfs.base.exitstatus import ExitStatus
-from xetfs.base.messages import UserFormatter, plural, print_warning
+from xetfs.base.messages import UserFormatter, plural, print_error, print_warning
 from xetfs.base.settings import CAT_BLOCK, CAT_CACHE_SIZE
 from xetfs.commands.args import UsageError, parse_size
 from xetfs.read.reader import Reader
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (XetfsError, OSError, UsageError) as exc:
         if args.debug:
             raise
-        print(f"xetfs: error: {describe(exc)}", file=sys.stderr)
+        print_error(describe(exc))
         return EXIT_USAGE if isinstance(exc, UsageError) else EXIT_ERROR
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -20,6 +21,8 @@ import trio
 
 from xetfs.base import settings
 from xetfs.base.errors import XetfsError
+from xetfs.base.malloc import keep_freed_memory
+from xetfs.base.messages import plural
 
 log = logging.getLogger("xetfs.serve")
 
@@ -52,8 +55,8 @@ def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
                    help="require one of the tokens in FILE (one a line) as 'Authorization: Bearer' on the "
                         "Hub routes and the Xet token route")  # fmt: skip
     p.add_argument("--key-file", type=Path, metavar="FILE",
-                   help="key that signs Xet tokens and xorb URLs, created if missing; give every process "
-                        "behind one address the same file (default: a key for this process only)")  # fmt: skip
+                   help="key that signs Xet tokens and xorb URLs, created if missing; give every server "
+                        "behind one address the same file (default: a key for this server only)")  # fmt: skip
     p.add_argument("--token-ttl", type=int, default=settings.SERVE_TOKEN_TTL, metavar="SECONDS",
                    help=f"lifetime of a Xet access token (default {settings.SERVE_TOKEN_TTL}; clients renew a "
                         "token 60 s before it expires, so one of 120 or less is renewed at every use)")  # fmt: skip
@@ -64,6 +67,9 @@ def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
                         f"checked (default {size_text(settings.SERVE_MAX_FETCH)})")  # fmt: skip
     p.add_argument("--checks", type=int, default=settings.SERVE_CHECKS, metavar="N",
                    help=f"xorb ranges read and checked at the same time (default {settings.SERVE_CHECKS})")  # fmt: skip
+    p.add_argument("--workers", type=int, default=settings.SERVE_WORKERS, metavar="N",
+                   help="server processes on the one address; each checks xorb ranges on a core of its own "
+                        f"(default: one per core, at most {settings.SERVE_WORKERS_MAX})")  # fmt: skip
     p.add_argument("--tree-page-size", type=int, default=settings.SERVE_TREE_PAGE, metavar="N",
                    help="entries per page of a tree listing "
                         f"(default {settings.SERVE_TREE_PAGE}, as the Hub)")  # fmt: skip
@@ -102,10 +108,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from xetfs.serve.app import build_app
     from xetfs.serve.common import Settings, State
     from xetfs.serve.contents import Contents
+    from xetfs.serve.processes import listen, run_workers
     from xetfs.serve.signing import Signer, load_key
 
-    if min(args.token_ttl, args.url_ttl) < 10 or min(args.tree_page_size, args.checks, args.max_fetch) < 1:
-        raise UsageError("--token-ttl and --url-ttl: at least 10; --tree-page-size, --checks, --max-fetch: at least 1")
+    if min(args.token_ttl, args.url_ttl) < 10 or min(args.tree_page_size, args.checks, args.max_fetch,
+                                                      args.workers) < 1:  # fmt: skip
+        raise UsageError("--token-ttl and --url-ttl: at least 10; --tree-page-size, --checks, --max-fetch, "
+                         "--workers: at least 1")  # fmt: skip
     public_url = (args.public_url or _default_url(args.host, args.port)).rstrip("/")
     if not public_url.startswith(("http://", "https://")):
         raise UsageError(f"--public-url {public_url!r}: not an http(s) URL")
@@ -114,37 +123,43 @@ def cmd_serve(args: argparse.Namespace) -> int:
     tokens = UserTokens(args.token_file) if args.token_file else None
     signer = Signer(load_key(args.key_file))
 
-    contents = Contents(args.store, lambda _: open_location(args), rescan=args.rescan, io_timeout=args.io_timeout)
-    config = Config()
-    config.bind = [_bind(args.host, args.port)]
-    config.accesslog = None  # the application logs each request, without queries or headers
-    config.errorlog = logging.getLogger("xetfs.serve.http")
-    config.keep_alive_timeout = 75
-
-    async def run() -> None:
-        state = State(settings, contents, signer, tokens)
-        app = build_app(state)
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-
-            async def stop() -> None:
-                async for signum in signals:
-                    log.info("%s: stopping", signal.Signals(signum).name)
-                    return
-
-            async with trio.open_nursery() as nursery:
-                binds = await nursery.start(partial(serve, app, config, shutdown_trigger=stop))  # type: ignore[arg-type]
-                snap = await contents.snapshot()
-                print(f"xetfs: serving {len(snap.catalogue.repos)} repos, {len(snap.index)} files at {public_url} "
-                      f"(listening on {', '.join(binds)})", file=sys.stderr, flush=True)  # fmt: skip
-
     try:
-        trio.run(run)
-    except BaseExceptionGroup as group:  # (a nursery's errors come grouped)
-        found = group.subgroup(OSError)
-        if found is None:
-            raise
-        exc = found.exceptions[0]
-        while isinstance(exc, BaseExceptionGroup):
-            exc = exc.exceptions[0]
+        sock = listen(args.host, args.port)
+    except OSError as exc:
         raise XetfsError(f"cannot listen on {_bind(args.host, args.port)}: {exc}") from None
-    return 0
+
+    banner = f"{public_url} (listening on http://{_bind(args.host, sock.getsockname()[1])}; " + plural(
+        args.workers, "server process", "server processes") + ")"  # fmt: skip
+
+    def work(worker: int, ready: Callable[[], None]) -> int:
+        keep_freed_memory()  # (as the mount daemon: buffers of a xorb range are reused, not mapped afresh)
+        contents = Contents(args.store, lambda _: open_location(args), rescan=args.rescan, io_timeout=args.io_timeout)
+        config = Config()
+        config.bind = [f"fd://{os.dup(sock.fileno())}"]  # (hypercorn closes the socket it is given)
+        config.accesslog = None  # the application logs each request, without queries or headers
+        config.errorlog = logging.getLogger("xetfs.serve.http")
+        config.keep_alive_timeout = 75
+
+        async def run() -> None:
+            state = State(settings, contents, signer, tokens)
+            app = build_app(state)
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+
+                async def stop() -> None:
+                    async for signum in signals:
+                        log.info("%s: stopping", signal.Signals(signum).name)
+                        return
+
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(partial(serve, app, config, shutdown_trigger=stop))  # type: ignore[arg-type]
+                    if worker == 0:
+                        snap = await contents.snapshot()
+                        print(f"xetfs: serving {len(snap.catalogue.repos)} repos, {len(snap.index)} files at {banner}",
+                              file=sys.stderr, flush=True)  # fmt: skip
+                    ready()
+
+        trio.run(run)
+        return 0
+
+    with sock:
+        return run_workers(args.workers, work)

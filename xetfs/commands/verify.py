@@ -31,7 +31,7 @@ from xetfs.base.errors import XetfsError
 from xetfs.base.messages import plural
 from xetfs.base.settings import VERIFY_BLOCK, VERIFY_CACHE_SIZE
 from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
-from xetfs.format.xorb import XorbLayout, decode_run
+from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.read.reader import Reader
 from xetfs.storage.catalogue import Catalogue, Content
 from xetfs.storage.index import EMPTY_SHA256, Index
@@ -150,29 +150,27 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
         try:
             data = a.store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
         except XetfsError:
-            outcomes = [_check_chunk(a, xorb_hash, layout, i) for i in range(start, stop)]
+            problems = [_check_chunk(a, xorb_hash, layout, i) for i in range(start, stop)]
         else:
-            outcomes = list(decode_run(data, xorb_hash, layout, start, stop, verify=True))
-        for i, outcome in enumerate(outcomes, start):
+            problems = check_run(data, xorb_hash, layout, start, stop)
+        for i, problem in enumerate(problems, start):
             a.progress.update(layout.phys_ends[i] - layout.phys_start(i))
-            if isinstance(outcome, XetfsError):
-                a.problem(str(outcome))
+            if problem is not None:
+                a.problem(str(problem))
                 a.bad_chunks.setdefault(xorb_hash, set()).add(i)
             else:
                 a.report.chunks += 1
         start = stop
 
 
-def _check_chunk(a: _Audit, xorb_hash: bytes, layout: XorbLayout, i: int) -> bytes | XetfsError:
-    """Chunk ``i`` decoded and checked on its own: its bytes, or the error that stopped it."""
+def _check_chunk(a: _Audit, xorb_hash: bytes, layout: XorbLayout, i: int) -> XetfsError | None:
+    """Chunk ``i`` read and checked on its own: None, or the error that stopped it."""
     try:
-        (outcome,) = decode_run(
-            a.store.read_xorb(xorb_hash, layout.phys_start(i), layout.phys_ends[i]), xorb_hash, layout, i, i + 1,
-            verify=True,
-        )  # fmt: skip
+        (problem,) = check_run(a.store.read_xorb(xorb_hash, layout.phys_start(i), layout.phys_ends[i]), xorb_hash,
+                               layout, i, i + 1)  # fmt: skip
     except XetfsError as exc:  # the read itself failed
         return exc
-    return outcome
+    return problem
 
 
 def _check_cas(a: _Audit, cas: CasRecord) -> None:

@@ -275,6 +275,17 @@ def decode_run(
     return [c if isinstance(c, XetfsError) else bytes(c) for c in decode_chunks(data, xorb_hash, specs)]
 
 
+def check_run(data: Buffer, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> list[XetfsError | None]:
+    """Check chunks ``[start, stop)`` in ``data`` (their physical bytes, read in one piece), keeping nothing.
+
+    Per chunk, None when its header matches the layout and it decodes to its
+    hash, else its error.  ``decode_run`` with ``verify``, without copying a
+    raw chunk's bytes out of ``data``.
+    """
+    specs = chunk_run(layout, start, stop, verify=True).specs()
+    return [c if isinstance(c, XetfsError) else None for c in decode_chunks(data, xorb_hash, specs)]
+
+
 def decode_chunks(data: Buffer, xorb_hash: bytes, specs: list[ChunkSpec]) -> list[Buffer | XetfsError]:
     """Decode the chunks ``specs`` describes from ``data``, their physical bytes read in one piece.
 

@@ -7,7 +7,7 @@ Xet hash), ``terms`` (its terms), ``chunks`` (the serialized bytes of chunks
 hash before they are returned) and ``read`` (decoded, verified bytes of a
 file, from ``Reader``).  Nothing here is copied from the mount: layouts and
 file reads come from ``Reader``, raw chunks from the store's
-``read_chunks`` and the checks from ``format.xorb.decode_run``.
+``read_chunks`` and the checks from ``format.xorb.check_run``.
 
 ``Contents`` holds the current snapshot and replaces it when the store
 changes (a pack added shards or rewrote the catalogue), so new repos appear
@@ -31,7 +31,7 @@ import trio
 from xetfs.base import hashes
 from xetfs.base.errors import XetfsError
 from xetfs.base.settings import IO_TIMEOUT, SERVE_CACHE_SIZE, SERVE_RESCAN
-from xetfs.format.xorb import decode_run
+from xetfs.format.xorb import check_run
 from xetfs.read.loader import threaded_io
 from xetfs.read.reader import Reader
 from xetfs.serve.reconstruction import Term
@@ -75,9 +75,9 @@ class Snapshot:
 
         def read_and_check() -> bytes:
             data = store.read_chunks(xorb, start, end, first, stop)
-            for outcome in decode_run(data, xorb, layout, first, stop, verify=True):
-                if isinstance(outcome, XetfsError):
-                    raise outcome
+            for problem in check_run(data, xorb, layout, first, stop):
+                if problem is not None:
+                    raise problem
             return data if isinstance(data, bytes) else bytes(data)  # (a remote store's bytes come as a view)
 
         return await trio.to_thread.run_sync(read_and_check)
