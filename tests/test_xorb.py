@@ -473,11 +473,11 @@ def test_check_run_names_just_the_chunks_that_fail(scheme: int) -> None:
     built = writer.pack_xorb(chunks, [scheme] * 6)
     layout = _parse(built.data)
     data = bytearray(built.data[: built.phys_ends[-1]])
-    assert xorb.check_run(data, layout.xorb_hash, layout, 0, 6) == [None] * 6
-    assert xorb.decode_run(data, layout.xorb_hash, layout, 0, 6, verify=True) == chunks
+    assert xorb.check_run(data, built.xorb_hash, layout, 0, 6) == [None] * 6
+    assert xorb.decode_run(data, built.xorb_hash, layout, 0, 6, verify=True) == chunks
     data[built.phys_ends[2] - 1] ^= 0x40  # the last stored byte of chunk 2
     tail = data[built.phys_start(1) :]  # the bytes of chunks [1, 6), read from chunk 1 on
-    found = xorb.check_run(tail, layout.xorb_hash, layout, 1, 5)
+    found = xorb.check_run(tail, built.xorb_hash, layout, 1, 5)
     assert found[0] is None and found[2:] == [None, None]
-    expected = xorb.decode_run(tail, layout.xorb_hash, layout, 1, 5, verify=True)[1]
+    expected = xorb.decode_run(tail, built.xorb_hash, layout, 1, 5, verify=True)[1]
     assert isinstance(found[1], XetfsError) and str(found[1]) == str(expected), found
