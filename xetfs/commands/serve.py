@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import logging
-import os
-import signal
 import sys
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
-
-import trio
 
 from xetfs.base import settings
 from xetfs.base.errors import XetfsError
 from xetfs.base.malloc import keep_freed_memory
 from xetfs.base.messages import plural
-
-log = logging.getLogger("xetfs.serve")
 
 DESCRIPTION = """\
 Serve a store as an offline Hugging Face endpoint.  Point HF_ENDPOINT at the
@@ -99,13 +91,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from xetfs.commands.args import UsageError
 
     try:
-        from hypercorn.config import Config
-        from hypercorn.trio import serve
+        import hypercorn  # noqa: F401
+        import starlette  # noqa: F401
     except ImportError:
         raise UsageError("xetfs serve needs its extra: pip install 'xetfs[serve]'") from None
     from xetfs.commands.args import open_location
     from xetfs.serve.access import UserTokens
-    from xetfs.serve.app import build_app
+    from xetfs.serve.app import serve_on
     from xetfs.serve.common import Settings, State
     from xetfs.serve.contents import Contents
     from xetfs.serve.processes import listen, run_workers
@@ -122,43 +114,26 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_fetch=args.max_fetch, checks_at_once=args.checks)  # fmt: skip
     tokens = UserTokens(args.token_file) if args.token_file else None
     signer = Signer(load_key(args.key_file))
-
     try:
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise XetfsError(f"cannot listen on {_bind(args.host, args.port)}: {exc}") from None
-
-    banner = f"{public_url} (listening on http://{_bind(args.host, sock.getsockname()[1])}; " + plural(
+    where = f"{public_url} (listening on http://{_bind(args.host, sock.getsockname()[1])}; " + plural(
         args.workers, "server process", "server processes") + ")"  # fmt: skip
 
     def work(worker: int, ready: Callable[[], None]) -> int:
+        """One server process: opens the store, serves until told to stop."""
         keep_freed_memory()  # (as the mount daemon: buffers of a xorb range are reused, not mapped afresh)
         contents = Contents(args.store, lambda _: open_location(args), rescan=args.rescan, io_timeout=args.io_timeout)
-        config = Config()
-        config.bind = [f"fd://{os.dup(sock.fileno())}"]  # (hypercorn closes the socket it is given)
-        config.accesslog = None  # the application logs each request, without queries or headers
-        config.errorlog = logging.getLogger("xetfs.serve.http")
-        config.keep_alive_timeout = 75
 
-        async def run() -> None:
-            state = State(settings, contents, signer, tokens)
-            app = build_app(state)
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async def started() -> None:
+            if worker == 0:
+                snap = await contents.snapshot()
+                print(f"xetfs: serving {len(snap.catalogue.repos)} repos, {len(snap.index)} files at {where}",
+                      file=sys.stderr, flush=True)  # fmt: skip
+            ready()
 
-                async def stop() -> None:
-                    async for signum in signals:
-                        log.info("%s: stopping", signal.Signals(signum).name)
-                        return
-
-                async with trio.open_nursery() as nursery:
-                    await nursery.start(partial(serve, app, config, shutdown_trigger=stop))  # type: ignore[arg-type]
-                    if worker == 0:
-                        snap = await contents.snapshot()
-                        print(f"xetfs: serving {len(snap.catalogue.repos)} repos, {len(snap.index)} files at {banner}",
-                              file=sys.stderr, flush=True)  # fmt: skip
-                    ready()
-
-        trio.run(run)
+        serve_on(sock, State(settings, contents, signer, tokens), started=started)
         return 0
 
     with sock:

@@ -1,4 +1,5 @@
-"""The ASGI application: the routes of ``hubapi`` and ``cas``, a health route, and the request log.
+"""The ASGI application (the routes of ``hubapi`` and ``cas``, a health route, the request log), and
+``serve_on``, which runs it under hypercorn on trio in one server process.
 
 The log has one line per request at level INFO: method, path (never the
 query, which holds URL signatures), status and time.  Headers are not
@@ -9,9 +10,15 @@ logged, so neither are tokens.  A path that is not UTF-8 once decoded gets
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import socket
 import time
+from collections.abc import Awaitable, Callable
+from functools import partial
 from urllib.parse import unquote
 
+import trio
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -44,6 +51,34 @@ def build_app(state: State) -> ASGIApp:
     app = Starlette(routes=routes)
     app.state.serve = state
     return _Logged(_BadPaths(app))
+
+
+def serve_on(sock: socket.socket, state: State, *, started: Callable[[], Awaitable[None]]) -> None:
+    """Serve ``state`` on the bound socket ``sock`` until SIGTERM or SIGINT; ``started()`` runs once
+    the server listens."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = [f"fd://{os.dup(sock.fileno())}"]  # (hypercorn closes the socket it is given)
+    config.accesslog = None  # the application logs each request, without queries or headers
+    config.errorlog = logging.getLogger("xetfs.serve.http")
+    config.keep_alive_timeout = 75
+    app = build_app(state)
+
+    async def run() -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+
+            async def stop() -> None:
+                async for signum in signals:
+                    log.info("%s: stopping", signal.Signals(signum).name)
+                    return
+
+            async with trio.open_nursery() as nursery:
+                await nursery.start(partial(serve, app, config, shutdown_trigger=stop))  # type: ignore[arg-type]
+                await started()
+
+    trio.run(run)
 
 
 class _BadPaths:
