@@ -34,6 +34,7 @@ from xetfs.serve import hub
 from xetfs.serve.common import BadRange, State, byte_range, error, raw_path, read_error, segments, unauthorized
 from xetfs.serve.contents import Snapshot
 from xetfs.storage.catalogue import Repo
+from xetfs.storage.index import FileEntry
 
 log = logging.getLogger("xetfs.serve")
 
@@ -121,6 +122,11 @@ async def resolve(request: Request) -> Response:
         headers.update({"X-Xet-Hash": entry.hex, "X-Xet-Refresh-Route": route, "Link": f'<{route}>; rel="xet-auth"'})
     if _matches(request.headers.get("if-none-match"), file.blob):  # a cache checking its copy: still good
         return Response(None, 304, headers)
+    return await _send(request, found.snap, entry, headers, f"{repo_type} {repo_id}@{found.commit[:12]}: {path}")
+
+
+async def _send(request: Request, snap: Snapshot, entry: FileEntry, headers: dict[str, str], what: str) -> Response:
+    """The file's bytes, or the range the request asks for, with ``headers``; ``what`` names it in the log."""
     try:
         span = byte_range(request.headers.get("range"), entry.size)
     except BadRange as exc:
@@ -133,9 +139,9 @@ async def resolve(request: Request) -> Response:
     if request.method == "HEAD":
         return Response(None, status, headers, media_type="application/octet-stream")
     try:  # the first block before the status line: a damaged start fails with a clean error
-        first = await found.snap.read(entry, start, min(BLOCK, end - start)) if end > start else b""
+        first = await snap.read(entry, start, min(BLOCK, end - start)) if end > start else b""
     except XetfsError as exc:
-        log.error("%s %s@%s: %s: %s", repo_type, repo_id, found.commit[:12], path, exc)
+        log.error("%s: %s", what, exc)
         return read_error(exc)
 
     async def body() -> AsyncIterator[bytes]:
@@ -143,11 +149,10 @@ async def resolve(request: Request) -> Response:
         pos = start + len(first)
         while pos < end:
             try:
-                data = await found.snap.read(entry, pos, min(BLOCK, end - pos))
+                data = await snap.read(entry, pos, min(BLOCK, end - pos))
             except XetfsError as exc:
                 # The status is sent: cutting the body short is the only way left to fail.
-                log.error("%s %s@%s: %s at byte %d: %s; body cut short", repo_type, repo_id, found.commit[:12],
-                          path, pos, exc)  # fmt: skip
+                log.error("%s at byte %d: %s; body cut short", what, pos, exc)
                 raise
             yield data
             pos += len(data)
