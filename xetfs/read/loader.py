@@ -98,6 +98,7 @@ class Loader:
         self._runs = runs
         self._shared = shared
         self._io = io
+        self._inline = io is inline_io  # store reads never wait: small loads are done at once (``load_now``)
         self._pool = pool
         self._run_bytes = pool.slot_size if pool is not None and store.local else run_bytes
         self._fetches = trio.CapacityLimiter(fetch_width) if fetch_width else None
@@ -218,9 +219,31 @@ class Loader:
             out.errors.update(loaded.errors)
         return out
 
+    def load_now(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded | None:
+        """``load`` with no await, where it would not wait anyway: chunks ``[first, stop)`` too few for a
+        worker, in a local file read inline (a local store on a local disk).  None where it would wait:
+        run ``load`` then.
+
+        A small file's read needs only this: none of ``load``'s tasks, events and coroutines.
+        """
+        if not self._inline or (self._pool is not None and layout.range_size(first, stop) >= self._pool.min_job_bytes):
+            return None
+        src = self.store.chunk_source(xorb_hash, layout, first, stop)
+        if src.path is None or src.entry is not None:  # a fetch, or a disk-cache entry that may fail its check
+            return None
+        phys = (layout.phys_start(first), layout.phys_ends[stop - 1])
+        return self._decode_here(src, xorb_hash, layout, first, stop,
+                                 self.store.read_source(xorb_hash, src, *phys, first, stop))  # fmt: skip
+
     async def _here(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
         """Read and decode chunks ``[first, stop)`` into the daemon's memory."""
         data = await self._read(src, xorb_hash, layout, first, stop)
+        return self._decode_here(src, xorb_hash, layout, first, stop, data)
+
+    def _decode_here(
+        self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int, data: Buffer
+    ) -> Loaded:
+        """Decode and verify chunks ``[first, stop)`` from their serialized bytes ``data``, in the daemon."""
         decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=self.verify).specs())
         self._count(len(memoryview(data)), decoded)
         if all(not isinstance(c, XetfsError) for c in decoded):
