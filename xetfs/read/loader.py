@@ -228,27 +228,26 @@ class Loader:
         """
         if not self._inline or (self._pool is not None and layout.range_size(first, stop) >= self._pool.min_job_bytes):
             return None
-        src = self.store.chunk_source(xorb_hash, layout, first, stop)
-        if src.path is None or src.entry is not None:  # a fetch, or a disk-cache entry that may fail its check
+        data = self.store.read_local(xorb_hash, layout.phys_start(first), layout.phys_ends[stop - 1], first, stop)
+        if data is None:  # a remote store: fetched, or read from the disk cache (whose entries may fail)
             return None
-        phys = (layout.phys_start(first), layout.phys_ends[stop - 1])
-        return self._decode_here(src, xorb_hash, layout, first, stop,
-                                 self.store.read_source(xorb_hash, src, *phys, first, stop))  # fmt: skip
+        return _runs(xorb_hash, layout, first, self._decode_here(xorb_hash, layout, first, stop, data))
 
     async def _here(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
         """Read and decode chunks ``[first, stop)`` into the daemon's memory."""
         data = await self._read(src, xorb_hash, layout, first, stop)
-        return self._decode_here(src, xorb_hash, layout, first, stop, data)
-
-    def _decode_here(
-        self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int, data: Buffer
-    ) -> Loaded:
-        """Decode and verify chunks ``[first, stop)`` from their serialized bytes ``data``, in the daemon."""
-        decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=self.verify).specs())
-        self._count(len(memoryview(data)), decoded)
+        decoded = self._decode_here(xorb_hash, layout, first, stop, data)
         if all(not isinstance(c, XetfsError) for c in decoded):
             self._keep(src, xorb_hash, first, stop, data)
         return _runs(xorb_hash, layout, first, decoded)
+
+    def _decode_here(
+        self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int, data: Buffer
+    ) -> list[Buffer | XetfsError]:
+        """Chunks ``[first, stop)`` decoded and verified from their serialized bytes ``data``, in the daemon."""
+        decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=self.verify).specs())
+        self._count(len(memoryview(data)), decoded)
+        return decoded
 
     def _slot_runs(
         self, pool: DecodePool, slot: int, xorb_hash: bytes, layout: XorbLayout, a: int, b: int,

@@ -170,16 +170,16 @@ class Reader:
         try:
             # Bytes the store holds are served at once: no await, nothing pinned or loaded.
             spans = self._spans_now(entry, offset, size)
-            found = self._held(spans) if spans is not None else None
-            if spans is not None and found is not None:
-                for span, runs in zip(spans, found, strict=True):
-                    self.runs.served(runs, span.chunks.start, span.chunks.stop)
-                return self._join(entry, spans, found, read_through)
             if spans is not None:
-                now = self._load_now(entry, spans)
+                now = self._load_now(entry, spans)  # a small read of chunks nobody has: at once
                 if now is not None:
                     held.append(now)
                     return self._join(entry, spans, held, read_through)
+                found = self._held(spans)
+                if found is not None:
+                    for span, runs in zip(spans, found, strict=True):
+                        self.runs.served(runs, span.chunks.start, span.chunks.stop)
+                    return self._join(entry, spans, found, read_through)
             else:
                 spans = await self._spans(entry, offset, size)
             for span in spans:
