@@ -31,7 +31,7 @@ from xetfs.base.errors import StoreTimeoutError, XetfsError
 from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES, STORE_READ_THREADS, WORKER_FETCHES
 from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.format.chunk import Buffer
-from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_runs_into
+from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, chunk_specs, decode_chunks, decode_runs_into
 from xetfs.read.decode_worker import Fetched
 from xetfs.read.pool import DecodePool, WorkerLost
 from xetfs.read.runs import Loaded, Run, RunStore
@@ -245,7 +245,7 @@ class Loader:
         self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int, data: Buffer
     ) -> list[Buffer | XetfsError]:
         """Chunks ``[first, stop)`` decoded and verified from their serialized bytes ``data``, in the daemon."""
-        decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=self.verify).specs())
+        decoded = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
         self._count(len(memoryview(data)), decoded)
         return decoded
 
