@@ -249,6 +249,35 @@ def test_adjacent_chunks_are_one_store_read(tmp_path: Path) -> None:
         assert (s.layouts.misses, s.layouts.hits) == (1, 0)  # served from the run's extent: no lookup at all
 
 
+def test_a_small_read_of_a_local_store_is_loaded_at_once(
+    tmp_path: Path, decoding: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once its layout is held, a read too small for a worker is read, decoded and verified with no await
+    (``Loader.load_now``): ``RunStore.get``, its loads and their events are not used; counted as ever."""
+    rng = random.Random(21)
+    b = StoreBuilder(tmp_path)
+    first, second = _content(rng, 3000), _content(rng, 3000)
+    fh1, fh2 = b.add_file(first, chunk_size=1000), b.add_file(second, chunk_size=1000)
+    b.finish()
+    with opened(tmp_path) as (idx, reader):
+        assert read(idx, reader, fh1) == first  # loads the layout: through ``get``
+        gets: list[object] = []
+        real_get = reader.runs.get
+
+        def get(*args: Any, **kwargs: Any) -> Any:
+            gets.append(args)
+            return real_get(*args, **kwargs)
+
+        monkeypatch.setattr(reader.runs, "get", get)
+        assert read(idx, reader, fh2, 500, 2000) == second[500:2500]
+        assert len(gets) == (0 if decoding == "daemon" else 1)  # (the workers fixture sends every run to one)
+        s = reader.statistics()
+        assert (s.cache.misses, s.cache.hits, s.store.reads) == (6, 0, 2)
+        assert reader.file_statistics(fh2).chunks == 3
+        assert read(idx, reader, fh2) == second  # every chunk held
+        assert reader.statistics().store.reads == 2
+
+
 def test_each_layout_lookup_counts_once(tmp_path: Path) -> None:
     """A read across two xorbs, one layout held and one not: one hit and one miss, not the held one
     counted again when the other is looked up."""

@@ -368,3 +368,40 @@ def test_a_run_read_through_and_used_again_goes_back_to_the_lru_order() -> None:
 
     run(body)
     assert store.statistics().evicted_read == 0
+
+
+def test_put_holds_what_a_read_loaded_at_once_pinned_and_counts_misses() -> None:
+    store, load = RunStore(10_000), FakeLoader(gated=True)
+
+    async def body() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read, store, 4, 8, load)  # a load in flight: not vacant
+            await trio.testing.wait_all_tasks_blocked()
+            assert not store.vacant(X, 6, 7) and not store.vacant(X, 0, 5)
+            assert store.vacant(X, 0, 4) and store.vacant(X, 8, 12) and store.vacant(b"y" * 32, 4, 8)
+            loaded = await FakeLoader()(0, 4)
+            runs = store.put(X, 0, 4, loaded)
+            assert [(r.first, r.stop, r.pins) for r in runs] == [(0, 4, 1)]
+            store.release(runs)
+            load.gate.set()
+        assert not store.vacant(X, 3, 4)
+        assert await read(store, 0, 8, load) == expected(0, 8)  # both held: no other load
+        assert load.calls == [(4, 8)]
+
+    run(body)
+    c = store.statistics()
+    assert (c.misses, c.hits, c.runs) == (8, 8, 2)
+
+
+def test_put_raises_the_first_bad_chunk_and_keeps_the_others() -> None:
+    store = RunStore(10_000)
+
+    async def body() -> None:
+        loaded = await FakeLoader(bad=[2, 3])(0, 5)
+        with pytest.raises(IntegrityError, match="chunk 2"):
+            store.put(X, 0, 5, loaded)
+
+    run(body)
+    assert [store.holds(X, i) for i in range(5)] == [True, True, False, False, True]
+    assert store.vacant(X, 2, 4)
+    assert all(run.pins == 0 for run in store._order)

@@ -182,6 +182,7 @@ def test_a_chunk_run_gives_each_chunk_spec(verify: bool, footer: bool) -> None:
     for start, stop in [(0, 1), (0, 12), (3, 9), (11, 12)]:
         run = xorb.chunk_run(layout, start, stop, verify=verify)
         hashes = layout.chunk_hashes if verify else None
+        assert xorb.chunk_specs(layout, start, stop, verify=verify) == run.specs()
         assert run.specs() == [
             xorb.ChunkSpec(
                 i, layout.phys_start(i), layout.phys_ends[i], layout.chunk_size(i), hashes[i] if hashes else None
@@ -191,6 +192,8 @@ def test_a_chunk_run_gives_each_chunk_spec(verify: bool, footer: bool) -> None:
     for start, stop in [(-1, 2), (3, 2), (0, 13)]:
         with pytest.raises(IndexError):
             xorb.chunk_run(layout, start, stop, verify=verify)
+        with pytest.raises(IndexError):
+            xorb.chunk_specs(layout, start, stop, verify=verify)
 
 
 def _lz4_as_long_as_its_data(size: int) -> bytes:

@@ -262,6 +262,20 @@ def chunk_run(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> Chu
     )
 
 
+def chunk_specs(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> list[ChunkSpec]:
+    """``chunk_run(...).specs()`` straight from the layout, for a decode that needs no ``ChunkRun``."""
+    if not 0 <= start <= stop <= layout.num_chunks:
+        raise IndexError(f"chunks [{start}, {stop}) of a xorb of {layout.num_chunks}")
+    phys, unpacked = layout.phys_ends, layout.unpacked_ends
+    hashes = layout.chunk_hashes if verify else None
+    p, u = layout.phys_start(start), layout.unpacked_start(start)
+    specs = []
+    for k in range(start, stop):
+        specs.append(ChunkSpec(k, p, phys[k], unpacked[k] - u, hashes[k] if hashes else None))
+        p, u = phys[k], unpacked[k]
+    return specs
+
+
 def decode_run(
     data: Buffer, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool
 ) -> list[bytes | XetfsError]:
@@ -271,7 +285,7 @@ def decode_run(
     chunk against its hash in the layout.  A chunk that fails becomes its
     error in the result; the others still decode.
     """
-    specs = chunk_run(layout, start, stop, verify=verify).specs()
+    specs = chunk_specs(layout, start, stop, verify=verify)
     return [c if isinstance(c, XetfsError) else bytes(c) for c in decode_chunks(data, xorb_hash, specs)]
 
 

@@ -239,16 +239,19 @@ class XetFS(_ReadOnly):
             self._stats_latest = self.stats_document()
         return self._stats_latest
 
-    @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
-        if name == b".":
-            return self._attrs(self._node(parent_inode))
-        if name == b"..":
-            return self._attrs(self._node(self.tree.parent_of(parent_inode)))
-        node = self.tree.lookup(parent_inode, name)
-        if node is None:
-            raise pyfuse3.FUSEError(errno.ENOENT)
-        return self._attrs(node)
+        # Not @_guard, as ``read``: one lookup per file a reader opens.
+        try:
+            if name == b".":
+                return self._attrs(self._node(parent_inode))
+            if name == b"..":
+                return self._attrs(self._node(self.tree.parent_of(parent_inode)))
+            node = self.tree.lookup(parent_inode, name)
+            if node is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._attrs(node)
+        except Exception as exc:
+            raise _fuse_error("lookup", exc) from None
 
     @_guard
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
@@ -333,8 +336,14 @@ class XetFS(_ReadOnly):
 
     # -- reading -------------------------------------------------------------
 
-    @_guard
     async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        # Not @_guard, as ``read``: one open per file a reader reads.
+        try:
+            return self._open(inode, flags)
+        except Exception as exc:
+            raise _fuse_error("open", exc) from None
+
+    def _open(self, inode: int, flags: int) -> pyfuse3.FileInfo:
         node = self._node(inode)
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
             raise pyfuse3.FUSEError(errno.EROFS)

@@ -31,7 +31,7 @@ from xetfs.base.errors import StoreTimeoutError, XetfsError
 from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES, STORE_READ_THREADS, WORKER_FETCHES
 from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.format.chunk import Buffer
-from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_runs_into
+from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, chunk_specs, decode_chunks, decode_runs_into
 from xetfs.read.decode_worker import Fetched
 from xetfs.read.pool import DecodePool, WorkerLost
 from xetfs.read.runs import Loaded, Run, RunStore
@@ -98,6 +98,7 @@ class Loader:
         self._runs = runs
         self._shared = shared
         self._io = io
+        self._inline = io is inline_io  # store reads never wait: small loads are done at once (``load_now``)
         self._pool = pool
         self._run_bytes = pool.slot_size if pool is not None and store.local else run_bytes
         self._fetches = trio.CapacityLimiter(fetch_width) if fetch_width else None
@@ -218,14 +219,35 @@ class Loader:
             out.errors.update(loaded.errors)
         return out
 
+    def load_now(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded | None:
+        """``load`` with no await, where it would not wait anyway: chunks ``[first, stop)`` too few for a
+        worker, in a local file read inline (a local store on a local disk).  None where it would wait:
+        run ``load`` then.
+
+        A small file's read needs only this: none of ``load``'s tasks, events and coroutines.
+        """
+        if not self._inline or (self._pool is not None and layout.range_size(first, stop) >= self._pool.min_job_bytes):
+            return None
+        data = self.store.read_local(xorb_hash, layout.phys_start(first), layout.phys_ends[stop - 1], first, stop)
+        if data is None:  # a remote store: fetched, or read from the disk cache (whose entries may fail)
+            return None
+        return _runs(xorb_hash, layout, first, self._decode_here(xorb_hash, layout, first, stop, data))
+
     async def _here(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
         """Read and decode chunks ``[first, stop)`` into the daemon's memory."""
         data = await self._read(src, xorb_hash, layout, first, stop)
-        decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=self.verify).specs())
-        self._count(len(memoryview(data)), decoded)
+        decoded = self._decode_here(xorb_hash, layout, first, stop, data)
         if all(not isinstance(c, XetfsError) for c in decoded):
             self._keep(src, xorb_hash, first, stop, data)
         return _runs(xorb_hash, layout, first, decoded)
+
+    def _decode_here(
+        self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int, data: Buffer
+    ) -> list[Buffer | XetfsError]:
+        """Chunks ``[first, stop)`` decoded and verified from their serialized bytes ``data``, in the daemon."""
+        decoded = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
+        self._count(len(memoryview(data)), decoded)
+        return decoded
 
     def _slot_runs(
         self, pool: DecodePool, slot: int, xorb_hash: bytes, layout: XorbLayout, a: int, b: int,

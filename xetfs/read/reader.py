@@ -170,12 +170,17 @@ class Reader:
         try:
             # Bytes the store holds are served at once: no await, nothing pinned or loaded.
             spans = self._spans_now(entry, offset, size)
-            found = self._held(spans) if spans is not None else None
-            if spans is not None and found is not None:
-                for span, runs in zip(spans, found, strict=True):
-                    self.runs.served(runs, span.chunks.start, span.chunks.stop)
-                return self._join(entry, spans, found, read_through)
-            if spans is None:
+            if spans is not None:
+                now = self._load_now(entry, spans)  # a small read of chunks nobody has: at once
+                if now is not None:
+                    held.append(now)
+                    return self._join(entry, spans, held, read_through)
+                found = self._held(spans)
+                if found is not None:
+                    for span, runs in zip(spans, found, strict=True):
+                        self.runs.served(runs, span.chunks.start, span.chunks.stop)
+                    return self._join(entry, spans, found, read_through)
+            else:
                 spans = await self._spans(entry, offset, size)
             for span in spans:
                 c = span.chunks
@@ -309,13 +314,34 @@ class Reader:
 
         async def load(lo: int, hi: int) -> Loaded:
             loaded = await self._loader.load(xorb_hash, layout, lo, hi)
-            tally = self._files.get(file_hash) or self._files.setdefault(file_hash, FileCounters())
-            for run in loaded.runs:  # (the file whose read loads a chunk is the one it is counted for)
-                tally.chunks += run.stop - run.first
-                tally.bytes += len(run.data)
+            self._tally(file_hash, loaded)
             return loaded
 
         return await self.runs.get(xorb_hash, first, stop, cut, load, prefetch=prefetch)
+
+    def _load_now(self, entry: FileEntry, spans: list[Span]) -> list[Run] | None:
+        """The runs of a read of one span that no run or load has any chunk of, loaded at once and pinned
+        (``Loader.load_now``: a small read of a local store); None if the read must wait (``_get``)."""
+        if len(spans) != 1:
+            return None
+        layout, c = spans[0].layout, spans[0].chunks
+        if not self.runs.vacant(c.xorb_hash, c.start, c.stop):
+            return None
+        if self._loader.run_stop(layout, c.start, c.stop) < c.stop:  # more than one store read
+            return None
+        loaded = self._loader.load_now(c.xorb_hash, layout, c.start, c.stop)
+        if loaded is None:
+            return None
+        self._tally(entry.file_hash, loaded)
+        return self.runs.put(c.xorb_hash, c.start, c.stop, loaded)
+
+    def _tally(self, file_hash: bytes, loaded: Loaded) -> None:
+        """Count what a read of the file ``file_hash`` loaded (the file whose read loads a chunk is the one
+        it is counted for)."""
+        tally = self._files.get(file_hash) or self._files.setdefault(file_hash, FileCounters())
+        for run in loaded.runs:
+            tally.chunks += run.stop - run.first
+            tally.bytes += len(run.data)
 
     def _count_error(self, exc: XetfsError) -> None:
         errors = self._errors

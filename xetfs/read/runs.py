@@ -201,6 +201,36 @@ class RunStore:
         runs = [e for e in entries if isinstance(e, Run)]
         return runs if not gaps and len(runs) == len(entries) else None
 
+    def vacant(self, xorb_hash: bytes, first: int, stop: int) -> bool:
+        """Whether no run or load has any of chunks ``[first, stop)``: ``put`` may take them."""
+        entries = self._xorbs.get(xorb_hash)
+        if not entries:
+            return True
+        at = bisect.bisect_left(entries, stop, key=_FIRST)  # entries from here on start at ``stop`` or later
+        return at == 0 or entries[at - 1].stop <= first
+
+    def put(self, xorb_hash: bytes, first: int, stop: int, loaded: Loaded) -> list[Run]:
+        """Hold what a read loaded at once, with no await in between, for chunks ``[first, stop)``, which were
+        ``vacant``: ``get`` without its single flight, for small reads (``Loader.load_now``).
+
+        Each chunk counts as one miss.  The runs come back pinned, as from
+        ``get``: ``release`` them.  Raises the error of the first chunk that
+        failed to load; the runs of the others are held all the same.
+        """
+        self._c.misses += stop - first
+        entries = self._xorbs.setdefault(xorb_hash, [])
+        for run in loaded.runs:
+            bisect.insort(entries, run, key=_FIRST)
+            self._hold(run)
+        if not entries:
+            del self._xorbs[xorb_hash]
+        if loaded.errors:
+            self._evict_to(self.capacity)
+            raise loaded.errors[min(loaded.errors)]
+        for run in loaded.runs:
+            run.pins += 1
+        return loaded.runs
+
     def served(self, runs: Sequence[Run], first: int, stop: int) -> None:
         """A read served chunks ``[first, stop)`` from ``runs`` (from ``held``): count the hits."""
         for run in runs:

@@ -220,6 +220,25 @@ class Store:
         with self._open(path, xorb_hash) as fd:
             return read_range(fd, start, end, where=where)
 
+    def read_local(self, xorb_hash: bytes, start: int, end: int, first: int, stop: int) -> Buffer | None:
+        """``read_chunks`` of a local xorb on the calling thread, with the cached descriptor; None for a
+        remote store.  For small reads done inline (a local disk): a descriptor of their own
+        (``_open``) costs more than their read.  A read that fails is made again by ``read_chunks``,
+        which raises what it finds."""
+        name, size = self._xorb(xorb_hash)
+        path = self.source.local_path(name)
+        if path is None:
+            return None
+        if end <= size:
+            with self._lock:  # (nothing closes the cached descriptor while the lock is held)
+                try:
+                    data = os.pread(self._files.fd(path, xorb_hash), end - start, start)
+                except OSError:
+                    data = b""
+            if len(data) == end - start:
+                return data
+        return self.read_chunks(xorb_hash, start, end, first, stop)
+
     def read_chunks(self, xorb_hash: bytes, start: int, end: int, first: int, stop: int) -> Buffer:
         """Bytes ``[start, end)`` of a xorb, which hold its chunks ``[first, stop)``; a failure names the chunks."""
         try:
