@@ -458,17 +458,42 @@ def test_store_on_s3(packed: Packed, tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_a_later_pack_is_served_without_a_restart(packed: Packed, tmp_path: Path) -> None:
+    """Each of the two server processes sees the pack when a request of its own misses, whichever answered
+    before: the one that handed out the revision or the signed xorb URLs need not be the one asked next."""
     cache = tmp_path / "cache"
     shutil.copytree(packed.spec.root / "datasets--acme--tiny-data", cache / "datasets--acme--tiny-data", symlinks=True)
     store = tmp_path / "store"
     pack(tmp_path, cache, store)
-    with xetfs_serve(store) as server:
+    with xetfs_serve(store, "--workers", "2", "--rescan", "3600") as server:  # (no look at the store but on a miss)
         assert request(server, "GET", f"/api/models/{MODEL}/revision/main")[1]["x-error-code"] == "RepoNotFound"
         pack(tmp_path, packed.spec.root, store)  # the model joins the store
         status, _, body = request(server, "GET", f"/api/models/{MODEL}/revision/main")
         assert status == 200 and json.loads(body)["sha"] == packed.spec.model_commits[2]
         got, _ = clients(server, "get", "model", MODEL, "model.safetensors", "v1.0")
         assert got.get("sha256") == sha(packed.original(MODEL, packed.spec.model_commits[0], "model.safetensors"))
+
+
+def test_a_signed_xorb_url_is_served_by_a_process_that_has_not_seen_the_pack(packed: Packed, tmp_path: Path) -> None:
+    """Two servers with one key, as processes behind one address: after a pack, ``a`` learns of the model from
+    a miss and signs xorb URLs; ``b``, asked for them without having missed anything, looks at the store again
+    and serves them."""
+    cache, store, key = tmp_path / "cache", tmp_path / "store", str(tmp_path / "key")
+    shutil.copytree(packed.spec.root / "datasets--acme--tiny-data", cache / "datasets--acme--tiny-data", symlinks=True)
+    pack(tmp_path, cache, store)
+    args = ("--workers", "1", "--rescan", "3600", "--key-file", key)
+    with xetfs_serve(store, *args) as a, xetfs_serve(store, *args) as b:
+        pack(tmp_path, packed.spec.root, store)  # the model joins the store
+        _, h, _ = request(a, "HEAD", f"/{MODEL}/resolve/main/model.safetensors")
+        _, _, body = request(a, "GET", f"/api/models/{MODEL}/xet-read-token/main")
+        auth = {"Authorization": f"Bearer {json.loads(body)['accessToken']}"}
+        status, _, body = request(a, "GET", f"/v2/reconstructions/{h['x-xet-hash']}", auth)
+        assert status == 200, body
+        urls = [f["url"] for fetches in json.loads(body)["xorbs"].values() for f in fetches]
+        assert urls and all(u.startswith(a.url) for u in urls)
+        for url in urls:
+            status, _, data = request(b, "GET", url.removeprefix(a.url))
+            assert status == 200 and data, (status, data[:200])
+        assert "ERROR" not in log_of(b), log_of(b)
 
 
 def test_hf_xet_renews_its_token_through_the_refresh_route(packed: Packed) -> None:

@@ -150,8 +150,18 @@ class Contents:
             due = due and missed
         elif missed:
             due = True
-        if due:
-            async with self._lock:
+        return await self.looked_at_since(time.monotonic()) if due else self._snapshot
+
+    async def looked_at_since(self, when: float) -> Snapshot:
+        """A snapshot from a look at the store (``time.monotonic()``) at ``when`` or later: the store is
+        looked at again unless that happened meanwhile.
+
+        For a request that proves the store holds more than the snapshot
+        knows: a signed xorb URL handed out by another server process (or by
+        this one after a pack it has not seen yet).
+        """
+        async with self._lock:
+            if self._checked < when:
                 loaded = await trio.to_thread.run_sync(self._refresh)
                 if loaded is not None:
                     old, self._snapshot = self._snapshot, self._make(loaded)
