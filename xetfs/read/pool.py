@@ -5,9 +5,9 @@ one core (and the GIL) with answering FUSE.  ``DecodePool`` hands runs of
 chunks to worker processes (``decode_worker``) instead.  Each decode job
 writes into slots of the pool's shared memory (``slots.Slots``), which the
 caller takes, owns while the runs decoded there are held, and gives back
-when they are evicted.  Threads would not
-help: python-lz4, pyfuse3's reply and most of the decode path hold the GIL,
-and a thread hop costs more than decoding a chunk.
+when they are evicted.  Threads would not help: python-lz4, pyfuse3's reply
+and most of the decode path hold the GIL, and a thread hop costs more than
+decoding a chunk.
 
 Checking a xorb's layout (its footer, and the ~1,000 chunk hashes tied to
 the xorb's name: milliseconds of Python) is a job too; the daemon only
