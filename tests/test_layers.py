@@ -199,3 +199,52 @@ def test_the_listed_types_exist_and_their_counts_add_up() -> None:
     for dotted in everything:
         module, _, name = dotted.rpartition(".")
         assert isinstance(getattr(importlib.import_module(f"xetfs.{module}"), name, None), type), dotted
+
+
+# -- small pieces: the bars of code size ---------------------------------------------------------
+
+MAX_CLASS_LINES = 300  # a class of the read path (read/) or of the FUSE front end (fuse/)
+MAX_FUNCTION_LINES = 60  # a function or method anywhere in xetfs/
+CLASS_BAR_FOLDERS = ("read", "fuse")
+
+
+def oversized(source: str, where: str, *, classes: bool) -> list[str]:
+    """The functions of ``source`` over ``MAX_FUNCTION_LINES`` lines and (with ``classes``) its classes over
+    ``MAX_CLASS_LINES``, as ``where:line kind name: n lines``.  A node's lines run from its ``def`` or
+    ``class`` line (decorators not counted) to its last line."""
+    found = []
+    for node in ast.walk(ast.parse(source, where)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            kind, bar = "function", MAX_FUNCTION_LINES
+        elif isinstance(node, ast.ClassDef) and classes:
+            kind, bar = "class", MAX_CLASS_LINES
+        else:
+            continue
+        lines = (node.end_lineno or node.lineno) - node.lineno + 1
+        if lines > bar:
+            found.append(f"{where}:{node.lineno} {kind} {node.name}: {lines} lines (at most {bar})")
+    return found
+
+
+def test_classes_and_functions_stay_small() -> None:
+    found = [
+        offender
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for offender in oversized(
+            path.read_text(),
+            str(path.relative_to(PACKAGE.parent)),
+            classes=path.relative_to(PACKAGE).parts[0] in CLASS_BAR_FOLDERS,
+        )
+    ]
+    assert not found, "too long; split it along a seam (docs/architecture.md, Layers):\n" + "\n".join(found)
+
+
+def test_the_size_check_names_what_is_too_long() -> None:
+    body = "".join(f"    x = {i}\n" for i in range(MAX_FUNCTION_LINES - 1))
+    fits = f"def fits():\n{body}"
+    long = f"async def long():\n{body}    x = 0\n"
+    big = "class Big:\n" + "".join(f"    def m{i}(self):\n        pass\n" for i in range(MAX_CLASS_LINES // 2))
+    assert oversized(fits, "f.py", classes=True) == []
+    assert oversized(long, "f.py", classes=True) == ["f.py:1 function long: 61 lines (at most 60)"]
+    assert oversized(big, "f.py", classes=True) == ["f.py:1 class Big: 301 lines (at most 300)"]
+    assert oversized(big, "f.py", classes=False) == []

@@ -86,20 +86,20 @@ def _decode(pool: DecodePool, path: str, xorb_hash: bytes, chunks: ChunkRun) -> 
     error); the slot is free again after."""
 
     async def decode() -> tuple[int, list[Any]]:
-        slot = pool.take_slot(chunks.unpacked[-1] - chunks.unpacked[0])
+        slot = pool.slots.take(chunks.unpacked[-1] - chunks.unpacked[0])
         assert slot is not None
         try:
             done = await decode_one(pool, slot, path, xorb_hash, chunks)
             at, got = 0, list[bytes | XetfsError]()
             for size in done.sizes:
                 if isinstance(size, int):
-                    got.append(bytes(pool.view(slot, at + size)[at:]))
+                    got.append(bytes(pool.slots.view(slot, at + size)[at:]))
                     at += size
                 else:
                     got.append(size.error())
             return done.read_bytes, got
         finally:
-            pool.free_slot(slot)
+            pool.slots.free(slot)
 
     result: tuple[int, list[Any]] = _run(pool, decode)
     return result
@@ -196,10 +196,10 @@ def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodeP
     total = _free_slots(pool)
 
     async def decode_and_keep() -> None:
-        slot = pool.take_slot(chunks.unpacked[-1] - chunks.unpacked[0])
+        slot = pool.slots.take(chunks.unpacked[-1] - chunks.unpacked[0])
         assert slot is not None
-        await decode_one(pool, slot, path, xorb_hash, chunks)  # cancelled before it returns: no free_slot here
-        pool.free_slot(slot)
+        await decode_one(pool, slot, path, xorb_hash, chunks)  # cancelled before it returns: no slots.free here
+        pool.slots.free(slot)
 
     async def body() -> None:
         for _ in range(3):
@@ -473,7 +473,7 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
         await pool.wait_ready()
         (worker,) = pool._workers
         # A job sent with no checkpoint until its result is in the pipe: the collector cannot have read it.
-        first = _Pending((pool.take_slot(4000) or 0,))
+        first = _Pending((pool.slots.take(4000) or 0,))
         worker.pending[999] = first
         job = DecodeJob(999, ChunkSource("", path), xorb_hash, (Part(first.slots[0], chunks),))
         pool._send(worker, encode_frame(job))
@@ -481,7 +481,7 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
         worker.process.send_signal(signal.SIGKILL)
         worker.process.wait()
         with pytest.raises(WorkerLost):  # the next job meets the closed pipe: the worker is lost
-            await decode_one(pool, pool.take_slot(4000) or 1, path, xorb_hash, chunks)
+            await decode_one(pool, pool.slots.take(4000) or 1, path, xorb_hash, chunks)
         with trio.fail_after(10):  # the collector reads the leftover result, then ends: nothing may fail
             while worker.collecting:
                 await trio.sleep(0.01)
@@ -515,11 +515,11 @@ async def main() -> None:
         async def decode(k: int) -> None:
             x = xorbs[k % len(xorbs)]
             first = (k * 32) % (layouts[x].num_chunks - 32)
-            slot = pool.take_slot(64 * 1024)
+            slot = pool.slots.take(64 * 1024)
             assert slot is not None
             chunks = chunk_run(layouts[x], first, first + 32, verify=True)
             await pool.decode(ChunkSource("", str(store.xorb_path(x))), x, [(slot, chunks)])
-            pool.free_slot(slot)
+            pool.slots.free(slot)
 
         async with trio.open_nursery() as jobs:
             for x in xorbs:  # large results (about 190 KB each), then a burst of jobs in one go
@@ -555,24 +555,24 @@ def test_a_slot_keeps_in_memory_only_the_run_it_holds() -> None:
     run gives back the rest."""
     slot_size = 256 * 1024
     pool = DecodePool(1, slots=4, slot_size=slot_size)
-    pool.spare_bytes = 0  # no excess allowed (the default allows a few slots' worth)
+    pool.slots.spare_bytes = 0  # no excess allowed (the default allows a few slots' worth)
 
     def resident() -> int:
-        return os.fstat(pool._memfd).st_blocks * 512
+        return os.fstat(pool.slots.memfd).st_blocks * 512
 
     try:
-        slot = pool.take_slot(slot_size)
+        slot = pool.slots.take(slot_size)
         assert slot is not None
-        pool.view(slot, slot_size)[:] = b"\x01" * slot_size  # a sequential reader's full run
+        pool.slots.view(slot, slot_size)[:] = b"\x01" * slot_size  # a sequential reader's full run
         assert resident() == slot_size
-        pool.free_slot(slot)
-        again = pool.take_slot(10_000, fresh=False)  # the same slot, warm, for a short run
+        pool.slots.free(slot)
+        again = pool.slots.take(10_000, fresh=False)  # the same slot, warm, for a short run
         assert again == slot
         assert resident() == 12 * 1024  # 10,000 bytes: three pages
-        pool.view(slot, 10_000)[:] = b"\x02" * 10_000
-        assert bytes(pool.view(slot, 10_000)) == b"\x02" * 10_000
-        pool.free_slot(slot)
-        assert pool.take_slot(slot_size, fresh=False) == slot  # a longer run: nothing to give back
+        pool.slots.view(slot, 10_000)[:] = b"\x02" * 10_000
+        assert bytes(pool.slots.view(slot, 10_000)) == b"\x02" * 10_000
+        pool.slots.free(slot)
+        assert pool.slots.take(slot_size, fresh=False) == slot  # a longer run: nothing to give back
         assert resident() == 12 * 1024
     finally:
         pool.close()
@@ -595,10 +595,10 @@ def test_jobs_left_unsent_when_a_run_ends_are_sent_in_the_next(tmp_path: Path) -
     pool.min_job_bytes = pool.min_slot_run = 0
 
     async def one() -> None:
-        slot = pool.take_slot(size)
+        slot = pool.slots.take(size)
         assert slot is not None
         await decode_one(pool, slot, path, xorb_hash, chunks)
-        pool.free_slot(slot)
+        pool.slots.free(slot)
 
     async def first_run() -> None:
         await pool.wait_ready()

@@ -32,8 +32,7 @@ STATS_PATH = ".xetfs/stats"
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add the mount-related sub-commands to ``sub``."""
-    from xetfs.commands.args import add_remote_args, parse_size, size_text
-    from xetfs.fuse.mount import LAYOUTS
+    from xetfs.commands.args import add_remote_args
 
     p = sub.add_parser("mount", help="mount a store as a read-only filesystem")
     p.add_argument("store", help="store directory or URL (http(s)://, s3://, gs://, az://)")
@@ -51,9 +50,35 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                    help="environment variables for the remote store (AWS_ACCESS_KEY_ID=..., "
                         "XETFS_HTTP_TOKEN=..., one per line) from FILE, for mounts from /etc/fstab; "
                         "refused if others may read it")  # fmt: skip
+    _add_view_options(p)
+    _add_cache_options(p)
+    _add_tree_options(p)
+    _add_io_options(p)
+    _add_daemon_options(p)
+    p.set_defaults(func=cmd_mount)
+
+    _add_admin_parsers(sub)
+
+    from xetfs.commands.pack import add_pack_parser
+
+    add_pack_parser(sub, add_common)
+
+    from xetfs.commands.push import add_push_parser
+
+    add_push_parser(sub)
+
+
+def _add_view_options(p: argparse.ArgumentParser) -> None:
+    """``mount``'s options of how files look to the kernel: owner, group, direct I/O."""
     p.add_argument("--uid", type=int, help="owner shown for every file (default: yours)")
     p.add_argument("--gid", type=int, help="group shown for every file (default: yours)")
     p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
+
+
+def _add_cache_options(p: argparse.ArgumentParser) -> None:
+    """``mount``'s options of what is kept and read ahead."""
+    from xetfs.commands.args import parse_size, size_text
+
     p.add_argument("--cache-size", type=parse_size, default=settings.CACHE_SIZE,
                    help="decoded chunks kept, shared memory included, e.g. 512M, 2G; 0 keeps nothing "
                         f"beyond the reads in progress (default {size_text(settings.CACHE_SIZE)})")  # fmt: skip
@@ -61,12 +86,22 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                    help=f"kernel read-ahead for the mount (default {size_text(settings.READ_AHEAD)}; "
                         "needs root)")  # fmt: skip
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="no readahead of chunks")
+
+
+def _add_tree_options(p: argparse.ArgumentParser) -> None:
+    """``mount``'s options of which names the mount shows."""
+    from xetfs.fuse.mount import LAYOUTS
+
     p.add_argument("--names", type=Path, help="names manifest (Hub tree-listing JSON)")
     p.add_argument("--layout", choices=LAYOUTS, default=settings.LAYOUT,
                    help="what the root shows: the huggingface_hub cache layout of the store's catalogue (hub), "
                         "the named tree (names) or files by hash; auto: hub when there is a catalogue and "
                         "no --names, else names when there is a manifest, else hash")  # fmt: skip
     p.add_argument("--strict", action="store_true", help="refuse to mount if any shard is bad")
+
+
+def _add_io_options(p: argparse.ArgumentParser) -> None:
+    """``mount``'s options of how the store is read: threads, time bound, decode workers, refreshes."""
     p.add_argument("--io-mode", choices=["auto", "inline", "thread"], default=settings.IO_MODE,
                    help="read the store inline (fastest) or in worker threads with a time bound; "
                         "auto: threads when the store is on a network or FUSE filesystem")  # fmt: skip
@@ -79,6 +114,10 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--refresh-every", type=float, default=None, metavar="SECONDS",
                    help="load what was added to the store every SECONDS, as xetfs refresh does (default: "
                         "only when asked)")  # fmt: skip
+
+
+def _add_daemon_options(p: argparse.ArgumentParser) -> None:
+    """``mount``'s options of the daemon: its log file, and the hidden ones the mount passes to it."""
     p.add_argument("--log-file", type=Path,
                    help="daemon log (default: ~/.local/state/xetfs/<mountpoint>.log, which is removed again "
                         "when the mount ends cleanly with nothing logged at warning or above; a file given "
@@ -86,8 +125,11 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     p.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
     p.add_argument("--config-fd", type=int, help=argparse.SUPPRESS)  # the daemon's MountConfig (daemonconfig)
     p.add_argument("--drop-clean-log", action="store_true", help=argparse.SUPPRESS)  # the default log file
-    p.set_defaults(func=cmd_mount)
 
+
+def _add_admin_parsers(sub: Any) -> None:
+    """Add ``refresh``, ``umount``, ``stats`` and ``publish``: the sub-commands about a mount or a store
+    that is already there."""
     p = sub.add_parser("refresh", help="make a live mount load what was added to its store since it was mounted")
     p.add_argument("mountpoint", help="where the store is mounted (the mount's owner or root)")
     p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
@@ -116,14 +158,6 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     )
     p.add_argument("store", help="store directory")
     p.set_defaults(func=cmd_publish)
-
-    from xetfs.commands.pack import add_pack_parser
-
-    add_pack_parser(sub, add_common)
-
-    from xetfs.commands.push import add_push_parser
-
-    add_push_parser(sub)
 
 
 def _config(args: argparse.Namespace) -> MountConfig:

@@ -56,6 +56,28 @@ class FsOptions:
     prefetch_max: int = PREFETCH_MAXIMUM  # how far ahead of a sequential reader prefetch may go
 
 
+def _xattrs(node: Node) -> dict[bytes, bytes]:
+    """The extended attributes ``listxattr`` shows for ``node`` (``XATTRS``): a file's hash, terms, sha256."""
+    entry = node.entry
+    if node.kind is not Kind.FILE or entry is None:
+        return {}
+    out = {b"user.xet.hash": entry.hex.encode(), b"user.xet.terms": str(entry.num_terms).encode()}
+    if entry.sha256:
+        out[b"user.xet.sha256"] = entry.sha256.encode()
+    return out
+
+
+def _file_stats(reader: Reader, node: Node) -> bytes | None:
+    """``FILE_STATS_XATTR`` of ``node``: its size and distinct chunks, and what its reads decoded (JSON)."""
+    entry = node.entry
+    if node.kind is not Kind.FILE or entry is None:
+        return None
+    decoded = reader.file_statistics(entry.file_hash)
+    doc = {"hash": entry.hex, "size": entry.size, "chunks": entry.num_chunks,
+           "decoded_chunks": decoded.chunks, "decoded_bytes": decoded.bytes}  # fmt: skip
+    return json.dumps(doc).encode()
+
+
 @dataclass
 class _Handle:
     node: Node
@@ -303,36 +325,17 @@ class XetFS(_ReadOnly):
 
     # -- extended attributes ---------------------------------------------
 
-    def _xattrs(self, node: Node) -> dict[bytes, bytes]:
-        entry = node.entry
-        if node.kind is not Kind.FILE or entry is None:
-            return {}
-        out = {b"user.xet.hash": entry.hex.encode(), b"user.xet.terms": str(entry.num_terms).encode()}
-        if entry.sha256:
-            out[b"user.xet.sha256"] = entry.sha256.encode()
-        return out
-
-    def file_stats(self, node: Node) -> bytes | None:
-        """``FILE_STATS_XATTR`` of ``node``: its size and distinct chunks, and what its reads decoded (JSON)."""
-        entry = node.entry
-        if node.kind is not Kind.FILE or entry is None:
-            return None
-        decoded = self.reader.file_statistics(entry.file_hash)
-        doc = {"hash": entry.hex, "size": entry.size, "chunks": entry.num_chunks,
-               "decoded_chunks": decoded.chunks, "decoded_bytes": decoded.bytes}  # fmt: skip
-        return json.dumps(doc).encode()
-
     @_guard
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         node = self._node(inode)
-        value = self.file_stats(node) if name == FILE_STATS_XATTR else self._xattrs(node).get(name)
+        value = _file_stats(self.reader, node) if name == FILE_STATS_XATTR else _xattrs(node).get(name)
         if value is None:
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         return value
 
     @_guard
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return list(self._xattrs(self._node(inode)))
+        return list(_xattrs(self._node(inode)))
 
     # -- reading -------------------------------------------------------------
 

@@ -7,11 +7,11 @@ footer (itself tied to the xorb's name) before it becomes part of a run
 (``Store.chunk_source``): a local file (the xorb, or a disk-cache entry of a
 remote store) or a fetch from the store's source, the same for every store.
 Ranges worth a process round trip are read, decoded and verified into slots
-of shared memory (``pool.DecodePool``) by a decode worker, or by the daemon
-while no worker can take them (starting, or lost); small ones, and any
-when every slot is in use, into the daemon's memory.  ``Loader.layout``
-reads and checks a xorb's layout, and ``Loader.run_stop`` says where a run
-ends.
+of shared memory (``slots.Slots``) by a decode worker (``pool.DecodePool``),
+or by the daemon while no worker can take them (starting, or lost); small
+ones, and any when every slot is in use, into the daemon's memory.
+``Loader.layout`` reads and checks a xorb's layout, and ``Loader.run_stop``
+says where a run ends.
 
 Blocking store reads in the daemon go through ``io``, which may run them
 inline (fastest) or in a worker thread with a time bound.  Runs on one trio
@@ -35,6 +35,7 @@ from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, chunk_specs, deco
 from xetfs.read.decode_worker import Fetched
 from xetfs.read.pool import DecodePool, WorkerLost
 from xetfs.read.runs import Loaded, Run, RunStore
+from xetfs.read.slots import Slots
 from xetfs.storage.index import Index
 from xetfs.storage.store import ChunkSource, Store
 
@@ -189,10 +190,10 @@ class Loader:
         leave most of a slot unused (``pool.slots_for``).
         """
         pool = self._pool
-        parts = self._parts(layout, first, stop)
+        parts = _parts(layout, first, stop, pool.slot_size if pool is not None else None)
         slots = None
         if pool is not None and layout.range_size(first, stop) >= pool.min_job_bytes:
-            slots = self._take_slots(pool, [layout.range_size(a, b) for a, b in parts])
+            slots = _take_slots(pool.slots, self._runs, [layout.range_size(a, b) for a, b in parts])
         if pool is None or slots is None:
             return await self._here(src, xorb_hash, layout, first, stop)
         jobs = [(slot, chunk_run(layout, a, b, verify=self.verify)) for slot, (a, b) in zip(slots, parts, strict=True)]
@@ -203,18 +204,17 @@ class Loader:
         if sizes is None:  # no worker ready yet, or it was lost: decode here, into the slots
             try:
                 data = await self._read(src, xorb_hash, layout, first, stop)
-                outs = [(run, pool.view(slot, run.unpacked[-1] - run.unpacked[0])) for slot, run in jobs]
+                outs = [(run, pool.slots.view(slot, run.unpacked[-1] - run.unpacked[0])) for slot, run in jobs]
                 sizes = decode_runs_into(data, xorb_hash, outs)
             except BaseException:
-                for slot in slots:
-                    pool.free_slot(slot)
+                pool.slots.free_all(slots)
                 raise
             self._count(len(memoryview(data)), [s for part in sizes for s in part])
             if all(isinstance(s, int) for part in sizes for s in part):
                 self._keep(src, xorb_hash, first, stop, data)
         out = Loaded([], {})
         for slot, (a, b), part in zip(slots, parts, sizes, strict=True):
-            loaded = self._slot_runs(pool, slot, xorb_hash, layout, a, b, part)
+            loaded = _slot_runs(pool, self._shared, slot, xorb_hash, layout, a, b, part)
             out.runs += loaded.runs
             out.errors.update(loaded.errors)
         return out
@@ -249,59 +249,11 @@ class Loader:
         self._count(len(memoryview(data)), decoded)
         return decoded
 
-    def _slot_runs(
-        self, pool: DecodePool, slot: int, xorb_hash: bytes, layout: XorbLayout, a: int, b: int,
-        sizes: Sequence[int | XetfsError],
-    ) -> Loaded:  # fmt: skip
-        """What chunks ``[a, b)``, decoded into ``slot`` (``sizes``: per chunk its size or error), make."""
-        size = layout.range_size(a, b)
-        if all(isinstance(s, int) for s in sizes):
-            if size < pool.min_slot_run:  # a short run would hold a whole slot: it moves to the daemon
-                data = bytes(pool.view(slot, size))
-                pool.free_slot(slot)
-                return Loaded([Run(xorb_hash, a, b, layout.unpacked_start(a), memoryview(data))], {})
-            run = Run(xorb_hash, a, b, layout.unpacked_start(a), pool.view(slot, size), slot)
-            run.private = not self._shared(xorb_hash)
-            return Loaded([run], {})
-        # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
-        pieces: list[Buffer | XetfsError] = []
-        at = 0
-        for s in sizes:
-            pieces.append(bytes(pool.view(slot, at + s)[at:]) if isinstance(s, int) else s)
-            at += s if isinstance(s, int) else 0
-        pool.free_slot(slot)
-        return _runs(xorb_hash, layout, a, pieces)
-
-    def _parts(self, layout: XorbLayout, first: int, stop: int) -> list[tuple[int, int]]:
-        """Chunks ``[first, stop)`` cut into pieces of a slot at most (at least a chunk each)."""
-        if self._pool is None:
-            return [(first, stop)]
-        parts = []
-        while first < stop:
-            end = first + 1
-            while end < stop and layout.range_size(first, end + 1) <= self._pool.slot_size:
-                end += 1
-            parts.append((first, end))
-            first = end
-        return parts
-
-    def _take_slots(self, pool: DecodePool, sizes: list[int]) -> list[int] | None:
-        """A slot for each size, or None (and none taken) if not enough are free."""
-        slots: list[int] = []
-        for size in sizes:
-            slot = self._take_slot(pool, size)
-            if slot is None:
-                for taken in slots:
-                    pool.free_slot(taken)
-                return None
-            slots.append(slot)
-        return slots
-
     def _free(self, runs: Sequence[Run]) -> None:
         """Give back the slots of runs that were loaded but will not be kept."""
         for run in runs:
             if run.slot is not None and self._pool is not None:
-                self._pool.free_slot(run.slot)
+                self._pool.slots.free(run.slot)
 
     def _keep(self, src: ChunkSource, xorb_hash: bytes, first: int, stop: int, data: Buffer) -> None:
         """Keep fetched bytes whose chunks all verified in the disk cache, where ``src`` says."""
@@ -353,22 +305,6 @@ class Loader:
             fetched: Buffer = await self._io(self.store.read_source, xorb_hash, src, *phys, first, stop)
             return fetched
 
-    def _take_slot(self, pool: DecodePool, size: int) -> int | None:
-        """A free slot, or None if every slot is in use.
-
-        In order: a free slot already in memory; the slot of a private run a sequential reader
-        has read through; a slot never used (touching new memory costs far more than reusing);
-        the slot of the least useful run no read is using.
-        """
-        slot = pool.take_slot(size, fresh=False)
-        if slot is None and self._runs.recycle_slot():
-            slot = pool.take_slot(size, fresh=False)
-        if slot is None:
-            slot = pool.take_slot(size)
-        if slot is None and self._runs.free_a_slot():
-            slot = pool.take_slot(size)
-        return slot
-
     def _count(self, read_bytes: int, chunks: Sequence[Buffer | int | XetfsError]) -> None:
         """Count one store read that decoded ``chunks`` (bytes, sizes or errors); a worker's job that
         read nothing (its xorb would not open) is no store read."""
@@ -415,3 +351,72 @@ def _runs(xorb_hash: bytes, layout: XorbLayout, first: int, chunks: Sequence[Buf
         else:
             pieces.append(chunk)
     return Loaded(runs, errors)
+
+
+def _slot_runs(
+    pool: DecodePool, shared: Callable[[bytes], bool], slot: int, xorb_hash: bytes, layout: XorbLayout, a: int,
+    b: int, sizes: Sequence[int | XetfsError],
+) -> Loaded:  # fmt: skip
+    """What chunks ``[a, b)``, decoded into ``slot`` of ``pool`` (``sizes``: per chunk its size or error),
+    make; ``shared``: whether other terms use a xorb (a run of one no other term uses is private)."""
+    size, slots = layout.range_size(a, b), pool.slots
+    if all(isinstance(s, int) for s in sizes):
+        if size < pool.min_slot_run:  # a short run would hold a whole slot: it moves to the daemon
+            data = bytes(slots.view(slot, size))
+            slots.free(slot)
+            return Loaded([Run(xorb_hash, a, b, layout.unpacked_start(a), memoryview(data))], {})
+        run = Run(xorb_hash, a, b, layout.unpacked_start(a), slots.view(slot, size), slot)
+        run.private = not shared(xorb_hash)
+        return Loaded([run], {})
+    # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
+    pieces: list[Buffer | XetfsError] = []
+    at = 0
+    for s in sizes:
+        pieces.append(bytes(slots.view(slot, at + s)[at:]) if isinstance(s, int) else s)
+        at += s if isinstance(s, int) else 0
+    slots.free(slot)
+    return _runs(xorb_hash, layout, a, pieces)
+
+
+def _parts(layout: XorbLayout, first: int, stop: int, slot_size: int | None) -> list[tuple[int, int]]:
+    """Chunks ``[first, stop)`` cut into pieces of ``slot_size`` at most (at least a chunk each); without
+    slots (None), one piece."""
+    if slot_size is None:
+        return [(first, stop)]
+    parts = []
+    while first < stop:
+        end = first + 1
+        while end < stop and layout.range_size(first, end + 1) <= slot_size:
+            end += 1
+        parts.append((first, end))
+        first = end
+    return parts
+
+
+def _take_slots(slots: Slots, runs: RunStore, sizes: list[int]) -> list[int] | None:
+    """A slot for each size, or None (and none taken) if not enough are free (``_take_slot``)."""
+    taken: list[int] = []
+    for size in sizes:
+        slot = _take_slot(slots, runs, size)
+        if slot is None:
+            slots.free_all(taken)
+            return None
+        taken.append(slot)
+    return taken
+
+
+def _take_slot(slots: Slots, runs: RunStore, size: int) -> int | None:
+    """A free slot, or None if every slot is in use.
+
+    In order: a free slot already in memory; the slot of a private run a sequential reader
+    has read through; a slot never used (touching new memory costs far more than reusing);
+    the slot of the least useful run no read is using.
+    """
+    slot = slots.take(size, fresh=False)
+    if slot is None and runs.recycle_slot():
+        slot = slots.take(size, fresh=False)
+    if slot is None:
+        slot = slots.take(size)
+    if slot is None and runs.free_a_slot():
+        slot = slots.take(size)
+    return slot

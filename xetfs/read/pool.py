@@ -3,11 +3,11 @@
 Decoding and hashing chunks is CPU work, and in the daemon it would share
 one core (and the GIL) with answering FUSE.  ``DecodePool`` hands runs of
 chunks to worker processes (``decode_worker``) instead.  Each decode job
-writes into a slot of one shared memory file; the caller takes a slot
-(``take_slot``), owns it while the run decoded there is held, and gives it
-back explicitly (``free_slot``) when the run is evicted.  Threads would not
-help: python-lz4, pyfuse3's reply and most of the decode path hold the GIL,
-and a thread hop costs more than decoding a chunk.
+writes into slots of the pool's shared memory (``slots.Slots``), which the
+caller takes, owns while the runs decoded there are held, and gives back
+when they are evicted.  Threads would not help: python-lz4, pyfuse3's reply
+and most of the decode path hold the GIL, and a thread hop costs more than
+decoding a chunk.
 
 Checking a xorb's layout (its footer, and the ~1,000 chunk hashes tied to
 the xorb's name: milliseconds of Python) is a job too; the daemon only
@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import mmap
 import os
 import pickle
 import subprocess
@@ -49,6 +48,7 @@ from xetfs.read.decode_worker import (
     Setup,
     encode_frame,
 )
+from xetfs.read.slots import Slots
 from xetfs.storage.store import ChunkSource
 
 log = logging.getLogger(__name__)
@@ -126,31 +126,22 @@ class DecodePool:
         self.min_job_bytes = MIN_JOB_BYTES
         self.min_slot_run = slot_size // 2  # a run decoded into a slot stays there only from this long on
         self.capacity = workers * SLOTS_PER_WORKER  # jobs worth keeping in flight
-        self._slot_count = slots = max(slots or 0, self.capacity + KEEP_FREE_SLOTS)
-        self._memfd = os.memfd_create("xetfs-decode", os.MFD_CLOEXEC)
-        os.ftruncate(self._memfd, slots * slot_size)
-        self._shared = mmap.mmap(self._memfd, slots * slot_size)
-        self._view = memoryview(self._shared)
-        self._touched: list[int] = []  # free slots whose pages are still in memory (reused first)
-        self._fresh = list(range(slots - 1, -1, -1))  # free slots without pages
-        self._resident = [0] * slots  # per slot, the bytes from its start that may have pages
-        self._extra = [0] * slots  # per slot in use, its pages past the run it holds
-        self._spare_used = 0  # their sum
-        self.spare_bytes = KEEP_FREE_SLOTS * slot_size  # what that sum may reach
+        slots = max(slots or 0, self.capacity + KEEP_FREE_SLOTS)
+        self._counters = WorkerCounters(workers=workers, slots=slots, slot_bytes=slot_size)
+        self.slots = Slots(slots, slot_size, keep=self.capacity + KEEP_FREE_SLOTS,
+                           spare_bytes=KEEP_FREE_SLOTS * slot_size, counters=self._counters)  # fmt: skip
         self._next_id = 0
-        self._fenced: set[int] = set()  # slots a killed worker may still write into: never used again
         self._closed = False
         self._count = workers
         self._workers: list[_Worker] = []
         self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
         self._nursery: trio.Nursery | None = None  # where ``start`` runs the pool's tasks
-        self._counters = WorkerCounters(workers=workers, slots=slots, slot_bytes=slot_size)
 
     def statistics(self) -> WorkerCounters:
         """A snapshot of the pool's counters."""
         c = self._counters
         c.alive = sum(w.alive for w in self._workers)
-        c.free_slots = len(self._touched) + len(self._fresh)
+        c.free_slots = self.slots.free_count
         return replace(c)
 
     @property
@@ -171,77 +162,7 @@ class DecodePool:
         """Wait until a worker can take jobs, or none ever will (after ``start``)."""
         await self._some_ready.wait()
 
-    # -- slots ------------------------------------------------------------
-
-    def take_slot(self, size: int, *, fresh: bool = True) -> int | None:
-        """A free slot for a run of ``size`` bytes: one whose pages are in memory, else (with
-        ``fresh``) one without; None if there is none.
-
-        A run in a slot is counted by its length, but the slot keeps the pages of a longer run
-        held there before.  That excess is allowed up to ``spare_bytes`` over all slots in use;
-        past it, the slot's pages past ``size`` are given back (giving back at every turn would
-        cost more: the pages are touched afresh when the slot next holds a longer run).
-        """
-        self._trim()
-        if self._touched:
-            slot = self._touched.pop()
-        elif fresh and self._fresh:
-            slot = self._fresh.pop()
-        else:
-            return None
-        keep = min(-(-size // mmap.PAGESIZE) * mmap.PAGESIZE, self.slot_size)
-        extra = max(0, self._resident[slot] - keep)
-        if extra and self._spare_used + extra > self.spare_bytes:
-            self._shared.madvise(mmap.MADV_REMOVE, slot * self.slot_size + keep, extra)
-            self._resident[slot], extra = keep, 0
-        self._resident[slot] = max(self._resident[slot], keep)
-        self._extra[slot] = extra
-        self._spare_used += extra
-        return slot
-
-    def free_slot(self, slot: int) -> None:
-        """Give ``slot`` back; whoever held a run there must not use its bytes after the next await."""
-        self._spare_used -= self._extra[slot]
-        self._extra[slot] = 0
-        self._touched.append(slot)
-
-    def view(self, slot: int, length: int) -> memoryview:
-        """The first ``length`` bytes of ``slot``."""
-        base = slot * self.slot_size
-        return self._view[base : base + length]
-
-    def _trim(self) -> None:
-        """Return the pages of free slots beyond the few worth keeping to the system.
-
-        Done here, when a slot is taken, never in ``free_slot``: a view of a freed
-        slot may still be on its way into a reply until the next await.
-        """
-        while len(self._touched) > self.capacity + KEEP_FREE_SLOTS:
-            slot = self._touched.pop(0)
-            self._shared.madvise(mmap.MADV_REMOVE, slot * self.slot_size, self.slot_size)
-            self._resident[slot] = 0
-            self._fresh.append(slot)
-            self._counters.slots_returned += 1
-
     # -- workers ----------------------------------------------------------
-
-    def _spawn(self, number: int) -> _Worker:
-        shm = (str(self._memfd), str(self._slot_count), str(self.slot_size))
-        argv = [sys.executable, "-m", "xetfs.read.decode_worker", *shm]
-        # A process group of its own: Ctrl-C at the terminal must not reach a worker still starting up
-        # (before it can ignore SIGINT); the daemon stops its workers by closing their input.
-        process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(self._memfd,),
-                                   process_group=0)  # fmt: skip
-        assert process.stdin is not None and process.stdout is not None
-        # Keep raw descriptors: the results side is read by trio (non-blocking).
-        jobs_fd, results_fd = os.dup(process.stdin.fileno()), os.dup(process.stdout.fileno())
-        process.stdin.close()
-        process.stdout.close()
-        with contextlib.suppress(OSError):  # (the worker is gone already: its collector finds it lost)
-            os.write(jobs_fd, encode_frame(self._setup))  # blocking, into an empty pipe: the worker's first frame
-        os.set_blocking(results_fd, False)
-        os.set_blocking(jobs_fd, False)  # a full pipe must not stop the daemon: see ``_send``
-        return _Worker(number, process, jobs_fd, results_fd)
 
     def start(self, nursery: trio.Nursery) -> None:
         """Start the workers (the first time) and collect their results in ``nursery``.
@@ -251,7 +172,7 @@ class DecodePool:
         say) may start the same pool again.
         """
         if not self._workers:
-            self._workers = [self._spawn(n) for n in range(self._count)]
+            self._workers = [_spawn(n, self.slots, self._setup) for n in range(self._count)]
             log.info("started %d decode worker processes", self._count)
         self._nursery = nursery
         for worker in self._workers:
@@ -316,8 +237,7 @@ class DecodePool:
             if not pending.done.is_set():
                 pending.abandoned = True  # the worker may still write into the slots: freed when done
             elif not pending.fenced:
-                for slot in pending.slots:
-                    self.free_slot(slot)  # done already: nobody else will
+                self.slots.free_all(pending.slots)  # done already: nobody else will
             raise
         if pending.result is None:
             raise WorkerLost(f"decode worker {worker.number} exited", fenced=pending.fenced)
@@ -336,7 +256,7 @@ class DecodePool:
             worker.process.kill()
         for pending in worker.pending.values():
             pending.fenced = True
-            self._fenced.update(pending.slots)
+            self.slots.fence(pending.slots)
         fenced = [slot for p in worker.pending.values() for slot in p.slots]
         self._counters.hung += 1
         self._lose(worker)
@@ -353,7 +273,9 @@ class DecodePool:
         other workers and the daemon go on.
         """
         try:
-            replacement = await trio.to_thread.run_sync(self._spawn, worker.number, abandon_on_cancel=True)
+            replacement = await trio.to_thread.run_sync(
+                _spawn, worker.number, self.slots, self._setup, abandon_on_cancel=True
+            )
         except OSError as exc:  # no process could be started (descriptors, memory): one worker fewer
             log.error("could not start a decode worker in the place of worker %d: %s", worker.number, exc)
             return
@@ -369,10 +291,7 @@ class DecodePool:
         """Give fenced slots back once the killed worker has exited (it cannot write any more)."""
         while worker.process.poll() is None:
             await trio.sleep(0.1)
-        for slot in slots:
-            if slot in self._fenced:
-                self._fenced.discard(slot)
-                self.free_slot(slot)
+        self.slots.unfence(slots)
 
     def _send(self, worker: _Worker, frame: bytes) -> None:
         """Write ``frame`` to ``worker``'s input without blocking: what the pipe does not take now,
@@ -451,8 +370,7 @@ class DecodePool:
             return
         pending.result = result
         if pending.abandoned:
-            for slot in pending.slots:
-                self.free_slot(slot)
+            self.slots.free_all(pending.slots)
         pending.done.set()
 
     def _lose(self, worker: _Worker) -> None:
@@ -465,8 +383,7 @@ class DecodePool:
             self._some_ready.set()  # nobody is left to wait for
         for pending in worker.pending.values():
             if pending.abandoned and not pending.fenced:
-                for slot in pending.slots:
-                    self.free_slot(slot)
+                self.slots.free_all(pending.slots)
             pending.done.set()
         worker.pending.clear()
         worker.unsent.clear()
@@ -484,19 +401,42 @@ class DecodePool:
             with contextlib.suppress(OSError):
                 os.close(worker.results_fd)
         for worker in self._workers:
-            try:
-                worker.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                worker.process.kill()
-                try:
-                    worker.process.wait(timeout)
-                except subprocess.TimeoutExpired:  # stuck in a read the kernel cannot interrupt
-                    log.warning("decode worker %d (pid %d) does not exit; leaving it", worker.number,
-                                worker.process.pid)  # fmt: skip
-        with contextlib.suppress(BufferError):  # a view still held elsewhere: the mapping goes with it
-            self._view.release()
-            self._shared.close()
-        os.close(self._memfd)
+            _wait_for_exit(worker, timeout)
+        self.slots.close()
+
+
+def _spawn(number: int, slots: Slots, setup: Setup) -> _Worker:
+    """Start decode worker ``number`` over ``slots``, and send it ``setup`` (its first frame)."""
+    shm = (str(slots.memfd), str(slots.count), str(slots.slot_size))
+    argv = [sys.executable, "-m", "xetfs.read.decode_worker", *shm]
+    # A process group of its own: Ctrl-C at the terminal must not reach a worker still starting up
+    # (before it can ignore SIGINT); the daemon stops its workers by closing their input.
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=(slots.memfd,),
+                           process_group=0)  # fmt: skip
+    assert process.stdin is not None and process.stdout is not None
+    # Keep raw descriptors: the results side is read by trio (non-blocking).
+    jobs_fd, results_fd = os.dup(process.stdin.fileno()), os.dup(process.stdout.fileno())
+    process.stdin.close()
+    process.stdout.close()
+    with contextlib.suppress(OSError):  # (the worker is gone already: its collector finds it lost)
+        os.write(jobs_fd, encode_frame(setup))  # blocking, into an empty pipe: the worker's first frame
+    os.set_blocking(results_fd, False)
+    os.set_blocking(jobs_fd, False)  # a full pipe must not stop the daemon: see ``_send``
+    return _Worker(number, process, jobs_fd, results_fd)
+
+
+def _wait_for_exit(worker: _Worker, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for ``worker``'s process to exit, then kill it and wait as long again;
+    a process that still has not exited is left (with a warning)."""
+    try:
+        worker.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        worker.process.kill()
+        try:
+            worker.process.wait(timeout)
+        except subprocess.TimeoutExpired:  # stuck in a read the kernel cannot interrupt
+            log.warning("decode worker %d (pid %d) does not exit; leaving it", worker.number,
+                        worker.process.pid)  # fmt: skip
 
 
 def _describe(job: Job) -> str:

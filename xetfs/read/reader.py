@@ -101,7 +101,7 @@ class Reader:
         self.index = index
         self._remote = remote or RemoteCounters()
         self._extents = Extents()
-        self.runs = RunStore(cache_size, pool.free_slot if pool else None, self._extents.forget)
+        self.runs = RunStore(cache_size, pool.slots.free if pool else None, self._extents.forget)
         self._loader = Loader(store, self.runs, shared=index.shared, verify=verify, io=io, pool=pool,
                               run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote)  # fmt: skip
         self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE)

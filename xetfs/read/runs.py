@@ -169,19 +169,11 @@ class RunStore:
                                 nursery.start_soon(self._load, xorb_hash, ld, load, prefetch)
                             for ld in waits:
                                 nursery.start_soon(ld.done.wait)
-                    for ld in flights:
-                        if ld.state is LoadState.CANCELLED:
-                            continue  # look again: this time we may load it ourselves
-                        failed = [i for i in sorted(ld.errors) if first <= i < stop]
-                        if failed and not prefetch:
-                            raise ld.errors[failed[0]]
-                        for run in ld.runs:
-                            if run.first not in have and run.first < stop and run.stop > first:
-                                have[run.first] = self._use(run, first, stop, prefetch, counted)
+                    self._take_loaded(flights, have, first, stop, prefetch)
                 finally:
                     for ld in flights:
                         self._leave(ld)
-                if prefetch or self._covered(have, first, stop):
+                if prefetch or _covered(have, first, stop):
                     break
         except BaseException:
             if not prefetch:
@@ -285,6 +277,20 @@ class RunStore:
             self._evict(run)
 
     # -- internals ----------------------------------------------------------
+
+    def _take_loaded(self, flights: list[Load], have: dict[int, Run], first: int, stop: int, prefetch: bool) -> None:
+        """``get``'s part once ``flights`` are over: add the runs they made for chunks ``[first, stop)`` to
+        ``have`` (pinned, for a read); raise the error of the first of those chunks that failed (not for
+        ``prefetch``).  A cancelled load is passed over: the next pass looks again."""
+        for ld in flights:
+            if ld.state is LoadState.CANCELLED:
+                continue  # look again: this time we may load it ourselves
+            failed = [i for i in sorted(ld.errors) if first <= i < stop]
+            if failed and not prefetch:
+                raise ld.errors[failed[0]]
+            for run in ld.runs:
+                if run.first not in have and run.first < stop and run.stop > first:
+                    have[run.first] = self._use(run, first, stop, prefetch, True)  # counted: as a miss or a hit
 
     def _use(self, run: Run, first: int, stop: int, prefetch: bool, counted: bool) -> Run:
         if prefetch:
@@ -392,15 +398,16 @@ class RunStore:
             if self._free_slot is not None:
                 self._free_slot(slot)
 
-    @staticmethod
-    def _covered(have: dict[int, Run], first: int, stop: int) -> bool:
-        pos = first
-        for k in sorted(have):
-            run = have[k]
-            if run.first > pos:
-                return False
-            pos = max(pos, run.stop)
-        return pos >= stop
+
+def _covered(have: dict[int, Run], first: int, stop: int) -> bool:
+    """Whether the runs in ``have`` cover chunks ``[first, stop)`` without a gap."""
+    pos = first
+    for k in sorted(have):
+        run = have[k]
+        if run.first > pos:
+            return False
+        pos = max(pos, run.stop)
+    return pos >= stop
 
 
 def _index(entries: list[Entry], entry: Entry) -> int:
