@@ -258,8 +258,9 @@ def told_reads(p: ReadPolicy, reads: list[tuple[int, int]], cached: set[int]) ->
 
 def test_reads_of_cached_bytes_that_continue_nothing_are_left_out() -> None:
     p = policy()
-    assert not p.watches(0, 4096) and not p.watches(4096, 4096) and p.watches(0, 64 * 1024)
+    assert p.watches(0, 4096)  # the file's first read is always told: does the reader start at the beginning?
     p.on_read(8192, 4096, SIZE)
+    assert not p.watches(0, 4096) and not p.watches(4096, 4096) and p.watches(0, 64 * 1024)
     assert p.watches(12288, 4096) and not p.watches(16384, 4096)  # continues the read remembered
     rng = random.Random(3)
     cached = set(range(SIZE // CHUNK))
@@ -275,9 +276,15 @@ def test_a_small_block_reader_is_seen_though_most_of_its_reads_are_cached() -> N
     assert None not in told  # every read after the first continues one that was told
     first = next(i for i, t in enumerate(told) if t)
     assert first == 63  # 256 KiB covered, as when told of every read
-    # Starting in bytes already cached: seen from its first read of bytes that are not.
+    # Starting at the beginning in bytes already cached: the file's first read is told, so seen from it.
+    told = told_reads(policy(), reads, set(range(16)))  # the first MiB cached
+    assert None not in told and told.index(next(t for t in told if t)) == 63
+    # Starting elsewhere in bytes already cached: seen from its first read of bytes that are not.
     p = policy()
-    told = told_reads(p, reads, set(range(16)))  # the first MiB cached
+    p.on_read(0, 4096, SIZE)  # the file's first read, at its beginning
+    base = 64 * MiB
+    later = [(base + off, length) for off, length in reads]
+    told = told_reads(p, later, set(range(base // CHUNK, base // CHUNK + 16)))  # its first MiB cached
     assert told[:256] == [None] * 256
     assert told.index(next(t for t in told if t)) == 256 + 63
     assert all(p.watches(off, 4096) for off in range(0, SIZE, 8 * MiB))  # it prefetches: every read is told
