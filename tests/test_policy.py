@@ -403,3 +403,10 @@ def test_the_window_still_opens_wide_for_a_reader_that_starts_at_the_beginning()
     p.on_read(0, 64 * 1024, SIZE)
     got = [d.prefetch for off, length in pieces(300 * MiB, 340 * MiB) if (d := p.on_read(off, length, SIZE)).prefetch]
     assert got[0] == (302 * MiB, 2 * MiB) and p.streams[0].window == 16 * MiB
+
+
+def test_a_window_smaller_than_the_first_still_prefetches() -> None:
+    # A small --cache-size makes the largest window smaller than the first one: prefetch still runs.
+    p = ReadPolicy(initial=2 * MiB, maximum=MiB)
+    asked = [d.prefetch for k in range(8) if (d := p.on_read(k * MiB, MiB, SIZE)).prefetch]
+    assert asked and all(length <= MiB for _, length in asked)

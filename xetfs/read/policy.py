@@ -51,7 +51,7 @@ file read first elsewhere is read by a reader that jumps: parquet and zip
 readers read the footer at the end first, then the column chunks or members
 they need, and skip the rest.  Its streams prefetch no further ahead than
 ``1 / jump_share`` of the bytes they have read themselves (the bytes they
-jumped over do not count), and nothing until that is ``initial``: what a
+jumped over do not count), and nothing until that is a first window: what a
 stream decodes past the place where its reader stops or jumps is then at most
 that share of what it read.
 """
@@ -175,17 +175,18 @@ class ReadPolicy:
         start = max(stream.ahead_end, stream.front)
         stop = min(file_size, stream.front + window)
         # Top the window up only once half of it has been consumed.
-        if window < self.initial or stop <= start or busy or (stop - start < window // 2 and stop < file_size):
+        if not window or stop <= start or busy or (stop - start < window // 2 and stop < file_size):
             return SEQUENTIAL
         stream.ahead_end = stop
         return Decision(True, (start, stop - start))
 
     def ahead(self, stream: Stream) -> int:
         """How far ahead of its front ``stream`` may prefetch now: its window, or for a stream of a reader that
-        jumps, no more than ``1 / jump_share`` of what it has read."""
+        jumps, no more than ``1 / jump_share`` of what it has read, and nothing until that is a first window."""
         if stream.start == 0 or self._from_start:
             return stream.window
-        return min(stream.window, stream.read // self.jump_share)
+        share = stream.read // self.jump_share
+        return min(stream.window, share) if share >= min(self.initial, self.maximum) else 0
 
     def watches(self, offset: int, length: int) -> bool:
         """Whether a read may get a decision: it may start or continue a stream, or a stream of the
