@@ -410,3 +410,13 @@ def test_a_window_smaller_than_the_first_still_prefetches() -> None:
     p = ReadPolicy(initial=2 * MiB, maximum=MiB)
     asked = [d.prefetch for k in range(8) if (d := p.on_read(k * MiB, MiB, SIZE)).prefetch]
     assert asked and all(length <= MiB for _, length in asked)
+
+
+def test_a_reader_that_starts_in_the_middle_and_keeps_going_gets_the_wide_window() -> None:
+    # dd skip=, tail -c: the first read is in the middle, and every read since continues it.
+    p = policy()
+    got = [d.prefetch for off, length in pieces(100 * MiB, 140 * MiB) if (d := p.on_read(off, length, SIZE)).prefetch]
+    assert got[0] == (102 * MiB, 2 * MiB) and p.streams[0].window == 16 * MiB
+    # Once it jumps, its new streams prefetch a share of what they read: nothing in their first MiBs.
+    later = [d.prefetch for off, length in pieces(400 * MiB, 410 * MiB) if (d := p.on_read(off, length, SIZE)).prefetch]
+    assert later == []

@@ -44,10 +44,12 @@ small random reads that happen to be adjacent decode nothing ahead. Its window
 then doubles on every read up to ``maximum``, and is topped up once half of it
 has been consumed.
 
-The window opens wide only for a reader that starts at the beginning: a
-stream that started at offset 0, or any stream of a file whose first read was
-at offset 0 (a loader reads the header, then its regions, all of them).  A
-file read first elsewhere is read by a reader that jumps: parquet and zip
+The window opens wide for a reader that starts at the beginning or keeps
+going: a stream that started at offset 0, any stream of a file whose first
+read was at offset 0 (a loader reads the header, then its regions, all of
+them), and a stream of a file whose reads have all continued the first one
+(``dd skip=``, ``tail -c``).  A file read first elsewhere, with a read since
+that continued nothing, is read by a reader that jumps: parquet and zip
 readers read the footer at the end first, then the column chunks or members
 they need, and skip the rest.  Its streams prefetch no further ahead than
 ``1 / jump_share`` of the bytes they have read themselves (the bytes they
@@ -117,6 +119,7 @@ class ReadPolicy:
     _singles: dict[int, int] = field(default_factory=dict)
     _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
     _from_start: bool | None = None  # whether the file's first read was at offset 0 (None before it)
+    _jumped: bool = False  # a read after the first continued nothing: the reader jumps
 
     @property
     def fronts(self) -> Mapping[int, Stream]:
@@ -138,7 +141,8 @@ class ReadPolicy:
         (ask for nothing now)."""
         if not length:
             return RANDOM
-        if self._from_start is None:
+        first = self._from_start is None
+        if first:
             self._from_start = offset == 0
         end = offset + length
         stream = self._fronts.get(offset)
@@ -148,6 +152,7 @@ class ReadPolicy:
             singles = self._singles
             start = singles.pop(offset, None)
             if start is None:
+                self._jumped = self._jumped or not first
                 if length < self.small:
                     singles.pop(end, None)  # (a read made again is the latest)
                     singles[end] = offset
@@ -183,7 +188,7 @@ class ReadPolicy:
     def ahead(self, stream: Stream) -> int:
         """How far ahead of its front ``stream`` may prefetch now: its window, or for a stream of a reader that
         jumps, no more than ``1 / jump_share`` of what it has read, and nothing until that is a first window."""
-        if stream.start == 0 or self._from_start:
+        if stream.start == 0 or self._from_start or not self._jumped:
             return stream.window
         share = stream.read // self.jump_share
         return min(stream.window, share) if share >= min(self.initial, self.maximum) else 0
