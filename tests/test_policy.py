@@ -258,8 +258,9 @@ def told_reads(p: ReadPolicy, reads: list[tuple[int, int]], cached: set[int]) ->
 
 def test_reads_of_cached_bytes_that_continue_nothing_are_left_out() -> None:
     p = policy()
-    assert not p.watches(0, 4096) and not p.watches(4096, 4096) and p.watches(0, 64 * 1024)
+    assert p.watches(0, 4096)  # the file's first read is always told: does the reader start at the beginning?
     p.on_read(8192, 4096, SIZE)
+    assert not p.watches(0, 4096) and not p.watches(4096, 4096) and p.watches(0, 64 * 1024)
     assert p.watches(12288, 4096) and not p.watches(16384, 4096)  # continues the read remembered
     rng = random.Random(3)
     cached = set(range(SIZE // CHUNK))
@@ -275,9 +276,15 @@ def test_a_small_block_reader_is_seen_though_most_of_its_reads_are_cached() -> N
     assert None not in told  # every read after the first continues one that was told
     first = next(i for i, t in enumerate(told) if t)
     assert first == 63  # 256 KiB covered, as when told of every read
-    # Starting in bytes already cached: seen from its first read of bytes that are not.
+    # Starting at the beginning in bytes already cached: the file's first read is told, so seen from it.
+    told = told_reads(policy(), reads, set(range(16)))  # the first MiB cached
+    assert None not in told and told.index(next(t for t in told if t)) == 63
+    # Starting elsewhere in bytes already cached: seen from its first read of bytes that are not.
     p = policy()
-    told = told_reads(p, reads, set(range(16)))  # the first MiB cached
+    p.on_read(0, 4096, SIZE)  # the file's first read, at its beginning
+    base = 64 * MiB
+    later = [(base + off, length) for off, length in reads]
+    told = told_reads(p, later, set(range(base // CHUNK, base // CHUNK + 16)))  # its first MiB cached
     assert told[:256] == [None] * 256
     assert told.index(next(t for t in told if t)) == 256 + 63
     assert all(p.watches(off, 4096) for off in range(0, SIZE, 8 * MiB))  # it prefetches: every read is told
@@ -326,3 +333,90 @@ def test_a_small_read_made_again_is_remembered_as_the_latest() -> None:
     assert not p.streams
     p.on_read(first + 4096, 4096, SIZE)  # it continues the first: the two are a stream
     assert [(s.start, s.front) for s in p.streams] == [(first, first + 8192)]
+
+
+# A parquet file as the bench writes it: row groups of seven column chunks (sizes in bytes), the footer at the end.
+COLUMN_CHUNKS = {"id": 3_631_391, "ts": 6_985_351, "category": 633_955, "value": 6_985_347, "score": 3_922_559,
+                 "flag": 107_042, "word": 1_653_457}  # fmt: skip
+PROJECTION = ("ts", "category", "value", "score", "flag")  # the query's columns: id and word are skipped
+
+
+def parquet_layout(row_groups: int) -> tuple[list[tuple[str, int, int]], int]:
+    """(column, start, end) of every column chunk, in file order, and the file's size (footer included)."""
+    chunks, at = [], 4  # after the magic
+    for _ in range(row_groups):
+        for name, size in COLUMN_CHUNKS.items():
+            chunks.append((name, at, at + size))
+            at += size
+    return chunks, at + 256 * 1024
+
+
+def pieces(start: int, end: int, block: int = MiB) -> list[tuple[int, int]]:
+    """A range as the kernel asks for it: ``block`` at a time."""
+    return [(off, min(block, end - off)) for off in range(start, end, block)]
+
+
+def prefetched_in(p: ReadPolicy, reads: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+    """The windows ``p`` asks for over ``reads`` (after the footer, read first as every parquet reader does)."""
+    p.on_read(size - 256 * 1024, 256 * 1024, size)
+    return [d.prefetch for off, length in reads if (d := p.on_read(off, length, size)).prefetch]
+
+
+def round_robin(streams: list[list[tuple[int, int]]]) -> list[tuple[int, int]]:
+    """The reads of several readers at once, one of each in turn."""
+    return [read for step in itertools.zip_longest(*streams) for read in step if read is not None]
+
+
+def test_a_projection_that_jumps_between_column_chunks_prefetches_nothing_it_skips() -> None:
+    chunks, size = parquet_layout(12)
+    wanted = [(start, end) for name, start, end in chunks if name in PROJECTION]
+    # duckdb: a reader per column chunk, a few at once; pyarrow: one coalesced range per row group, all at once.
+    per_chunk = round_robin([[read for s, e in wanted[i::3] for read in pieces(s, e)] for i in range(3)])
+    groups = [(wanted[i][0], wanted[i + len(PROJECTION) - 1][1]) for i in range(0, len(wanted), len(PROJECTION))]
+    coalesced = round_robin([pieces(s, e) for s, e in groups])
+    skipped = [(start, end) for name, start, end in chunks if name not in PROJECTION]
+    for reads in (per_chunk, coalesced):
+        asked = prefetched_in(policy(), reads, size)
+        for off, length in asked:
+            assert not any(off < e and s < off + length for s, e in skipped), (off, length)
+        assert sum(length for _, length in asked) <= sum(length for _, length in reads) // 16
+
+
+def test_a_long_stream_of_a_reader_that_jumps_prefetches_a_sixteenth_of_what_it_read() -> None:
+    # A reader that read the footer first, then 512 MiB from the middle of the file: its window opens slowly.
+    p = policy()
+    asked = prefetched_in(p, pieces(100 * MiB, 612 * MiB), SIZE)
+    assert asked and asked[0][0] >= 100 * MiB + 32 * MiB  # nothing before 32 MiB read (2 MiB = 1/16 of it)
+    for off, length in asked:
+        assert off + length - 100 * MiB <= (off - 100 * MiB) * 17 // 16 + MiB  # at most 1/16 of what was read ahead
+    assert max(length for _, length in asked) <= 16 * MiB and p.streams[0].window == 16 * MiB
+
+
+def test_the_window_still_opens_wide_for_a_reader_that_starts_at_the_beginning() -> None:
+    # A zip reader (a pytorch checkpoint): the central directory at the end first, then its members from offset 0.
+    p = policy()
+    asked = prefetched_in(p, pieces(0, 64 * MiB), SIZE)
+    assert asked[0] == (2 * MiB, 2 * MiB) and p.streams[0].window == 16 * MiB
+    assert asked[-1][0] + asked[-1][1] >= 64 * MiB + 8 * MiB  # well ahead of the reader
+    # A loader: the header at 0, then a region in the middle of the file: a wide window there too.
+    p = policy()
+    p.on_read(0, 64 * 1024, SIZE)
+    got = [d.prefetch for off, length in pieces(300 * MiB, 340 * MiB) if (d := p.on_read(off, length, SIZE)).prefetch]
+    assert got[0] == (302 * MiB, 2 * MiB) and p.streams[0].window == 16 * MiB
+
+
+def test_a_window_smaller_than_the_first_still_prefetches() -> None:
+    # A small --cache-size makes the largest window smaller than the first one: prefetch still runs.
+    p = ReadPolicy(initial=2 * MiB, maximum=MiB)
+    asked = [d.prefetch for k in range(8) if (d := p.on_read(k * MiB, MiB, SIZE)).prefetch]
+    assert asked and all(length <= MiB for _, length in asked)
+
+
+def test_a_reader_that_starts_in_the_middle_and_keeps_going_gets_the_wide_window() -> None:
+    # dd skip=, tail -c: the first read is in the middle, and every read since continues it.
+    p = policy()
+    got = [d.prefetch for off, length in pieces(100 * MiB, 140 * MiB) if (d := p.on_read(off, length, SIZE)).prefetch]
+    assert got[0] == (102 * MiB, 2 * MiB) and p.streams[0].window == 16 * MiB
+    # Once it jumps, its new streams prefetch a share of what they read: nothing in their first MiBs.
+    later = [d.prefetch for off, length in pieces(400 * MiB, 410 * MiB) if (d := p.on_read(off, length, SIZE)).prefetch]
+    assert later == []

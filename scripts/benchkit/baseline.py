@@ -53,7 +53,11 @@ def install(ref: str, tmp: Path) -> Variant:
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=root, check=False)
         if proc.returncode != 0:
             raise BenchError(f"installing the baseline failed: {' '.join(cmd)}:\n{proc.stderr.strip()[-2000:]}")
-    python = str(venv / "bin" / "python")
+    # Its daemons run through a wrapper that drops PYTHONPATH: a working tree run with PYTHONPATH pointing
+    # at it (a git worktree beside an editable install) must not make the baseline import that tree.
+    python = str(venv / "bin" / "python-baseline")
+    Path(python).write_text(f'#!/bin/sh\nunset PYTHONPATH\nexec "{venv / "bin" / "python"}" "$@"\n')
+    Path(python).chmod(0o755)
     check = subprocess.run([python, "-c", "import xetfs, sys; print(xetfs.__file__)"], capture_output=True, text=True,
                            cwd=root, check=False)  # fmt: skip
     if check.returncode != 0 or not check.stdout.strip().startswith(str(venv)):

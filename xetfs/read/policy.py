@@ -34,14 +34,28 @@ says otherwise: a small read that continues no stream and no remembered
 read, while no stream is prefetching, can only be remembered.  So a random
 reader's small reads of cached bytes, the commonest request of all, skip the
 policy.  The price: a small-block sequential reader that starts in cached
-bytes is seen only from its first read of bytes not cached on (every read
-after that one continues it, cached or not), so its prefetch starts 64 reads
-later than it would have; larger reads are always told.
+bytes (other than at the file's first read, which is always told) is seen
+only from its first read of bytes not cached on (every read after that one
+continues it, cached or not), so its prefetch starts 64 reads later than it
+would have; larger reads are always told.
 
 A stream prefetches once it has covered ``min_stream`` bytes, so that two
 small random reads that happen to be adjacent decode nothing ahead. Its window
 then doubles on every read up to ``maximum``, and is topped up once half of it
 has been consumed.
+
+The window opens wide for a reader that starts at the beginning or keeps
+going: a stream that started at offset 0, any stream of a file whose first
+read was at offset 0 (a loader reads the header, then its regions, all of
+them), and a stream of a file whose reads have all continued the first one
+(``dd skip=``, ``tail -c``).  A file read first elsewhere, with a read since
+that continued nothing, is read by a reader that jumps: parquet and zip
+readers read the footer at the end first, then the column chunks or members
+they need, and skip the rest.  Its streams prefetch no further ahead than
+``1 / jump_share`` of the bytes they have read themselves (the bytes they
+jumped over do not count), and nothing until that is a first window: what a
+stream decodes past the place where its reader stops or jumps is then at most
+that share of what it read.
 """
 
 from __future__ import annotations
@@ -52,6 +66,7 @@ from types import MappingProxyType
 
 from xetfs.base.settings import (
     PREFETCH_INITIAL,
+    PREFETCH_JUMP_SHARE,
     PREFETCH_MAXIMUM,
     PREFETCH_MIN_STREAM,
     PREFETCH_SINGLES,
@@ -77,6 +92,7 @@ class Stream:
     front: int  # where its furthest read ended
     window: int = 0  # prefetch window, 0 until it has covered min_stream bytes
     ahead_end: int = 0  # everything before this has been asked for
+    read: int = 0  # bytes its reads took it forward by (not the bytes it jumped over)
 
     def reach(self, slack: int) -> int:
         """How far ahead a read still belongs to the stream: within ``slack`` of its front, or in what it prefetched.
@@ -95,12 +111,15 @@ class ReadPolicy:
     max_streams: int = PREFETCH_STREAMS
     max_singles: int = PREFETCH_SINGLES
     small: int = PREFETCH_SMALL  # reads shorter than this that continue nothing are singles
+    jump_share: int = PREFETCH_JUMP_SHARE  # a reader that jumps prefetches 1/this of what it read
     streams: list[Stream] = field(default_factory=list)  # most recently used first
     # Where each stream's reads end (one stream per offset: two that meet become one), and where the
     # last reads that continued no stream began, by where they ended.
     _fronts: dict[int, Stream] = field(default_factory=dict)
     _singles: dict[int, int] = field(default_factory=dict)
     _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
+    _from_start: bool | None = None  # whether the file's first read was at offset 0 (None before it)
+    _jumped: bool = False  # a read after the first continued nothing: the reader jumps
 
     @property
     def fronts(self) -> Mapping[int, Stream]:
@@ -122,6 +141,9 @@ class ReadPolicy:
         (ask for nothing now)."""
         if not length:
             return RANDOM
+        first = self._from_start is None
+        if first:
+            self._from_start = offset == 0
         end = offset + length
         stream = self._fronts.get(offset)
         if stream is None and self._prefetching:
@@ -130,32 +152,46 @@ class ReadPolicy:
             singles = self._singles
             start = singles.pop(offset, None)
             if start is None:
+                self._jumped = self._jumped or not first
                 if length < self.small:
                     singles.pop(end, None)  # (a read made again is the latest)
                     singles[end] = offset
                     if len(singles) > self.max_singles:
                         del singles[next(iter(singles))]  # the oldest
                 else:  # a larger read may be a sequential reader's first: a stream at once
-                    self._advance(self._start(offset, length), end)
+                    stream = self._start(offset, length)
+                    stream.read = length
+                    self._advance(stream, end)
                 return RANDOM
             stream = self._start(start, length)
+            stream.read = offset - start  # the remembered read's bytes
         elif stream is not self.streams[0]:
             self.streams.remove(stream)
             self.streams.insert(0, stream)
         if end > stream.front:
+            stream.read += end - max(offset, stream.front)
             self._advance(stream, end)
         if stream.front - stream.start < self.min_stream:
             return RANDOM
         if not stream.window:
             self._prefetching += 1
         stream.window = min(self.maximum, max(self.initial, stream.window * 2))
+        window = self.ahead(stream)
         start = max(stream.ahead_end, stream.front)
-        stop = min(file_size, stream.front + stream.window)
+        stop = min(file_size, stream.front + window)
         # Top the window up only once half of it has been consumed.
-        if stop <= start or busy or (stop - start < stream.window // 2 and stop < file_size):
+        if not window or stop <= start or busy or (stop - start < window // 2 and stop < file_size):
             return SEQUENTIAL
         stream.ahead_end = stop
         return Decision(True, (start, stop - start))
+
+    def ahead(self, stream: Stream) -> int:
+        """How far ahead of its front ``stream`` may prefetch now: its window, or for a stream of a reader that
+        jumps, no more than ``1 / jump_share`` of what it has read, and nothing until that is a first window."""
+        if stream.start == 0 or self._from_start or not self._jumped:
+            return stream.window
+        share = stream.read // self.jump_share
+        return min(stream.window, share) if share >= min(self.initial, self.maximum) else 0
 
     def watches(self, offset: int, length: int) -> bool:
         """Whether a read may get a decision: it may start or continue a stream, or a stream of the
@@ -163,9 +199,12 @@ class ReadPolicy:
 
         A read it does not watch, a small one that continues no stream and no remembered read, gets
         no prefetch and is not sequential: ``on_read`` would only remember it, and the caller may
-        leave that out when cached bytes answer the read.
+        leave that out when cached bytes answer the read.  The file's first read is always watched:
+        it says whether the reader starts at the beginning.
         """
-        return self._prefetching > 0 or length >= self.small or offset in self._fronts or offset in self._singles
+        if self._from_start is None or self._prefetching > 0 or length >= self.small:
+            return True
+        return offset in self._fronts or offset in self._singles
 
     def _near(self, offset: int) -> Stream | None:
         """The prefetching stream (most recently used first) a read at ``offset`` lies in, if any."""
@@ -189,6 +228,7 @@ class ReadPolicy:
                 stream.window = max(stream.window, other.window)
             stream.start = min(stream.start, other.start)
             stream.ahead_end = max(stream.ahead_end, other.ahead_end)
+            stream.read += other.read
         fronts[front] = stream
 
     def _start(self, start: int, length: int) -> Stream:

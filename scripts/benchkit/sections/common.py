@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,20 @@ from benchkit.util import BenchError
 def decoded_chunks(x: Daemon) -> int:
     """Chunks the xetfs daemon has decoded so far (its .xetfs/stats)."""
     return int(x.stats()["decode"]["chunks"])
+
+
+def settled_stats(x: Daemon, quiet: float = 0.2, deadline: float = 10.0) -> dict[str, Any]:
+    """The daemon's counters once no chunk has been decoded for ``quiet`` seconds (prefetches that were
+    under way when a reader finished have ended), or at ``deadline``."""
+    end = time.monotonic() + deadline
+    stats = x.stats()
+    while time.monotonic() < end:
+        time.sleep(quiet)
+        now = x.stats()
+        if now["decode"]["chunks"] == stats["decode"]["chunks"]:
+            return now
+        stats = now
+    return stats
 
 
 def vs_floor(daemon: Row, workers: Row, ceiling: Row) -> Any:
