@@ -26,11 +26,13 @@ from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
 from xetfs.base.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
+from xetfs.base.stats import WorkerCounters
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
 from xetfs.read.decode_worker import DecodeJob, Part, WorkerError, encode_frame
 from xetfs.read.pool import DecodePool, WorkerLost, _Pending
 from xetfs.read.reader import Reader
+from xetfs.read.slots import Slots
 from xetfs.storage import index
 from xetfs.storage.store import ChunkSource, Store
 
@@ -576,6 +578,22 @@ def test_a_slot_keeps_in_memory_only_the_run_it_holds() -> None:
         assert resident() == 12 * 1024
     finally:
         pool.close()
+
+
+def test_a_slot_given_back_twice_is_free_once() -> None:
+    """``free`` is idempotent: a second release of a slot (two clean-ups of one owner meeting) does not put
+    it on the free list twice, where two runs would then share it."""
+    slots = Slots(3, 64 * 1024, keep=3, spare_bytes=0, counters=WorkerCounters())
+    try:
+        first = slots.take(1000)
+        assert first is not None
+        slots.free(first)
+        slots.free(first)
+        assert slots.free_count == 3
+        taken = [slots.take(1000) for _ in range(3)]
+        assert sorted(s for s in taken if s is not None) == [0, 1, 2] and slots.take(1000) is None
+    finally:
+        slots.close()
 
 
 def test_jobs_left_unsent_when_a_run_ends_are_sent_in_the_next(tmp_path: Path) -> None:

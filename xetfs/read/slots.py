@@ -4,7 +4,8 @@
 daemon maps it, and so does every decode worker (``decode_worker``), which
 decodes straight into the slots of its jobs.  The caller takes a slot
 (``take``), owns it while the run decoded there is held, and gives it back
-explicitly (``free``) when the run is evicted.  A slot a killed worker may
+explicitly (``free``) when the run is evicted; giving back a slot that is
+free already does nothing.  A slot a killed worker may
 still write into is fenced (``fence``) and given back only once that
 process is gone (``unfence``).  The pages of free slots beyond the few worth
 keeping are returned to the system (``_trim``).  Runs on one trio thread.
@@ -42,6 +43,7 @@ class Slots:
         self._extra = [0] * count  # per slot in use, its pages past the run it holds
         self._spare_used = 0  # their sum
         self._fenced: set[int] = set()  # slots a killed worker may still write into: never used again
+        self._taken = bytearray(count)  # 1 for a slot in use
 
     @property
     def free_count(self) -> int:
@@ -72,10 +74,15 @@ class Slots:
         self._resident[slot] = max(self._resident[slot], keep)
         self._extra[slot] = extra
         self._spare_used += extra
+        self._taken[slot] = 1
         return slot
 
     def free(self, slot: int) -> None:
-        """Give ``slot`` back; whoever held a run there must not use its bytes after the next await."""
+        """Give ``slot`` back (once: a slot free already stays as it is); whoever held a run there must not
+        use its bytes after the next await."""
+        if not self._taken[slot]:
+            return
+        self._taken[slot] = 0
         self._spare_used -= self._extra[slot]
         self._extra[slot] = 0
         self._touched.append(slot)
