@@ -412,11 +412,30 @@ def test_a_window_smaller_than_the_first_still_prefetches() -> None:
     assert asked and all(length <= MiB for _, length in asked)
 
 
-def test_a_reader_that_starts_in_the_middle_and_keeps_going_gets_the_wide_window() -> None:
+def wide_from(p: ReadPolicy, start: int, end: int) -> list[tuple[int, int]]:
+    """The windows ``p`` asks for over a sequential read of ``[start, end)``."""
+    return [d.prefetch for off, length in pieces(start, end) if (d := p.on_read(off, length, SIZE)).prefetch]
+
+
+def test_a_reader_that_did_not_read_the_tail_first_gets_the_wide_window_wherever_it_reads() -> None:
     # dd skip=, tail -c: the first read is in the middle, and every read since continues it.
     p = policy()
-    got = [d.prefetch for off, length in pieces(100 * MiB, 140 * MiB) if (d := p.on_read(off, length, SIZE)).prefetch]
+    got = wide_from(p, 100 * MiB, 140 * MiB)
     assert got[0] == (102 * MiB, 2 * MiB) and p.streams[0].window == 16 * MiB
-    # Once it jumps, its new streams prefetch a share of what they read: nothing in their first MiBs.
-    later = [d.prefetch for off, length in pieces(400 * MiB, 410 * MiB) if (d := p.on_read(off, length, SIZE)).prefetch]
-    assert later == []
+    # cat of a file whose first and middle pages are in the page cache: the mount sees reads from 100 MiB,
+    # then from 300 MiB (the pages between were cached); both get the wide window at once.
+    p = policy()
+    wide_from(p, 100 * MiB, 120 * MiB)
+    assert wide_from(p, 300 * MiB, 310 * MiB)[0] == (302 * MiB, 2 * MiB)
+    # A loader whose header is cached: two regions read in turn, each with the wide window.
+    p = policy()
+    first = [p.on_read(off, length, SIZE).prefetch for off, length in pieces(500 * MiB, 504 * MiB)]
+    second = [p.on_read(off, length, SIZE).prefetch for off, length in pieces(900 * MiB, 904 * MiB)]
+    assert (502 * MiB, 2 * MiB) in first and (902 * MiB, 2 * MiB) in second
+    # The first two reads of dd skip= arriving in the other order change nothing.
+    p = policy()
+    p.on_read(100 * MiB + 128 * 1024, 128 * 1024, SIZE)
+    p.on_read(100 * MiB, 128 * 1024, SIZE)
+    got = wide_from(p, 100 * MiB + 256 * 1024, 140 * MiB)
+    assert got[0][0] < 102 * MiB and p.streams[0].window == 16 * MiB
+    assert max(off + length for off, length in got) >= 140 * MiB + 8 * MiB  # well ahead of the reader

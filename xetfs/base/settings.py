@@ -65,10 +65,9 @@ PREFETCH_MIN_STREAM = 256 * KiB
 PREFETCH_STREAMS = 8
 PREFETCH_SINGLES = 16
 PREFETCH_SMALL = 64 * KiB  # reads shorter than this that continue nothing are singles
-# A stream that did not start at the file's first byte, in a file whose first read was elsewhere and whose reader
-# has jumped since (a parquet reader reads the footer first, then column chunks, and skips the columns it does not
-# need), prefetches no further ahead than 1/16 of what it has read: what it decodes past where it stops is at most
-# 1/16 of its reads.
+# A stream that did not start at the file's first byte, in a file whose first read took its tail (a parquet reader
+# reads the footer first, then column chunks, and skips the columns it does not need), prefetches no further ahead
+# than 1/16 of what it has read: what it decodes past where it stops is at most 1/16 of its reads.
 PREFETCH_JUMP_SHARE = 16
 PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
 MIN_CACHE_FOR_PREFETCH = 64 * MiB  # with a smaller --cache-size, nothing is prefetched

@@ -44,18 +44,18 @@ small random reads that happen to be adjacent decode nothing ahead. Its window
 then doubles on every read up to ``maximum``, and is topped up once half of it
 has been consumed.
 
-The window opens wide for a reader that starts at the beginning or keeps
-going: a stream that started at offset 0, any stream of a file whose first
-read was at offset 0 (a loader reads the header, then its regions, all of
-them), and a stream of a file whose reads have all continued the first one
-(``dd skip=``, ``tail -c``).  A file read first elsewhere, with a read since
-that continued nothing, is read by a reader that jumps: parquet and zip
-readers read the footer at the end first, then the column chunks or members
-they need, and skip the rest.  Its streams prefetch no further ahead than
-``1 / jump_share`` of the bytes they have read themselves (the bytes they
-jumped over do not count), and nothing until that is a first window: what a
-stream decodes past the place where its reader stops or jumps is then at most
-that share of what it read.
+Readers of formats with the index at the end read the file's tail first:
+parquet and zip readers read the footer or the central directory, then the
+column chunks or members they need, and skip the rest.  The streams of a
+file whose first read took its last byte (other than a stream from offset
+0: a zip reader's members) prefetch no further ahead than ``1 / jump_share``
+of the bytes they have read themselves (the bytes they jumped over do not
+count), and nothing until that is a first window: what such a stream decodes
+past the place where its reader stops or jumps is at most that share of what
+it read.  Every other reader gets the wide window: a loader that reads the
+header at 0, then its regions; ``cat``, ``dd skip=``, ``tail -c``; a reader
+whose first pages are in the page cache already (the policy sees only the
+reads that reach the mount), wherever its first seen read is.
 """
 
 from __future__ import annotations
@@ -118,8 +118,7 @@ class ReadPolicy:
     _fronts: dict[int, Stream] = field(default_factory=dict)
     _singles: dict[int, int] = field(default_factory=dict)
     _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
-    _from_start: bool | None = None  # whether the file's first read was at offset 0 (None before it)
-    _jumped: bool = False  # a read after the first continued nothing: the reader jumps
+    _tail_first: bool | None = None  # whether the file's first read took its last byte (None before it)
 
     @property
     def fronts(self) -> Mapping[int, Stream]:
@@ -141,9 +140,8 @@ class ReadPolicy:
         (ask for nothing now)."""
         if not length:
             return RANDOM
-        first = self._from_start is None
-        if first:
-            self._from_start = offset == 0
+        if self._tail_first is None:
+            self._tail_first = offset + length >= file_size > 0
         end = offset + length
         stream = self._fronts.get(offset)
         if stream is None and self._prefetching:
@@ -152,7 +150,6 @@ class ReadPolicy:
             singles = self._singles
             start = singles.pop(offset, None)
             if start is None:
-                self._jumped = self._jumped or not first
                 if length < self.small:
                     singles.pop(end, None)  # (a read made again is the latest)
                     singles[end] = offset
@@ -187,8 +184,9 @@ class ReadPolicy:
 
     def ahead(self, stream: Stream) -> int:
         """How far ahead of its front ``stream`` may prefetch now: its window, or for a stream of a reader that
-        jumps, no more than ``1 / jump_share`` of what it has read, and nothing until that is a first window."""
-        if stream.start == 0 or self._from_start or not self._jumped:
+        read the file's tail first and did not start at 0, no more than ``1 / jump_share`` of what it has read,
+        and nothing until that is a first window."""
+        if stream.start == 0 or not self._tail_first:
             return stream.window
         share = stream.read // self.jump_share
         return min(stream.window, share) if share >= min(self.initial, self.maximum) else 0
@@ -200,9 +198,9 @@ class ReadPolicy:
         A read it does not watch, a small one that continues no stream and no remembered read, gets
         no prefetch and is not sequential: ``on_read`` would only remember it, and the caller may
         leave that out when cached bytes answer the read.  The file's first read is always watched:
-        it says whether the reader starts at the beginning.
+        it says whether the reader reads the tail first.
         """
-        if self._from_start is None or self._prefetching > 0 or length >= self.small:
+        if self._tail_first is None or self._prefetching > 0 or length >= self.small:
             return True
         return offset in self._fronts or offset in self._singles
 
