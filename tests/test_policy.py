@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import itertools
 import random
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from xetfs.read.policy import ReadPolicy
+from xetfs.read.reader import Reader
+from xetfs.read.sessions import Sessions
+from xetfs.storage.index import FileEntry
 
 pytestmark = pytest.mark.unit
 
@@ -439,3 +444,18 @@ def test_a_reader_that_did_not_read_the_tail_first_gets_the_wide_window_wherever
     got = wide_from(p, 100 * MiB + 256 * 1024, 140 * MiB)
     assert got[0][0] < 102 * MiB and p.streams[0].window == 16 * MiB
     assert max(off + length for off, length in got) >= 140 * MiB + 8 * MiB  # well ahead of the reader
+
+
+def test_how_a_file_was_first_read_outlives_its_handles() -> None:
+    """A reader that opens the file for its footer, closes it, and opens it again for the column chunks:
+    the second handle's policy knows the file's first read took its tail (``Sessions`` keeps it)."""
+    reader = cast(Reader, SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30)))
+    sessions = Sessions(reader, prefetch=True, prefetch_max=16 * MiB, keep_cache=True)
+    entry = cast(FileEntry, object())  # (the policy never looks at it)
+    footer = sessions.open(7, entry)
+    footer.policy.on_read(SIZE - 256 * 1024, 256 * 1024, SIZE)
+    sessions.close(7)
+    again = sessions.open(7, entry)
+    assert again.policy.tail_first is True
+    assert not any(again.policy.on_read(off, length, SIZE).prefetch for off, length in pieces(100 * MiB, 120 * MiB))
+    assert sessions.open(8, entry).policy.tail_first is None  # another file: nothing known

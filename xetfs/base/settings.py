@@ -69,6 +69,7 @@ PREFETCH_SMALL = 64 * KiB  # reads shorter than this that continue nothing are s
 # reads the footer first, then column chunks, and skips the columns it does not need), prefetches no further ahead
 # than 1/16 of what it has read: what it decodes past where it stops is at most 1/16 of its reads.
 PREFETCH_JUMP_SHARE = 16
+PREFETCH_FILES_KEPT = 4096  # files whose first read (tail or not) is remembered once their last handle closed
 PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
 MIN_CACHE_FOR_PREFETCH = 64 * MiB  # with a smaller --cache-size, nothing is prefetched
 

@@ -58,7 +58,8 @@ def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
                    help="largest xorb range in a reconstruction answer; each is held in memory while it is "
                         f"checked (default {size_text(settings.SERVE_MAX_FETCH)})")  # fmt: skip
     p.add_argument("--checks", type=int, default=settings.SERVE_CHECKS, metavar="N",
-                   help=f"xorb ranges read and checked at the same time (default {settings.SERVE_CHECKS})")  # fmt: skip
+                   help="xorb ranges read and checked at the same time, per server process "
+                        f"(default {settings.SERVE_CHECKS})")  # fmt: skip
     p.add_argument("--workers", type=int, default=settings.SERVE_WORKERS, metavar="N",
                    help="server processes on the one address; each checks xorb ranges on a core of its own "
                         f"(default: one per core, at most {settings.SERVE_WORKERS_MAX})")  # fmt: skip

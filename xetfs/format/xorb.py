@@ -296,7 +296,7 @@ def check_run(data: Buffer, xorb_hash: bytes, layout: XorbLayout, start: int, st
     hash, else its error.  ``decode_run`` with ``verify``, without copying a
     raw chunk's bytes out of ``data``.
     """
-    specs = chunk_run(layout, start, stop, verify=True).specs()
+    specs = chunk_specs(layout, start, stop, verify=True)
     return [c if isinstance(c, XetfsError) else None for c in decode_chunks(data, xorb_hash, specs)]
 
 

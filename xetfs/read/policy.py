@@ -55,7 +55,10 @@ past the place where its reader stops or jumps is at most that share of what
 it read.  Every other reader gets the wide window: a loader that reads the
 header at 0, then its regions; ``cat``, ``dd skip=``, ``tail -c``; a reader
 whose first pages are in the page cache already (the policy sees only the
-reads that reach the mount), wherever its first seen read is.
+reads that reach the mount), wherever its first seen read is.  The first
+read is the file's, not the open handle's: a reader may open the file for
+its footer, close it, and open it again for the column chunks, so the
+caller hands ``tail_first`` on to the file's next policy.
 """
 
 from __future__ import annotations
@@ -118,7 +121,9 @@ class ReadPolicy:
     _fronts: dict[int, Stream] = field(default_factory=dict)
     _singles: dict[int, int] = field(default_factory=dict)
     _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
-    _tail_first: bool | None = None  # whether the file's first read took its last byte (None before it)
+    # Whether the file's first read took its last byte (None before it); given by the caller for a file read
+    # before, by a policy since closed (a reader may open the file for its footer, then again for the rest).
+    tail_first: bool | None = None
 
     @property
     def fronts(self) -> Mapping[int, Stream]:
@@ -140,8 +145,8 @@ class ReadPolicy:
         (ask for nothing now)."""
         if not length:
             return RANDOM
-        if self._tail_first is None:
-            self._tail_first = offset + length >= file_size > 0
+        if self.tail_first is None:
+            self.tail_first = offset + length >= file_size > 0
         end = offset + length
         stream = self._fronts.get(offset)
         if stream is None and self._prefetching:
@@ -186,7 +191,7 @@ class ReadPolicy:
         """How far ahead of its front ``stream`` may prefetch now: its window, or for a stream of a reader that
         read the file's tail first and did not start at 0, no more than ``1 / jump_share`` of what it has read,
         and nothing until that is a first window."""
-        if stream.start == 0 or not self._tail_first:
+        if stream.start == 0 or not self.tail_first:
             return stream.window
         share = stream.read // self.jump_share
         return min(stream.window, share) if share >= min(self.initial, self.maximum) else 0
@@ -200,7 +205,7 @@ class ReadPolicy:
         leave that out when cached bytes answer the read.  The file's first read is always watched:
         it says whether the reader reads the tail first.
         """
-        if self._tail_first is None or self._prefetching > 0 or length >= self.small:
+        if self.tail_first is None or self._prefetching > 0 or length >= self.small:
             return True
         return offset in self._fronts or offset in self._singles
 

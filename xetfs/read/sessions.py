@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import trio
 
-from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH, PREFETCH_TASKS
+from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH, PREFETCH_FILES_KEPT, PREFETCH_TASKS
 from xetfs.read.policy import ReadPolicy
 from xetfs.read.reader import Reader
 from xetfs.storage.index import FileEntry
@@ -61,6 +61,7 @@ class Sessions:
             log.info("prefetch off: the cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
         self.room = 2 * PREFETCH_TASKS * prefetch_max  # prefetch windows being decoded, over all files, at most
         self._sessions: dict[int, Session] = {}
+        self._tail_first: dict[int, bool] = {}  # per file read before: whether its first read took its tail
         self._nursery: trio.Nursery | None = None
         self._tasks = 0  # prefetch tasks a file may have running (none until ``start``)
         self._prefetch_bytes = 0  # of the windows being decoded
@@ -79,7 +80,8 @@ class Sessions:
         """The session of file ``key`` (a new one if no handle is open on it); ``close`` it once per open."""
         session = self._sessions.get(key)
         if session is None:
-            session = self._sessions[key] = Session(entry, ReadPolicy(maximum=self.prefetch_max))
+            policy = ReadPolicy(maximum=self.prefetch_max, tail_first=self._tail_first.get(key))
+            session = self._sessions[key] = Session(entry, policy)
         session.opens += 1
         return session
 
@@ -89,6 +91,16 @@ class Sessions:
             session.opens -= 1
             if session.opens == 0:
                 del self._sessions[key]
+                self._remember(key, session.policy.tail_first)
+
+    def _remember(self, key: int, tail_first: bool | None) -> None:
+        """Keep how file ``key`` was first read for its next session (of the last ``PREFETCH_FILES_KEPT``)."""
+        if tail_first is None:
+            return
+        self._tail_first.pop(key, None)
+        self._tail_first[key] = tail_first
+        if len(self._tail_first) > PREFETCH_FILES_KEPT:
+            del self._tail_first[next(iter(self._tail_first))]
 
     def read_now(self, session: Session, off: int, size: int) -> tuple[bytes | memoryview | None, bool]:
         """Bytes ``[off, off + size)`` of the file if held now (else None: ``read_rest`` them), and whether

@@ -78,7 +78,13 @@ def serve_on(sock: socket.socket, state: State, *, started: Callable[[], Awaitab
                 await nursery.start(partial(serve, app, config, shutdown_trigger=stop))  # type: ignore[arg-type]
                 await started()
 
-    trio.run(run)
+    try:
+        trio.run(run)
+    except BaseExceptionGroup as group:  # (a nursery's errors come grouped: raise the first as itself)
+        first: BaseException = group
+        while isinstance(first, BaseExceptionGroup):
+            first = first.exceptions[0]
+        raise first from None
 
 
 class _BadPaths:

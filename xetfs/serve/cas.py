@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -114,11 +113,10 @@ async def xorb_range(request: Request) -> Response:
         return error(403, None, f"signed URL refused: {problem}")
     first, stop = int(m.group(1)), int(m.group(2))
     xorb = hashes.from_hex(xorb_hex)
-    asked = time.monotonic()
     snap = await state.contents.snapshot()
     try:
-        if not snap.store.has_xorb(xorb):  # signed by this server: the snapshot is older than the store
-            snap = await state.contents.looked_at_since(asked)
+        if not snap.store.has_xorb(xorb):  # signed after this process last looked? (then the xorb may be new)
+            snap = await state.contents.looked_at_since(int(expires) - state.settings.url_ttl)
         layout = await snap.reader.layout(xorb)
         if not 0 <= first < stop <= layout.num_chunks:
             return error(416, None, f"xorb {xorb_hex} has {layout.num_chunks} chunks, not [{first}, {stop})")

@@ -110,20 +110,22 @@ class Contents:
         self._rescan = rescan
         self._io_timeout = io_timeout
         self._lock = trio.Lock()
-        self._checked = 0.0
+        self._checked = 0.0  # when the last look at the store started (time.monotonic())
+        self._looked = 0.0  # the same, as time.time() (to compare with when a URL was signed)
         self._signature: object = None
         self._snapshot = self._make(self._load())
 
     def _load(self) -> _Loaded:
         """Open the store, index its shards and read its catalogue (blocking; the reader is made by the caller's
         thread in ``_make``)."""
+        started = time.monotonic(), time.time()
         signature = self._local_signature()
         store = self._open_store(self.location)
         index = load_index(store).index
         catalogue = self._catalogue(store)
         for warning in catalogue.warnings:
             log.warning("catalogue: %s", warning)
-        self._signature, self._checked = signature, time.monotonic()
+        self._signature, (self._checked, self._looked) = signature, started
         return _Loaded(store, index, catalogue)
 
     def _make(self, loaded: _Loaded) -> Snapshot:
@@ -150,18 +152,19 @@ class Contents:
             due = due and missed
         elif missed:
             due = True
-        return await self.looked_at_since(time.monotonic()) if due else self._snapshot
+        return await self.looked_at_since(time.time()) if due else self._snapshot
 
     async def looked_at_since(self, when: float) -> Snapshot:
-        """A snapshot from a look at the store (``time.monotonic()``) at ``when`` or later: the store is
-        looked at again unless that happened meanwhile.
+        """A snapshot from a look at the store that started at ``when`` (``time.time()``) or later: the store
+        is looked at again unless such a look happened already.
 
-        For a request that proves the store holds more than the snapshot
-        knows: a signed xorb URL handed out by another server process (or by
-        this one after a pack it has not seen yet).
+        Also for a signed xorb URL naming a xorb the snapshot does not know,
+        with ``when`` the latest time it can have been signed: signed after
+        this process last looked (by another server process, after a pack),
+        the xorb may be new; signed before, it is not in the store.
         """
         async with self._lock:
-            if self._checked < when:
+            if self._looked < when:
                 loaded = await trio.to_thread.run_sync(self._refresh)
                 if loaded is not None:
                     old, self._snapshot = self._snapshot, self._make(loaded)
@@ -173,13 +176,14 @@ class Contents:
 
     def _refresh(self) -> _Loaded | None:
         """A new snapshot when the store changed (a remote one is assumed to have), else None (blocking)."""
+        started = time.monotonic(), time.time()
         try:
             if not is_url(self.location) and self._local_signature() == self._signature:
-                self._checked = time.monotonic()
+                self._checked, self._looked = started
                 return None
             return self._load()
         except (XetfsError, OSError) as exc:
-            self._checked = time.monotonic()
+            self._checked, self._looked = started
             log.warning("store %s: cannot load it again, serving what was loaded: %s", _shown(self.location), exc)
             return None
 
