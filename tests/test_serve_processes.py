@@ -6,6 +6,7 @@ signal, so each case is about the processes alone, whatever the application.
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ SCRIPT = Path(__file__).resolve().parent / "helpers" / "workers_script.py"
 @contextmanager
 def started(scenario: str, count: int, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
     out = tmp_path / "out"
-    with open(out, "wb") as f:
+    with open(out, "ab") as f:  # (O_APPEND: the workers' lines, written at once, never land on one another)
         proc = subprocess.Popen([sys.executable, str(SCRIPT), scenario, str(count)], stdout=f,
                                 stderr=subprocess.STDOUT, cwd=REPO_ROOT)  # fmt: skip
     try:
@@ -40,12 +41,7 @@ def started(scenario: str, count: int, tmp_path: Path) -> Iterator[tuple[subproc
 
 def workers(out: Path) -> dict[int, int]:
     """Worker number -> pid, from what the workers wrote once ready."""
-    found = {}
-    for line in out.read_text().splitlines():
-        if line.startswith("worker "):
-            _, i, pid = line.split()
-            found[int(i)] = int(pid)
-    return found
+    return {int(i): int(pid) for i, pid in re.findall(r"^worker (\d+) (\d+)$", out.read_text(), re.MULTILINE)}
 
 
 def gone(pids: list[int]) -> bool:
