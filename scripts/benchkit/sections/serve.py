@@ -58,9 +58,9 @@ R_PEER = Row("r_serve_peer", "xetfs serve / hf_xet local://", "x", Target(">=", 
              derive=ratio(SERVE, PEER))  # fmt: skip
 R_CURL = Row("r_serve_curl", "xetfs serve / curl from nginx", "x", derive=ratio(SERVE, CURL))
 R_PLAIN = Row("r_serve_plain", "xetfs serve plain GET / curl from nginx", "x", derive=ratio(SERVE_PLAIN, CURL))
-CPU_SERVER = Row("cpu_serve_server", "CPU xetfs serve (server process)", "s/GiB")
+CPU_SERVER = Row("cpu_serve_server", "CPU xetfs serve (its server processes)", "s/GiB")
 CPU_CLIENT = Row("cpu_serve_client", "CPU client: huggingface_hub + hf_xet", "s/GiB")
-CPU_PLAIN_SERVER = Row("cpu_serve_plain_server", "CPU xetfs serve, plain GET (server process)", "s/GiB")
+CPU_PLAIN_SERVER = Row("cpu_serve_plain_server", "CPU xetfs serve, plain GET (its server processes)", "s/GiB")
 CPU_PLAIN_CLIENT = Row("cpu_serve_plain_client", "CPU client, plain GET: huggingface_hub", "s/GiB")
 CPU_PEER = Row("cpu_serve_peer", "CPU hf_xet download_files", "s/GiB")
 CPU_NGINX = Row("cpu_serve_nginx", "CPU nginx", "s/GiB")
