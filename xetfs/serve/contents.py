@@ -110,22 +110,21 @@ class Contents:
         self._rescan = rescan
         self._io_timeout = io_timeout
         self._lock = trio.Lock()
-        self._checked = 0.0  # when the last look at the store started (time.monotonic())
-        self._looked = 0.0  # the same, as time.time() (to compare with when a URL was signed)
         self._signature: object = None
+        # When the last look at the store started: time.time(), the clock signed URLs are dated by.
+        self._looked = time.time()
         self._snapshot = self._make(self._load())
 
     def _load(self) -> _Loaded:
         """Open the store, index its shards and read its catalogue (blocking; the reader is made by the caller's
         thread in ``_make``)."""
-        started = time.monotonic(), time.time()
         signature = self._local_signature()
         store = self._open_store(self.location)
         index = load_index(store).index
         catalogue = self._catalogue(store)
         for warning in catalogue.warnings:
             log.warning("catalogue: %s", warning)
-        self._signature, (self._checked, self._looked) = signature, started
+        self._signature = signature
         return _Loaded(store, index, catalogue)
 
     def _make(self, loaded: _Loaded) -> Snapshot:
@@ -147,12 +146,13 @@ class Contents:
     async def snapshot(self, *, missed: bool = False) -> Snapshot:
         """The current snapshot, after looking at the store again when that is due (see the module docstring):
         ``missed`` says the caller did not find what it looked for."""
-        due = time.monotonic() - self._checked >= self._rescan
+        now = time.time()
+        due = not 0 <= now - self._looked < self._rescan  # (a clock set back: due too)
         if is_url(self.location):
             due = due and missed
         elif missed:
             due = True
-        return await self.looked_at_since(time.time()) if due else self._snapshot
+        return await self.looked_at_since(now) if due else self._snapshot
 
     async def looked_at_since(self, when: float) -> Snapshot:
         """A snapshot from a look at the store that started at ``when`` (``time.time()``) or later: the store
@@ -176,16 +176,16 @@ class Contents:
 
     def _refresh(self) -> _Loaded | None:
         """A new snapshot when the store changed (a remote one is assumed to have), else None (blocking)."""
-        started = time.monotonic(), time.time()
+        started = time.time()
         try:
             if not is_url(self.location) and self._local_signature() == self._signature:
-                self._checked, self._looked = started
                 return None
             return self._load()
         except (XetfsError, OSError) as exc:
-            self._checked, self._looked = started
             log.warning("store %s: cannot load it again, serving what was loaded: %s", _shown(self.location), exc)
             return None
+        finally:
+            self._looked = started
 
 
 def _shown(location: str) -> str:
