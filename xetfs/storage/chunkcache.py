@@ -33,9 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xetfs.base import hashes
-from xetfs.base.errors import XetfsError
 from xetfs.format.chunk import Buffer
-from xetfs.format.xorb import XorbLayout, chunk_run, decode_chunks
+from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.storage.diskcache import DiskCache
 
 log = logging.getLogger(__name__)
@@ -138,8 +137,7 @@ class ChunkCache:
         start, end = layout.phys_start(first), layout.phys_ends[stop - 1]
         piece = memoryview(tail)[max(start, tail_at) - tail_at : end - tail_at]
         data = piece if start >= tail_at else bytes(head(start, tail_at)) + piece
-        specs = chunk_run(layout, first, stop, verify=True).specs()
-        if not any(isinstance(c, XetfsError) for c in decode_chunks(data, xorb_hash, specs)):  # kept verified
+        if all(problem is None for problem in check_run(data, xorb_hash, layout, first, stop)):  # kept verified
             self.put(xorb_hash, first, stop, data)
 
     # -- internals ---------------------------------------------------------
