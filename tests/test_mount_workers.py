@@ -15,15 +15,22 @@ from pathlib import Path
 import pytest
 from helpers.mounting import Mount, mounted, wait_until
 from helpers.oracle import OracleFile, OracleStore
+from helpers.processes import children
 
 pytestmark = pytest.mark.fuse
 
 
 def _workers(m: Mount) -> list[int]:
     """Process ids of the daemon's decode workers."""
-    pid = m.proc.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(c) for c in children if b"xetfs.read.decode_worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    found = []
+    for child in children(m.proc.pid):
+        try:
+            command = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:  # (it ended between the listing and here: a killed worker on its way out)
+            continue
+        if b"xetfs.read.decode_worker" in command:
+            found.append(child)
+    return found
 
 
 def _wait_for_workers(m: Mount, n: int) -> None:
