@@ -441,8 +441,10 @@ def test_a_flipped_byte_fails_only_the_downloads_that_need_it(packed: Packed, tm
 # -- other stores and later packs ----------------------------------------------------------------
 
 
-def test_store_on_s3(packed: Packed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same clients, the server reading the store from moto's S3 server (catalogue included)."""
+@pytest.mark.parametrize("xet", [True, False], ids=["hf_xet", "without_hf_xet"])
+def test_store_on_s3(packed: Packed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, xet: bool) -> None:
+    """The same clients, with and without hf_xet, the server reading the store from moto's S3 server
+    (catalogue included)."""
     with moto_s3() as s3:
         for key, value in {**S3_ENV, "AWS_ENDPOINT_URL": s3.url}.items():
             monkeypatch.setenv(key, value)
@@ -451,10 +453,10 @@ def test_store_on_s3(packed: Packed, tmp_path: Path, monkeypatch: pytest.MonkeyP
         (copy / LISTING_NAME).unlink()  # a bucket lists itself
         upload_dir("s3://mirror/hub", s3.url, copy)
         with xetfs_serve("s3://mirror/hub", "--disk-cache-size", "0", "--max-fetch", MAX_FETCH) as server:
-            report, cache = clients(server, "all", packed.spec.model_commits[1])
+            report, cache = clients(server, "all", packed.spec.model_commits[1], xet=xet)
             check_report(packed, report, cache)
             log = log_of(server)
-    assert "GET /v2/reconstructions/" in log and "ERROR" not in log, log
+    assert ("GET /v2/reconstructions/" in log) == xet and "ERROR" not in log, log
     assert S3_ENV["AWS_SECRET_ACCESS_KEY"] not in log
 
 
