@@ -20,8 +20,10 @@ thread.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from bisect import bisect_right
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
+from itertools import repeat
 from typing import Any, TypeVar
 
 import trio
@@ -209,8 +211,8 @@ class Loader:
             except BaseException:
                 pool.slots.free_all(slots)
                 raise
-            self._count(len(memoryview(data)), [s for part in sizes for s in part])
-            if all(isinstance(s, int) for part in sizes for s in part):
+            self._count(len(memoryview(data)), *_decoded(sizes))
+            if all(_all_decoded(part) for part in sizes):
                 self._keep(src, xorb_hash, first, stop, data)
         out = Loaded([], {})
         for slot, (a, b), part in zip(slots, parts, sizes, strict=True):
@@ -246,7 +248,8 @@ class Loader:
     ) -> list[Buffer | XetfsError]:
         """Chunks ``[first, stop)`` decoded and verified from their serialized bytes ``data``, in the daemon."""
         decoded = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
-        self._count(len(memoryview(data)), decoded)
+        self._count(len(memoryview(data)), *_decoded([[len(memoryview(c)) if not isinstance(c, XetfsError) else c
+                                                       for c in decoded]]))  # fmt: skip
         return decoded
 
     def _free(self, runs: Sequence[Run]) -> None:
@@ -278,9 +281,13 @@ class Loader:
             if lost.fenced:
                 raise
             return None
-        sizes = [[s if isinstance(s, int) else s.error() for s in part] for part in decoded.sizes]
-        self._decode.in_workers += sum(isinstance(s, int) for part in sizes for s in part)
-        self._count(decoded.read_bytes, [s for part in sizes for s in part])
+        sizes: list[list[int | XetfsError]] = [
+            part if _all_decoded(part) else [s if isinstance(s, int) else s.error() for s in part]  # type: ignore[misc]
+            for part in decoded.sizes
+        ]
+        chunks, nbytes = _decoded(sizes)
+        self._decode.in_workers += chunks
+        self._count(decoded.read_bytes, chunks, nbytes)
         self._add_fetched(decoded.fetched)
         if decoded.cached and self.store.chunks is not None:
             cached = decoded.cached
@@ -305,18 +312,16 @@ class Loader:
             fetched: Buffer = await self._io(self.store.read_source, xorb_hash, src, *phys, first, stop)
             return fetched
 
-    def _count(self, read_bytes: int, chunks: Sequence[Buffer | int | XetfsError]) -> None:
-        """Count one store read that decoded ``chunks`` (bytes, sizes or errors); a worker's job that
-        read nothing (its xorb would not open) is no store read."""
+    def _count(self, read_bytes: int, chunks: int, nbytes: int) -> None:
+        """Count one store read that decoded ``chunks`` chunks of ``nbytes`` bytes (``_decoded``); a
+        worker's job that read nothing (its xorb would not open) is no store read."""
         if not read_bytes:
             return
         self._store.reads += 1
         self._store.bytes += read_bytes
         self._decode.runs += 1
-        for c in chunks:
-            if not isinstance(c, XetfsError):
-                self._decode.chunks += 1
-                self._decode.bytes += c if isinstance(c, int) else len(memoryview(c))
+        self._decode.chunks += chunks
+        self._decode.bytes += nbytes
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """Read and check a xorb's layout, in a decode worker when one is ready (it takes milliseconds)."""
@@ -360,7 +365,7 @@ def _slot_runs(
     """What chunks ``[a, b)``, decoded into ``slot`` of ``pool`` (``sizes``: per chunk its size or error),
     make; ``shared``: whether other terms use a xorb (a run of one no other term uses is private)."""
     size, slots = layout.range_size(a, b), pool.slots
-    if all(isinstance(s, int) for s in sizes):
+    if _all_decoded(sizes):
         if size < pool.min_slot_run:  # a short run would hold a whole slot: it moves to the daemon
             data = bytes(slots.view(slot, size))
             slots.free(slot)
@@ -384,13 +389,29 @@ def _parts(layout: XorbLayout, first: int, stop: int, slot_size: int | None) -> 
     if slot_size is None:
         return [(first, stop)]
     parts = []
+    ends = layout.unpacked_ends
     while first < stop:
-        end = first + 1
-        while end < stop and layout.range_size(first, end + 1) <= slot_size:
-            end += 1
+        # the chunks from ``first`` on that end within ``slot_size`` of its start, and at least ``first`` itself
+        end = max(first + 1, bisect_right(ends, layout.unpacked_start(first) + slot_size, first, stop))
         parts.append((first, end))
         first = end
     return parts
+
+
+def _all_decoded(sizes: Iterable[object]) -> bool:
+    """Whether every chunk of a job decoded (its sizes hold no error).  Without a Python step per chunk:
+    the daemon runs this on every chunk a worker decodes."""
+    return all(map(isinstance, sizes, repeat(int)))
+
+
+def _decoded(parts: Sequence[Sequence[int | XetfsError]]) -> tuple[int, int]:
+    """The chunks that decoded, and their bytes, from per-part sizes or errors."""
+    chunks = nbytes = 0
+    for part in parts:
+        ok = part if _all_decoded(part) else [s for s in part if isinstance(s, int)]
+        chunks += len(ok)
+        nbytes += sum(ok)  # type: ignore[arg-type]
+    return chunks, nbytes
 
 
 def _take_slots(slots: Slots, runs: RunStore, sizes: list[int]) -> list[int] | None:

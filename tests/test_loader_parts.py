@@ -1,0 +1,57 @@
+"""How the loader cuts a job into slots, and counts what a worker decoded (xetfs/read/loader.py)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from xetfs.base.errors import IntegrityError
+from xetfs.format.xorb import XorbLayout
+from xetfs.read.loader import _all_decoded, _decoded, _parts
+
+pytestmark = pytest.mark.unit
+
+
+def layout_of(sizes: list[int]) -> XorbLayout:
+    ends = tuple(itertools.accumulate(sizes))
+    return XorbLayout(None, ends, ends, None)
+
+
+def parts_one_by_one(layout: XorbLayout, first: int, stop: int, slot: int) -> list[tuple[int, int]]:
+    """The rule, a chunk at a time: each piece takes chunks while they fit in ``slot``, and at least one."""
+    parts = []
+    while first < stop:
+        end = first + 1
+        while end < stop and layout.range_size(first, end + 1) <= slot:
+            end += 1
+        parts.append((first, end))
+        first = end
+    return parts
+
+
+def test_parts_fill_each_slot_and_take_at_least_a_chunk() -> None:
+    layout = layout_of([60, 60, 60, 200, 10, 10])
+    assert _parts(layout, 0, 6, 128) == [(0, 2), (2, 3), (3, 4), (4, 6)]  # the 200-byte chunk alone
+    assert _parts(layout, 1, 5, 1000) == [(1, 5)]
+    assert _parts(layout, 0, 6, None) == [(0, 6)]
+
+
+def test_parts_agree_with_the_rule_on_random_layouts() -> None:
+    rng = random.Random(7)
+    for _ in range(2000):
+        sizes = [rng.choice([1, 100, 4096, 65536, rng.randint(1, 200_000)]) for _ in range(rng.randint(1, 50))]
+        layout = layout_of(sizes)
+        first = rng.randrange(len(sizes))
+        stop = rng.randint(first + 1, len(sizes))
+        slot = rng.choice([1, 4096, 65536, 2 * 1024 * 1024, rng.randint(1, 500_000)])
+        assert _parts(layout, first, stop, slot) == parts_one_by_one(layout, first, stop, slot)
+
+
+def test_decoded_counts_only_the_chunks_that_decoded() -> None:
+    bad = IntegrityError("chunk 1 does not match its hash")
+    assert _all_decoded([3, 4]) and _all_decoded([])
+    assert not _all_decoded([3, bad])
+    assert _decoded([[1, 2], [3, bad, 4]]) == (4, 10)
+    assert _decoded([]) == (0, 0)
