@@ -248,8 +248,8 @@ class Loader:
     ) -> list[Buffer | XetfsError]:
         """Chunks ``[first, stop)`` decoded and verified from their serialized bytes ``data``, in the daemon."""
         decoded = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
-        self._count(len(memoryview(data)), *_decoded([[len(memoryview(c)) if not isinstance(c, XetfsError) else c
-                                                       for c in decoded]]))  # fmt: skip
+        sizes = [len(memoryview(c)) for c in decoded if not isinstance(c, XetfsError)]
+        self._count(len(memoryview(data)), len(sizes), sum(sizes))
         return decoded
 
     def _free(self, runs: Sequence[Run]) -> None:
