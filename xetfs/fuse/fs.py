@@ -31,8 +31,9 @@ from xetfs.base.settings import BLOCK_SIZE, ENTRY_TIMEOUT, PREFETCH_MAXIMUM, REP
 from xetfs.base.stats import IndexCounters, ReadCounters, RefreshCounters, document
 from xetfs.names.stabletree import TreeLike
 from xetfs.names.tree import Kind, Node
+from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
-from xetfs.read.sessions import Session, Sessions
+from xetfs.read.sessions import Sessions
 from xetfs.storage.index import Index
 
 log = logging.getLogger(__name__)
@@ -424,7 +425,7 @@ class XetFS(_ReadOnly):
         if handle.node.kind is Kind.STATS:
             self._stats_open -= 1
         if handle.reading is not None:
-            self.sessions.close(handle.node.inode)
+            self.sessions.close(handle.reading)
 
     async def flush(self, fh: int) -> None:
         # Nothing to flush in a read-only filesystem: ENOSYS tells the kernel never to ask again, which
