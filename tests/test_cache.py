@@ -57,7 +57,7 @@ class FakeLoader:
 
 
 def _cache(capacity: int) -> LoadingCache[int, bytes]:
-    return LoadingCache(capacity, LayoutCounters())
+    return LoadingCache(capacity, len, LayoutCounters())
 
 
 def _check_invariants(cache: LoadingCache[int, bytes], lookups: int) -> None:

@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from xetfs.base.errors import IntegrityError
+from xetfs.base.errors import IntegrityError, XetfsError
 from xetfs.read.runs import Loaded, Run, RunStore
 
 pytestmark = pytest.mark.unit
@@ -46,8 +46,9 @@ class FakeLoader:
     async def __call__(self, first: int, stop: int) -> Loaded:
         self.calls.append((first, stop))
         await self.gate.wait()
-        loaded = Loaded([], {})
-        runs, errors, start = loaded.runs, loaded.errors, first
+        runs: list[Run] = []
+        errors: dict[int, XetfsError] = {}
+        start = first
         for i in range(first, stop + 1):
             if i == stop or i in self.bad:
                 if start < i:
@@ -58,7 +59,7 @@ class FakeLoader:
                 if i in self.bad:
                     errors[i] = IntegrityError(f"chunk {i} is bad")
                 start = i + 1
-        return loaded
+        return runs, errors
 
 
 def run(fn: Callable[[], Awaitable[object]]) -> object:

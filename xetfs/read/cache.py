@@ -1,8 +1,8 @@
 """A byte-bounded LRU with single-flight loading (trio), for xorb layouts.
 
-``LoadingCache`` knows nothing about xorbs: it maps hashable keys to sized
-values, holds at most ``capacity`` bytes (``cachetools.LRUCache`` with
-``getsizeof=len``), and loads misses through a callable it is given.
+``LoadingCache`` knows nothing about xorbs: it maps hashable keys to values
+whose size in bytes its ``getsizeof`` says, holds at most ``capacity`` bytes
+(``cachetools.LRUCache``), and loads misses through a callable it is given.
 Concurrent lookups of a key that is being loaded wait for that one load
 instead of starting their own.  Statistics are counted here, at the lookup
 site: every lookup is exactly one hit or one miss.
@@ -12,7 +12,7 @@ Single-threaded: call only from the trio thread that owns it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence, Sized
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 import trio
@@ -21,20 +21,11 @@ from cachetools import LRUCache
 from xetfs.base.stats import LayoutCounters
 
 K = TypeVar("K", bound=Hashable)
-V = TypeVar("V", bound=Sized)
+V = TypeVar("V")
 
 # A loader returns, for each key it was given, the value or the exception
 # that stopped that key (so one bad chunk does not fail its neighbours).
 Loader = Callable[[Sequence[K]], Awaitable[Mapping[K, V | Exception]]]
-
-
-class _Flight(Generic[K, V]):
-    """One load in progress; waiters read its result once ``done`` is set."""
-
-    def __init__(self) -> None:
-        self.done = trio.Event()
-        self.values: Mapping[K, V | Exception] = {}
-        self.error: BaseException | None = None  # the loader itself raised
 
 
 def _value(outcome: V | Exception) -> V:
@@ -43,27 +34,17 @@ def _value(outcome: V | Exception) -> V:
     return outcome
 
 
-class _Lru(LRUCache[K, V]):
-    def __init__(self, capacity: int, on_evict: Callable[[K, V], None]) -> None:
-        super().__init__(maxsize=capacity, getsizeof=len)
-        self._on_evict: Callable[[K, V], None] = on_evict
-
-    def popitem(self) -> tuple[K, V]:
-        key, value = super().popitem()
-        self._on_evict(key, value)
-        return key, value
-
-
 class LoadingCache(Generic[K, V]):
-    def __init__(self, capacity: int, counters: LayoutCounters | None = None) -> None:
+    def __init__(self, capacity: int, getsizeof: Callable[[V], int], counters: LayoutCounters | None = None) -> None:
+        """``getsizeof``: the bytes a value counts for against ``capacity``."""
         self.capacity = max(0, capacity)
         self.counters = counters or LayoutCounters()
         self.counters.capacity_bytes = self.capacity
-        self._lru: _Lru[K, V] = _Lru(max(1, self.capacity), self._evicted)
-        self._flights: dict[K, _Flight[K, V]] = {}
-
-    def _evicted(self, key: K, value: V) -> None:
-        self.counters.evictions += 1
+        self._getsizeof = getsizeof
+        self._lru: LRUCache[K, V] = LRUCache(max(1, self.capacity), getsizeof=getsizeof)
+        # Keys being loaded: the load's end, set once it is over, and what it made of each of its keys by
+        # then (shared by the load's keys; a key left out: the loading task went away, look again).
+        self._flights: dict[K, tuple[trio.Event, dict[K, V | Exception]]] = {}
 
     def __contains__(self, key: K) -> bool:
         return key in self._lru
@@ -90,8 +71,12 @@ class LoadingCache(Generic[K, V]):
         return int(self._lru.currsize)
 
     def _store(self, key: K, value: V) -> None:
-        if self.capacity and len(value) <= self.capacity:
-            self._lru[key] = value
+        """Cache ``value`` if it fits at all; count the entries it pushes out."""
+        if not self.capacity or self._getsizeof(value) > self.capacity:
+            return
+        before = len(self._lru) - (key in self._lru)
+        self._lru[key] = value
+        self.counters.evictions += before + 1 - len(self._lru)
 
     def _sync(self) -> None:
         self.counters.bytes = int(self._lru.currsize)
@@ -112,7 +97,7 @@ class LoadingCache(Generic[K, V]):
         """
         found: dict[K, V] = {}
         missing: list[K] = []
-        waits: list[tuple[K, _Flight[K, V]]] = []
+        waits: list[tuple[K, tuple[trio.Event, dict[K, V | Exception]]]] = []
         c = self.counters
         for key in keys:
             value = self._lru.get(key)
@@ -128,17 +113,17 @@ class LoadingCache(Generic[K, V]):
             loaded = await self._load(missing, load)
             for key in missing:
                 found[key] = _value(loaded[key])
-        for key, flight in waits:
-            await flight.done.wait()
-            outcome = flight.values.get(key, flight.error)
-            if isinstance(outcome, Exception):
+        for key, (done, outcomes) in waits:
+            await done.wait()
+            outcome = outcomes.get(key)
+            if outcome is None:
+                # The loading task was cancelled: look again (one of us loads).
+                (found[key],) = await self.get_many([key], load)
+            elif isinstance(outcome, Exception):
                 # Waiters share the verdict rather than each trying again
                 # (against a stuck store that would be one timeout each).
                 c.misses += 1
                 raise outcome
-            if outcome is None or isinstance(outcome, BaseException):
-                # The loading task was cancelled: look again (one of us loads).
-                (found[key],) = await self.get_many([key], load)
             else:
                 c.hits += 1
                 c.joined += 1
@@ -146,23 +131,23 @@ class LoadingCache(Generic[K, V]):
         return [found[key] for key in keys]
 
     async def _load(self, keys: list[K], load: Loader[K, V]) -> Mapping[K, V | Exception]:
-        flight: _Flight[K, V] = _Flight()
+        done, outcomes = flight = trio.Event(), dict[K, V | Exception]()
         for key in keys:
             self._flights[key] = flight
         try:
-            values = await load(keys)
-            flight.values = values
+            outcomes.update(await load(keys))
             for key in keys:
-                value = values[key]
+                value = outcomes[key]
                 if not isinstance(value, Exception):
                     self._store(key, value)
             self._sync()
-            return values
-        except BaseException as exc:
-            flight.error = exc
+            return outcomes
+        except Exception as exc:
+            for key in keys:
+                outcomes.setdefault(key, exc)  # (a key the loader answered keeps its answer)
             raise
         finally:
             for key in keys:
                 if self._flights.get(key) is flight:
                     del self._flights[key]
-            flight.done.set()
+            done.set()

@@ -47,15 +47,6 @@ class Extent:
     layout: XorbLayout  # of the run's xorb: which chunks a read touches
 
 
-class _File:
-    __slots__ = ("extents", "pages", "starts")
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.extents: list[Extent] = []
-        self.pages: dict[int, Extent] = {}  # page number -> the small extent holding the page's first byte
-
-
 def _pages(extent: Extent) -> range:
     """The pages whose first byte ``extent`` holds, if it is small enough to be found by page."""
     if extent.stop - extent.start > PAGED_MAX:
@@ -69,7 +60,11 @@ class Extents:
         run's worth) are kept; past either, the memo starts afresh."""
         self.limit = limit
         self.page_limit = 16 * limit if page_limit is None else page_limit
-        self._files: dict[bytes, _File] = {}
+        # By file hash, for the files with extents: their extents in file order and where each starts; and
+        # by page number, the small extent holding the page's first byte.
+        self._extents: dict[bytes, list[Extent]] = {}
+        self._starts: dict[bytes, list[int]] = {}
+        self._pages: dict[bytes, dict[int, Extent]] = {}
         self._by_run: dict[Run, list[tuple[bytes, Extent]]] = {}
         self._count = 0
         self._paged = 0  # page entries over all files
@@ -84,22 +79,21 @@ class Extents:
 
     def pages(self, file_hash: bytes) -> Mapping[int, Extent]:
         """Page number -> the small extent holding that page's first byte, for one file (a read-only view)."""
-        f = self._files.get(file_hash)
-        return MappingProxyType(f.pages) if f is not None else MappingProxyType({})
+        return MappingProxyType(self._pages.get(file_hash, {}))
 
     def find(self, file_hash: bytes, start: int, stop: int) -> Extent | None:
         """The extent holding all of file bytes ``[start, stop)`` with its run still held, if any."""
-        f = self._files.get(file_hash)
-        if f is None:
+        pages = self._pages.get(file_hash)
+        if pages is None:
             return None
         # A small read of a small run's bytes: one lookup, no bisection.  The extent found holds the
         # first byte of the page ``start`` lies in, so it starts at or before ``start``.
-        extent = f.pages.get(start // PAGE)
+        extent = pages.get(start // PAGE)
         if extent is None or extent.stop <= start:
-            i = bisect.bisect_right(f.starts, start) - 1
+            i = bisect.bisect_right(self._starts[file_hash], start) - 1
             if i < 0:
                 return None
-            extent = f.extents[i]
+            extent = self._extents[file_hash][i]
         if stop > extent.stop or not extent.run.held:  # (an evicted run's are forgotten)
             return None
         return extent
@@ -107,15 +101,14 @@ class Extents:
     def cover(self, file_hash: bytes, start: int, stop: int) -> list[Extent] | None:
         """Extents that follow on from each other and together hold all of ``[start, stop)``, with their
         runs still held, if any (``find`` for a read that runs on into the next run or term)."""
-        f = self._files.get(file_hash)
-        if f is None:
+        extents = self._extents.get(file_hash)
+        if extents is None:
             return None
-        i = bisect.bisect_right(f.starts, start) - 1
-        if i < 0 or start >= f.extents[i].stop:
+        i = bisect.bisect_right(self._starts[file_hash], start) - 1
+        if i < 0 or start >= extents[i].stop:
             return None
         found = []
         pos = start
-        extents = f.extents
         for j in range(i, len(extents)):  # (not a slice: that would copy the rest of the file's extents)
             extent = extents[j]
             if extent.start > pos or not extent.run.held:
@@ -131,39 +124,39 @@ class Extents:
         if extent.start >= extent.stop:
             return
         if self._count >= self.limit or self._paged >= self.page_limit:
-            self._files.clear()
-            self._by_run.clear()
+            for memo in (self._extents, self._starts, self._pages, self._by_run):
+                memo.clear()
             self._count = self._paged = 0
-        f = self._files.get(file_hash)
-        if f is None:
-            f = self._files[file_hash] = _File()
-        lo = bisect.bisect_right(f.starts, extent.start) - 1
-        if lo < 0 or f.extents[lo].stop <= extent.start:
+        extents = self._extents.setdefault(file_hash, [])
+        starts = self._starts.setdefault(file_hash, [])
+        pages = self._pages.setdefault(file_hash, {})
+        lo = bisect.bisect_right(starts, extent.start) - 1
+        if lo < 0 or extents[lo].stop <= extent.start:
             lo += 1
-        hi = bisect.bisect_left(f.starts, extent.stop, lo)
-        for old in f.extents[lo:hi]:
+        hi = bisect.bisect_left(starts, extent.stop, lo)
+        for old in extents[lo:hi]:
             self._unlink(file_hash, old)
-            self._paged -= _unpage(f, old)
+            self._paged -= _unpage(pages, old)
         self._count += 1 - (hi - lo)
-        f.starts[lo:hi] = [extent.start]
-        f.extents[lo:hi] = [extent]
-        pages = _pages(extent)
-        for page in pages:
-            f.pages[page] = extent
-        self._paged += len(pages)
+        starts[lo:hi] = [extent.start]
+        extents[lo:hi] = [extent]
+        new_pages = _pages(extent)
+        for page in new_pages:
+            pages[page] = extent
+        self._paged += len(new_pages)
         self._by_run.setdefault(extent.run, []).append((file_hash, extent))
 
     def forget(self, run: Run) -> None:
         """Drop the extents of ``run`` (it was evicted)."""
         for file_hash, extent in self._by_run.pop(run, ()):
-            f = self._files[file_hash]
-            i = bisect.bisect_left(f.starts, extent.start)
-            if i < len(f.extents) and f.extents[i] is extent:
-                del f.starts[i], f.extents[i]
-                self._paged -= _unpage(f, extent)
+            starts, extents = self._starts[file_hash], self._extents[file_hash]
+            i = bisect.bisect_left(starts, extent.start)
+            if i < len(extents) and extents[i] is extent:
+                del starts[i], extents[i]
+                self._paged -= _unpage(self._pages[file_hash], extent)
                 self._count -= 1
-                if not f.starts:
-                    del self._files[file_hash]
+                if not starts:
+                    del self._starts[file_hash], self._extents[file_hash], self._pages[file_hash]
 
     def _unlink(self, file_hash: bytes, extent: Extent) -> None:
         """Take an extent that is being replaced out of its run's list."""
@@ -174,11 +167,11 @@ class Extents:
                 del self._by_run[extent.run]
 
 
-def _unpage(f: _File, extent: Extent) -> int:
-    """Drop the page entries of ``extent``, which is going; how many there were."""
+def _unpage(pages: dict[int, Extent], extent: Extent) -> int:
+    """Drop the page entries of ``extent`` (from its file's ``pages``), which is going; how many there were."""
     dropped = 0
     for page in _pages(extent):
-        if f.pages.get(page) is extent:  # (always, as extents never overlap: a check, not a case)
-            del f.pages[page]
+        if pages.get(page) is extent:  # (always, as extents never overlap: a check, not a case)
+            del pages[page]
             dropped += 1
     return dropped

@@ -170,10 +170,11 @@ class Loader:
                 raise
             reason = str(exc)
         else:
-            if src.entry is None or not loaded.errors:
+            runs, errors = loaded
+            if src.entry is None or not errors:
                 return loaded
-            reason = str(next(iter(loaded.errors.values())))
-            self._free(loaded.runs)
+            reason = str(next(iter(errors.values())))
+            self._free(runs)
         assert self.store.chunks is not None
         self.store.chunks.drop(xorb_hash, src.entry, reason)
         src = self.store.chunk_source(xorb_hash, layout, first, stop)
@@ -214,12 +215,13 @@ class Loader:
             self._count(len(memoryview(data)), *_decoded(sizes))
             if all(_all_decoded(part) for part in sizes):
                 self._keep(src, xorb_hash, first, stop, data)
-        out = Loaded([], {})
+        runs: list[Run] = []
+        errors: dict[int, XetfsError] = {}
         for slot, (a, b), part in zip(slots, parts, sizes, strict=True):
-            loaded = _slot_runs(pool, self._shared, slot, xorb_hash, layout, a, b, part)
-            out.runs += loaded.runs
-            out.errors.update(loaded.errors)
-        return out
+            part_runs, part_errors = _slot_runs(pool, self._shared, slot, xorb_hash, layout, a, b, part)
+            runs += part_runs
+            errors.update(part_errors)
+        return runs, errors
 
     def load_now(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded | None:
         """``load`` with no await, where it would not wait anyway: chunks ``[first, stop)`` too few for a
@@ -355,7 +357,7 @@ def _runs(xorb_hash: bytes, layout: XorbLayout, first: int, chunks: Sequence[Buf
             start, pieces = i + 1, []
         else:
             pieces.append(chunk)
-    return Loaded(runs, errors)
+    return runs, errors
 
 
 def _slot_runs(
@@ -369,10 +371,10 @@ def _slot_runs(
         if size < pool.min_slot_run:  # a short run would hold a whole slot: it moves to the daemon
             data = bytes(slots.view(slot, size))
             slots.free(slot)
-            return Loaded([Run(xorb_hash, a, b, layout.unpacked_start(a), memoryview(data))], {})
+            return [Run(xorb_hash, a, b, layout.unpacked_start(a), memoryview(data))], {}
         run = Run(xorb_hash, a, b, layout.unpacked_start(a), slots.view(slot, size), slot)
         run.private = not shared(xorb_hash)
-        return Loaded([run], {})
+        return [run], {}
     # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
     pieces: list[Buffer | XetfsError] = []
     at = 0

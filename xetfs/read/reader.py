@@ -20,7 +20,6 @@ import contextlib
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import NamedTuple
 
 import trio
 from cachetools import TTLCache
@@ -55,15 +54,8 @@ from xetfs.read.runs import Loaded, Run, RunStore
 from xetfs.storage.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
 from xetfs.storage.store import Store
 
-
-class Span(NamedTuple):
-    """The chunks of one xorb under part of a read, and where that part's term lies in the xorb."""
-
-    layout: XorbLayout
-    chunks: ChunkSpan
-    delta: int  # decoded xorb offset minus file offset, within the term
-    term_lo: int  # the term is decoded xorb bytes [term_lo, term_hi)
-    term_hi: int
+# One part of a read, within one term: the term slice, its xorb's layout, and the chunks under it.
+_Span = tuple[TermSlice, XorbLayout, ChunkSpan]
 
 
 @dataclass(frozen=True)
@@ -104,7 +96,7 @@ class Reader:
         self.runs = RunStore(cache_size, pool.slots.free if pool else None, self._extents.forget)
         self._loader = Loader(store, self.runs, shared=index.shared, verify=verify, io=io, pool=pool,
                               run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote)  # fmt: skip
-        self._layouts: LoadingCache[bytes, _Sized] = LoadingCache(LAYOUT_CACHE_SIZE)
+        self._layouts: LoadingCache[bytes, XorbLayout] = LoadingCache(LAYOUT_CACHE_SIZE, _layout_size)
         self._bad_layouts: TTLCache[bytes, XetfsError] = TTLCache(maxsize=1024, ttl=BAD_LAYOUT_SECONDS)
         self._errors = ErrorCounters()
         self._prefetch_requests = 0
@@ -177,14 +169,13 @@ class Reader:
                     return self._join(entry, spans, held, read_through)
                 found = self._held(spans)
                 if found is not None:
-                    for span, runs in zip(spans, found, strict=True):
-                        self.runs.served(runs, span.chunks.start, span.chunks.stop)
+                    for (_, _, c), runs in zip(spans, found, strict=True):
+                        self.runs.served(runs, c.start, c.stop)
                     return self._join(entry, spans, found, read_through)
             else:
                 spans = await self._spans(entry, offset, size)
-            for span in spans:
-                c = span.chunks
-                held.append(await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=False,
+            for _, layout, c in spans:
+                held.append(await self._get(layout, c.xorb_hash, c.start, c.stop, prefetch=False,
                                             file_hash=entry.file_hash))  # fmt: skip
             # From here to the return, no await: a run released below may be evicted and its slot reused.
             return self._join(entry, spans, held, read_through)
@@ -240,64 +231,58 @@ class Reader:
         """
         self._prefetch_requests += 1
         with contextlib.suppress(XetfsError):
-            for span in await self._spans(entry, offset, size):
-                c = span.chunks
-                await self._get(span.layout, c.xorb_hash, c.start, c.stop, prefetch=True, file_hash=entry.file_hash)
+            for _, layout, c in await self._spans(entry, offset, size):
+                await self._get(layout, c.xorb_hash, c.start, c.stop, prefetch=True, file_hash=entry.file_hash)
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """The verified layout of a xorb (cached)."""
-        (sized,) = await self._layouts.get_many([xorb_hash], self._load_layouts)
-        return sized.layout
+        (layout,) = await self._layouts.get_many([xorb_hash], self._load_layouts)
+        return layout
 
     # -- internals ----------------------------------------------------------
 
-    async def _spans(self, entry: FileEntry, offset: int, size: int) -> list[Span]:
+    async def _spans(self, entry: FileEntry, offset: int, size: int) -> list[_Span]:
         """The chunks of each xorb under file bytes ``[offset, offset + size)``, with the xorbs' layouts."""
         spans = []
-        pos = offset
         for piece in self.index.locate(entry, offset, size):
-            spans.append(_span(piece, await self.layout(piece.xorb_hash), pos))
-            pos += piece.length
+            layout = await self.layout(piece.xorb_hash)
+            spans.append((piece, layout, chunk_span(piece, layout)))
         return spans
 
-    def _spans_now(self, entry: FileEntry, offset: int, size: int) -> list[Span] | None:
+    def _spans_now(self, entry: FileEntry, offset: int, size: int) -> list[_Span] | None:
         """``_spans`` without waiting: None if a layout is not cached."""
         pieces = self.index.locate(entry, offset, size)
-        found = self._layouts.peek_all([piece.xorb_hash for piece in pieces])
-        if found is None:
+        layouts = self._layouts.peek_all([piece.xorb_hash for piece in pieces])
+        if layouts is None:
             return None
-        spans = []
-        pos = offset
-        for piece, sized in zip(pieces, found, strict=True):
-            spans.append(_span(piece, sized.layout, pos))
-            pos += piece.length
-        return spans
+        return [(piece, layout, chunk_span(piece, layout)) for piece, layout in zip(pieces, layouts, strict=True)]
 
-    def _held(self, spans: list[Span]) -> list[list[Run]] | None:
+    def _held(self, spans: list[_Span]) -> list[list[Run]] | None:
         """The held runs for every span, or None if some chunk is not held."""
         found = []
-        for span in spans:
-            runs = self.runs.held(span.chunks.xorb_hash, span.chunks.start, span.chunks.stop)
+        for _, _, c in spans:
+            runs = self.runs.held(c.xorb_hash, c.start, c.stop)
             if runs is None:
                 return None
             found.append(runs)
         return found
 
     def _join(
-        self, entry: FileEntry, spans: list[Span], runs: list[list[Run]], read_through: bool
+        self, entry: FileEntry, spans: list[_Span], runs: list[list[Run]], read_through: bool
     ) -> bytes | memoryview:
         """The bytes of ``spans`` from their ``runs`` (a view when one run has them all); remember the extents."""
         parts = []
-        for span, span_runs in zip(spans, runs, strict=True):
-            c = span.chunks
-            lo = span.layout.unpacked_start(c.start) + c.skip
-            hi = lo + c.length
+        for (piece, layout, _), span_runs in zip(spans, runs, strict=True):
+            term_lo = layout.unpacked_start(piece.start)  # the term is decoded xorb bytes [term_lo, term_hi)
+            term_hi = term_lo + piece.term_size
+            lo = term_lo + piece.offset  # the span is [lo, hi) (``chunk_span``)
+            hi = lo + piece.length
+            delta = term_lo - entry.term_start(piece.term)  # decoded xorb offset minus file offset, in the term
             for run in span_runs:
                 parts.append(run.view(lo, hi))
                 if not (read_through and self.runs.read_along(run, lo, hi)):  # (else the page cache has it all)
-                    a, b = max(run.lo, span.term_lo), min(run.hi, span.term_hi)
-                    self._extents.add(entry.file_hash, Extent(a - span.delta, b - span.delta, span.delta, run,
-                                                              span.layout))  # fmt: skip
+                    a, b = max(run.lo, term_lo), min(run.hi, term_hi)
+                    self._extents.add(entry.file_hash, Extent(a - delta, b - delta, delta, run, layout))
         if not parts:
             return b""
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -319,12 +304,12 @@ class Reader:
 
         return await self.runs.get(xorb_hash, first, stop, cut, load, prefetch=prefetch)
 
-    def _load_now(self, entry: FileEntry, spans: list[Span]) -> list[Run] | None:
+    def _load_now(self, entry: FileEntry, spans: list[_Span]) -> list[Run] | None:
         """The runs of a read of one span that no run or load has any chunk of, loaded at once and pinned
         (``Loader.load_now``: a small read of a local store); None if the read must wait (``_get``)."""
         if len(spans) != 1:
             return None
-        layout, c = spans[0].layout, spans[0].chunks
+        _, layout, c = spans[0]
         if not self.runs.vacant(c.xorb_hash, c.start, c.stop):
             return None
         if self._loader.run_stop(layout, c.start, c.stop) < c.stop:  # more than one store read
@@ -338,8 +323,9 @@ class Reader:
     def _tally(self, file_hash: bytes, loaded: Loaded) -> None:
         """Count what a read of the file ``file_hash`` loaded (the file whose read loads a chunk is the one
         it is counted for)."""
+        runs, _ = loaded
         tally = self._files.get(file_hash) or self._files.setdefault(file_hash, FileCounters())
-        for run in loaded.runs:
+        for run in runs:
             tally.chunks += run.stop - run.first
             tally.bytes += len(run.data)
 
@@ -358,7 +344,7 @@ class Reader:
         else:
             errors.format += 1
 
-    async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, _Sized]:
+    async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, XorbLayout]:
         """Layouts for ``keys``.  A xorb whose layout failed its check fails again at once for
         ``BAD_LAYOUT_SECONDS``: the kernel and readers retry failed reads, and checking a xorb
         without a footer means reading and hashing all of it."""
@@ -368,26 +354,13 @@ class Reader:
             if bad is not None:
                 raise bad.with_traceback(None)
             try:
-                out[xorb_hash] = _Sized(await self._loader.layout(xorb_hash))
+                out[xorb_hash] = await self._loader.layout(xorb_hash)
             except (FormatError, IntegrityError) as exc:
                 self._bad_layouts[xorb_hash] = exc
                 raise
         return out
 
 
-def _span(piece: TermSlice, layout: XorbLayout, pos: int) -> Span:
-    """The span of a term slice that starts at file offset ``pos``."""
-    term_lo = layout.unpacked_start(piece.start)
-    return Span(layout, chunk_span(piece, layout), term_lo + piece.offset - pos, term_lo, term_lo + piece.term_size)
-
-
-class _Sized:
-    """A layout with a ``len`` that approximates its memory, for the byte-bounded cache."""
-
-    __slots__ = ("layout",)
-
-    def __init__(self, layout: XorbLayout) -> None:
-        self.layout = layout
-
-    def __len__(self) -> int:
-        return 200 + 150 * self.layout.num_chunks
+def _layout_size(layout: XorbLayout) -> int:
+    """About the memory a layout takes, for the byte-bounded cache of layouts."""
+    return 200 + 150 * layout.num_chunks

@@ -27,7 +27,6 @@ Single-threaded: call only from the trio thread that owns it.
 from __future__ import annotations
 
 import bisect
-import enum
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -65,33 +64,25 @@ class Run:
         return self.data[max(lo, self.lo) - self.lo : min(hi, self.hi) - self.lo]
 
 
-class LoadState(enum.Enum):
-    LOADING = "loading"
-    DONE = "done"  # ``runs`` and ``errors`` are final
-    CANCELLED = "cancelled"  # the loading task went away: waiters look again
-
-
 @dataclass(eq=False)
 class Load:
-    """Chunks ``[first, stop)`` of a xorb being loaded; waiters wait for ``done``."""
+    """Chunks ``[first, stop)`` of a xorb being loaded; waiters wait for ``done``.
+
+    Once ``done`` is set, ``runs`` and ``errors`` say what the load made of its chunks: a chunk in
+    neither was not loaded (the loading task went away), and its waiters look again.
+    """
 
     first: int
     stop: int
-    state: LoadState = LoadState.LOADING
     done: trio.Event = field(default_factory=trio.Event)
     runs: list[Run] = field(default_factory=list)
     errors: dict[int, XetfsError] = field(default_factory=dict)  # chunk index -> what stopped it
     waiters: int = 0  # ``get`` calls that will take its runs (the one loading it included)
 
 
-@dataclass
-class Loaded:
-    """What a loader made of a piece: runs for the chunks that decoded, errors for those that did not."""
-
-    runs: list[Run]
-    errors: dict[int, XetfsError]
-
-
+# What a loader made of chunks: runs for those that decoded, in order, and by chunk index the error of each
+# that did not.
+Loaded = tuple[list[Run], dict[int, XetfsError]]
 Cut = Callable[[int, int], Sequence[tuple[int, int]]]
 LoadFn = Callable[[int, int], Awaitable[Loaded]]
 Entry = Run | Load
@@ -209,19 +200,20 @@ class RunStore:
         ``get``: ``release`` them.  Raises the error of the first chunk that
         failed to load; the runs of the others are held all the same.
         """
+        runs, errors = loaded
         self._c.misses += stop - first
         entries = self._xorbs.setdefault(xorb_hash, [])
-        for run in loaded.runs:
+        for run in runs:
             bisect.insort(entries, run, key=_FIRST)
             self._hold(run)
         if not entries:
             del self._xorbs[xorb_hash]
-        if loaded.errors:
+        if errors:
             self._evict_to(self.capacity)
-            raise loaded.errors[min(loaded.errors)]
-        for run in loaded.runs:
+            raise errors[min(errors)]
+        for run in runs:
             run.pins += 1
-        return loaded.runs
+        return runs
 
     def served(self, runs: Sequence[Run], first: int, stop: int) -> None:
         """A read served chunks ``[first, stop)`` from ``runs`` (from ``held``): count the hits."""
@@ -281,10 +273,8 @@ class RunStore:
     def _take_loaded(self, flights: list[Load], have: dict[int, Run], first: int, stop: int, prefetch: bool) -> None:
         """``get``'s part once ``flights`` are over: add the runs they made for chunks ``[first, stop)`` to
         ``have`` (pinned, for a read); raise the error of the first of those chunks that failed (not for
-        ``prefetch``).  A cancelled load is passed over: the next pass looks again."""
+        ``prefetch``).  A cancelled load made nothing: the next pass looks again, and may load it itself."""
         for ld in flights:
-            if ld.state is LoadState.CANCELLED:
-                continue  # look again: this time we may load it ourselves
             failed = [i for i in sorted(ld.errors) if first <= i < stop]
             if failed and not prefetch:
                 raise ld.errors[failed[0]]
@@ -328,16 +318,10 @@ class RunStore:
 
     async def _load(self, xorb_hash: bytes, ld: Load, load: LoadFn, prefetch: bool) -> None:
         try:
-            loaded = await load(ld.first, ld.stop)
+            ld.runs, ld.errors = await load(ld.first, ld.stop)
         except XetfsError as exc:
             ld.errors = dict.fromkeys(range(ld.first, ld.stop), exc)
-            ld.state = LoadState.DONE
-        except BaseException:
-            ld.state = LoadState.CANCELLED
-            raise
         else:
-            ld.runs, ld.errors = loaded.runs, loaded.errors
-            ld.state = LoadState.DONE
             if prefetch:  # what prefetch decoded: not a load cancelled or failed
                 self._p.chunks += sum(run.stop - run.first for run in ld.runs)
         finally:
@@ -356,7 +340,7 @@ class RunStore:
     def _leave(self, ld: Load) -> None:
         """A ``get`` is done with a load it waited for: the last one unpins its runs."""
         ld.waiters -= 1
-        if ld.waiters == 0 and ld.state is LoadState.DONE:
+        if ld.waiters == 0:  # (then the load is over: the ``get`` that runs it is a waiter until it ends)
             self.release(ld.runs)
 
     def _hold(self, run: Run) -> None:
