@@ -108,8 +108,10 @@ def check_bounds(s: dict[str, Any]) -> None:
 def settled(mount: Mount) -> dict[str, Any]:
     """The counters once background prefetch is done (polled, with a deadline).
 
-    Prefetch counts its chunks when it starts a load and its decodes when the
-    worker is done, so "settled" is: every miss and every prefetched chunk
+    Prefetch counts its chunks when a load ends and its decodes when the
+    worker is done, so "settled" is: no load in flight (a load's runs stay
+    pinned, and may hold the cache over its bound, until every load its
+    request waits for has ended), every miss and every prefetched chunk
     decoded, and nothing changed since the previous poll.
     """
     keys = ("cache", "decode", "prefetch", "store")
@@ -119,7 +121,8 @@ def settled(mount: Mount) -> dict[str, Any]:
         now = mount.stats()
         same = all(now[k] == last[0][k] for k in keys)
         last[0] = now
-        return same and now["cache"]["misses"] + now["prefetch"]["chunks"] == now["decode"]["chunks"]
+        loaded = now["cache"]["misses"] + now["prefetch"]["chunks"] == now["decode"]["chunks"]
+        return same and loaded and now["cache"]["loading"] == 0
 
     wait_until(quiet, SETTLE_DEADLINE, "the counters to settle", mount.proc, mount.log_path)
     return last[0]

@@ -7,6 +7,7 @@ events and ``trio.testing.wait_all_tasks_blocked`` (never sleeps).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
@@ -116,6 +117,34 @@ def test_concurrent_readers_wait_for_one_load() -> None:
     assert load.calls == [(0, 8), (8, 10)]
     c = store.statistics()
     assert c.joined == 6 + 2 and c.misses == 10 and c.hits == 8
+
+
+def test_loading_counts_the_chunks_in_flight_until_their_load_ends_however_it_ends() -> None:
+    """``loading`` is what a poll of the stats needs to know that nothing is still coming: the chunks of
+    the loads in flight, whether they then succeed, fail or are cancelled."""
+    store, load = RunStore(10_000), FakeLoader(gated=True, bad=[9])
+    seen: list[int] = []
+
+    async def body() -> None:
+        async def reader(first: int, stop: int) -> None:
+            with contextlib.suppress(XetfsError):
+                await read(store, first, stop, load, n=100)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader, 0, 6)
+            nursery.start_soon(reader, 8, 10)  # chunk 9 fails
+            await trio.testing.wait_all_tasks_blocked()
+            seen.append(store.statistics().loading)
+            load.gate.set()
+        seen.append(store.statistics().loading)
+        load.gate = trio.Event()  # held again: the next load is cancelled while in flight
+        with trio.move_on_after(0.01) as scope:
+            await read(store, 20, 24, load, n=100)
+        assert scope.cancelled_caught
+        seen.append(store.statistics().loading)
+
+    run(body)
+    assert seen == [6 + 2, 0, 0]
 
 
 def test_a_bad_chunk_fails_only_the_reads_that_need_it_and_is_not_kept() -> None:

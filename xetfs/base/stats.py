@@ -27,6 +27,7 @@ class CacheCounters:
     hits: int = 0  # chunks a read found held, or loading for another request
     misses: int = 0  # chunks a read had to load itself
     joined: int = 0  # of the hits, chunks another request was loading
+    loading: int = 0  # chunks being loaded now, for reads and prefetch (not yet in ``chunks``)
     evictions: int = 0  # runs let go to stay within capacity (or to free a slot)
     evicted_read: int = 0  # of those, runs a sequential reader had read through (let go first)
 

@@ -142,7 +142,8 @@ class RunStore:
                             n = _overlap(entry, first, stop)
                             self._c.hits += n
                             self._c.joined += n
-                new = [self._register(xorb_hash, a, b) for lo, hi in gaps for a, b in cut(lo, hi)]
+                pieces = [piece for lo, hi in gaps for piece in cut(lo, hi)]  # (all cut before any is registered)
+                new = [self._register(xorb_hash, a, b) for a, b in pieces]
                 if not prefetch and not counted:  # a later pass loads chunks already counted as hits
                     self._c.misses += sum(_overlap(ld, first, stop) for ld in new)
                 counted = True
@@ -314,6 +315,7 @@ class RunStore:
         entries = self._xorbs.setdefault(xorb_hash, [])
         ld = Load(first, stop)
         bisect.insort(entries, ld, key=_FIRST)
+        self._c.loading += stop - first
         return ld
 
     async def _load(self, xorb_hash: bytes, ld: Load, load: LoadFn, prefetch: bool) -> None:
@@ -335,6 +337,7 @@ class RunStore:
                 self._hold(run)
             if not entries:
                 del self._xorbs[xorb_hash]
+            self._c.loading -= ld.stop - ld.first
             ld.done.set()
 
     def _leave(self, ld: Load) -> None:
