@@ -72,7 +72,7 @@ from xetfs.format.chunk import HEADER_SIZE, MAX_UNCOMPRESSED, decode_chunk, pars
 from xetfs.format.shard import parse_shard  # noqa: E402
 from xetfs.format.xorb import XorbLayout, decode_run, footer_length, parse_footer, walk_headers  # noqa: E402
 from xetfs.names.tree import build_tree  # noqa: E402
-from xetfs.storage.index import FileEntry, Index, TermSlice, chunk_span  # noqa: E402
+from xetfs.storage.index import FileEntry, Index, TermSlice, chunk_range  # noqa: E402
 from xetfs.storage.manifest import Manifest, dump_manifest, parse_manifest, path_problem  # noqa: E402
 
 MiB = 1024 * 1024
@@ -424,12 +424,12 @@ def check_xorb(data: bytes) -> bool:
             _require(len(c) == layout.chunk_size(i), f"chunk {i} decodes to {len(c)} bytes")
             if layout.chunk_hashes is not None:
                 _require(hashes.chunk_hash(c) == layout.chunk_hashes[i], "unverified bytes returned")
-    # Map term-like ranges onto the layout, as the reader does (index.chunk_span).
+    # Map term-like ranges onto the layout, as the reader does (index.chunk_range).
     for a, b in ((0, n), (n // 2, n), (0, 1)):
         if a < b:
             size = layout.range_size(a, b)
-            span = chunk_span(TermSlice(0, bytes(32), a, b, size, size // 2, size - size // 2), layout)
-            _require(a <= span.start < span.stop <= b and span.skip >= 0, f"chunk span {span} for [{a}, {b})")
+            first, stop = chunk_range(TermSlice(0, bytes(32), a, b, size, size // 2, size - size // 2), layout)
+            _require(a <= first < stop <= b, f"chunk range [{first}, {stop}) for [{a}, {b})")
     return True
 
 

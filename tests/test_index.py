@@ -1,4 +1,4 @@
-"""The store index: ``Index.locate`` and ``chunk_span`` against a brute-force
+"""The store index: ``Index.locate`` and ``chunk_range`` against a brute-force
 model, duplicate files across shards, and the cross-object checks.
 """
 
@@ -20,7 +20,7 @@ from xetfs.base.errors import IntegrityError, MissingObjectError
 from xetfs.format.shard import Shard, parse_shard
 from xetfs.format.xorb import XorbLayout
 from xetfs.storage import index
-from xetfs.storage.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
+from xetfs.storage.index import FileEntry, Index, TermSlice, chunk_range
 
 pytestmark = pytest.mark.unit
 
@@ -197,7 +197,7 @@ def test_locate_large_offsets() -> None:
     _check_locate(idx, entry, sizes, 2**32 + 5, 2**32)
 
 
-# -- chunk_span -------------------------------------------------------------------
+# -- chunk_range ------------------------------------------------------------------
 
 
 def _layout(sizes: list[int]) -> XorbLayout:
@@ -205,13 +205,13 @@ def _layout(sizes: list[int]) -> XorbLayout:
     return XorbLayout(_h(1000), tuple(10 * (i + 1) for i in range(len(sizes))), ends, None)
 
 
-def _model_span(sizes: list[int], start: int, offset: int, length: int) -> tuple[int, int, int]:
-    """``(first chunk, stop chunk, skip)`` by listing the chunk of every byte."""
+def _model_range(sizes: list[int], start: int, offset: int, length: int) -> tuple[int, int]:
+    """``(first chunk, stop chunk)`` by listing the chunk of every byte."""
     owner = [i for i, size in enumerate(sizes) for _ in range(size)]
     base = sum(sizes[:start])
     lo, hi = base + offset, base + offset + length
     first, last = owner[lo], owner[hi - 1]
-    return first, last + 1, lo - sum(sizes[:first])
+    return first, last + 1
 
 
 def _piece(
@@ -221,17 +221,17 @@ def _piece(
     return TermSlice(0, _h(1000), start, stop, size, offset, length)
 
 
-def test_chunk_span_examples() -> None:
+def test_chunk_range_examples() -> None:
     sizes = [10, 5, 1, 7]
     layout = _layout(sizes)
-    assert chunk_span(_piece(sizes, 0, 4, 0, 23), layout) == ChunkSpan(_h(1000), 0, 4, 0, 23)
-    assert chunk_span(_piece(sizes, 1, 3, 0, 6), layout) == ChunkSpan(_h(1000), 1, 3, 0, 6)
-    assert chunk_span(_piece(sizes, 1, 4, 4, 2), layout) == ChunkSpan(_h(1000), 1, 3, 4, 2)  # mid-chunk, crosses
-    assert chunk_span(_piece(sizes, 3, 4, 6, 1), layout) == ChunkSpan(_h(1000), 3, 4, 6, 1)  # last byte
-    assert chunk_span(_piece(sizes, 0, 1, 9, 1), layout) == ChunkSpan(_h(1000), 0, 1, 9, 1)
+    assert chunk_range(_piece(sizes, 0, 4, 0, 23), layout) == (0, 4)
+    assert chunk_range(_piece(sizes, 1, 3, 0, 6), layout) == (1, 3)
+    assert chunk_range(_piece(sizes, 1, 4, 4, 2), layout) == (1, 3)  # mid-chunk, crosses
+    assert chunk_range(_piece(sizes, 3, 4, 6, 1), layout) == (3, 4)  # last byte
+    assert chunk_range(_piece(sizes, 0, 1, 9, 1), layout) == (0, 1)
 
 
-def test_chunk_span_random() -> None:
+def test_chunk_range_random() -> None:
     rng = random.Random(12)
     for _ in range(300):
         sizes = [rng.randint(1, 40) for _ in range(rng.randint(1, 25))]
@@ -241,14 +241,13 @@ def test_chunk_span_random() -> None:
         term_size = sum(sizes[start:stop])
         offset = rng.randrange(term_size)
         length = rng.randint(1, term_size - offset)
-        span = chunk_span(_piece(sizes, start, stop, offset, length), layout)
-        assert (span.start, span.stop, span.skip) == _model_span(sizes, start, offset, length)
-        assert span.length == length and span.xorb_hash == _h(1000)
-        assert start <= span.start < span.stop <= stop
+        first, end = chunk_range(_piece(sizes, start, stop, offset, length), layout)
+        assert (first, end) == _model_range(sizes, start, offset, length)
+        assert start <= first < end <= stop
 
 
-def test_locate_then_chunk_span_covers_the_file() -> None:
-    # A file of several multi-chunk terms over one xorb: the spans reassemble the bytes.
+def test_locate_then_chunk_range_covers_the_file() -> None:
+    # A file of several multi-chunk terms over one xorb: the slices' chunks hold the bytes.
     rng = random.Random(13)
     chunk_sizes = [rng.randint(1, 30) for _ in range(20)]
     xorb_bytes = bytes(rng.randrange(256) for _ in range(sum(chunk_sizes)))
@@ -265,9 +264,10 @@ def test_locate_then_chunk_span_covers_the_file() -> None:
         size = rng.randint(0, len(content))
         got = b""
         for piece in idx.locate(entry, offset, size):
-            span = chunk_span(piece, layout)
-            chunk_bytes = xorb_bytes[starts[span.start] : starts[span.stop]]
-            got += chunk_bytes[span.skip : span.skip + span.length]
+            first, stop = chunk_range(piece, layout)
+            lo = starts[piece.start] + piece.offset  # the slice's first byte in the xorb's decoded bytes
+            assert starts[first] <= lo and lo + piece.length <= starts[stop]
+            got += xorb_bytes[lo : lo + piece.length]
         assert got == content[offset : offset + size]
 
 
@@ -275,7 +275,7 @@ def test_locate_then_chunk_span_covers_the_file() -> None:
 def test_chunk_range_beyond_xorb(start: int, stop: int, chunks: int) -> None:
     layout = _layout([3] * chunks)
     with pytest.raises(MissingObjectError, match=f"has {chunks}"):
-        chunk_span(TermSlice(0, _h(1000), start, stop, 3, 0, 1), layout)
+        chunk_range(TermSlice(0, _h(1000), start, stop, 3, 0, 1), layout)
 
 
 @pytest.mark.parametrize("delta", [-1, 1, 1000])
@@ -283,7 +283,7 @@ def test_term_size_mismatch(delta: int) -> None:
     sizes = [10, 5, 1, 7]
     layout = _layout(sizes)
     with pytest.raises(IntegrityError, match="the shard says"):
-        chunk_span(_piece(sizes, 1, 3, 0, 1, term_size=6 + delta), layout)
+        chunk_range(_piece(sizes, 1, 3, 0, 1, term_size=6 + delta), layout)
 
 
 def test_num_chunks_counts_each_chunk_of_a_xorb_once() -> None:

@@ -2,7 +2,7 @@
 
 ``Reader.read(entry, offset, size)`` returns exactly those bytes of a file.
 It maps the range to term slices (``Index.locate``), each slice to chunks of
-a xorb (``chunk_span``), and takes the chunks from the store of decoded runs
+a xorb (``chunk_range``), and takes the chunks from the store of decoded runs
 (``runs.RunStore``), which loads the gaps through ``loader.Loader``: read,
 decode and verify every chunk before it is kept or served, in a decode
 worker or in the daemon.  Reads of bytes that held runs have are answered
@@ -51,11 +51,11 @@ from xetfs.read.extents import Extent, Extents
 from xetfs.read.loader import Io, Loader, inline_io
 from xetfs.read.pool import DecodePool
 from xetfs.read.runs import Loaded, Run, RunStore
-from xetfs.storage.index import ChunkSpan, FileEntry, Index, TermSlice, chunk_span
+from xetfs.storage.index import FileEntry, Index, TermSlice, chunk_range
 from xetfs.storage.store import Store
 
 # One part of a read, within one term: the term slice, its xorb's layout, and the chunks under it.
-_Span = tuple[TermSlice, XorbLayout, ChunkSpan]
+_Span = tuple[TermSlice, XorbLayout, int, int]
 
 
 @dataclass(frozen=True)
@@ -169,13 +169,13 @@ class Reader:
                     return self._join(entry, spans, held, read_through)
                 found = self._held(spans)
                 if found is not None:
-                    for (_, _, c), runs in zip(spans, found, strict=True):
-                        self.runs.served(runs, c.start, c.stop)
+                    for (_, _, first, stop), runs in zip(spans, found, strict=True):
+                        self.runs.served(runs, first, stop)
                     return self._join(entry, spans, found, read_through)
             else:
                 spans = await self._spans(entry, offset, size)
-            for _, layout, c in spans:
-                held.append(await self._get(layout, c.xorb_hash, c.start, c.stop, prefetch=False,
+            for piece, layout, first, stop in spans:
+                held.append(await self._get(layout, piece.xorb_hash, first, stop, prefetch=False,
                                             file_hash=entry.file_hash))  # fmt: skip
             # From here to the return, no await: a run released below may be evicted and its slot reused.
             return self._join(entry, spans, held, read_through)
@@ -231,8 +231,8 @@ class Reader:
         """
         self._prefetch_requests += 1
         with contextlib.suppress(XetfsError):
-            for _, layout, c in await self._spans(entry, offset, size):
-                await self._get(layout, c.xorb_hash, c.start, c.stop, prefetch=True, file_hash=entry.file_hash)
+            for piece, layout, first, stop in await self._spans(entry, offset, size):
+                await self._get(layout, piece.xorb_hash, first, stop, prefetch=True, file_hash=entry.file_hash)
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """The verified layout of a xorb (cached)."""
@@ -246,7 +246,7 @@ class Reader:
         spans = []
         for piece in self.index.locate(entry, offset, size):
             layout = await self.layout(piece.xorb_hash)
-            spans.append((piece, layout, chunk_span(piece, layout)))
+            spans.append((piece, layout, *chunk_range(piece, layout)))
         return spans
 
     def _spans_now(self, entry: FileEntry, offset: int, size: int) -> list[_Span] | None:
@@ -255,13 +255,13 @@ class Reader:
         layouts = self._layouts.peek_all([piece.xorb_hash for piece in pieces])
         if layouts is None:
             return None
-        return [(piece, layout, chunk_span(piece, layout)) for piece, layout in zip(pieces, layouts, strict=True)]
+        return [(piece, layout, *chunk_range(piece, layout)) for piece, layout in zip(pieces, layouts, strict=True)]
 
     def _held(self, spans: list[_Span]) -> list[list[Run]] | None:
         """The held runs for every span, or None if some chunk is not held."""
         found = []
-        for _, _, c in spans:
-            runs = self.runs.held(c.xorb_hash, c.start, c.stop)
+        for piece, _, first, stop in spans:
+            runs = self.runs.held(piece.xorb_hash, first, stop)
             if runs is None:
                 return None
             found.append(runs)
@@ -272,10 +272,10 @@ class Reader:
     ) -> bytes | memoryview:
         """The bytes of ``spans`` from their ``runs`` (a view when one run has them all); remember the extents."""
         parts = []
-        for (piece, layout, _), span_runs in zip(spans, runs, strict=True):
+        for (piece, layout, _, _), span_runs in zip(spans, runs, strict=True):
             term_lo = layout.unpacked_start(piece.start)  # the term is decoded xorb bytes [term_lo, term_hi)
             term_hi = term_lo + piece.term_size
-            lo = term_lo + piece.offset  # the span is [lo, hi) (``chunk_span``)
+            lo = term_lo + piece.offset  # the span is [lo, hi) (within its chunks: ``chunk_range``)
             hi = lo + piece.length
             delta = term_lo - entry.term_start(piece.term)  # decoded xorb offset minus file offset, in the term
             for run in span_runs:
@@ -309,16 +309,16 @@ class Reader:
         (``Loader.load_now``: a small read of a local store); None if the read must wait (``_get``)."""
         if len(spans) != 1:
             return None
-        _, layout, c = spans[0]
-        if not self.runs.vacant(c.xorb_hash, c.start, c.stop):
+        piece, layout, first, stop = spans[0]
+        if not self.runs.vacant(piece.xorb_hash, first, stop):
             return None
-        if self._loader.run_stop(layout, c.start, c.stop) < c.stop:  # more than one store read
+        if self._loader.run_stop(layout, first, stop) < stop:  # more than one store read
             return None
-        loaded = self._loader.load_now(c.xorb_hash, layout, c.start, c.stop)
+        loaded = self._loader.load_now(piece.xorb_hash, layout, first, stop)
         if loaded is None:
             return None
         self._tally(entry.file_hash, loaded)
-        return self.runs.put(c.xorb_hash, c.start, c.stop, loaded)
+        return self.runs.put(piece.xorb_hash, first, stop, loaded)
 
     def _tally(self, file_hash: bytes, loaded: Loaded) -> None:
         """Count what a read of the file ``file_hash`` loaded (the file whose read loads a chunk is the one

@@ -75,16 +75,6 @@ class TermSlice(NamedTuple):  # a tuple: one is made for every read
     length: int
 
 
-class ChunkSpan(NamedTuple):  # a tuple: one is made for every read
-    """Decoded bytes ``[skip, skip + length)`` of the concatenation of chunks ``[start, stop)``."""
-
-    xorb_hash: bytes
-    start: int
-    stop: int
-    skip: int
-    length: int
-
-
 class Index:
     def __init__(self) -> None:
         self.files: dict[bytes, FileEntry] = {}
@@ -190,8 +180,8 @@ class Index:
         return out
 
 
-def chunk_span(piece: TermSlice, layout: XorbLayout) -> ChunkSpan:
-    """Map a term slice onto the chunks of its xorb.
+def chunk_range(piece: TermSlice, layout: XorbLayout) -> tuple[int, int]:
+    """The chunks ``[first, stop)`` of its xorb that a term slice's bytes lie in.
 
     Raises ``MissingObjectError`` when the term's chunk range lies beyond the
     xorb, ``IntegrityError`` when the term's size differs from its chunks'.
@@ -209,10 +199,7 @@ def chunk_span(piece: TermSlice, layout: XorbLayout) -> ChunkSpan:
             f"hold {actual} bytes, the shard says {piece.term_size}"
         )
     lo = base + piece.offset
-    hi = lo + piece.length
-    first = layout.chunk_at(lo)
-    last = layout.chunk_at(hi - 1)
-    return ChunkSpan(piece.xorb_hash, first, last + 1, lo - layout.unpacked_start(first), piece.length)
+    return layout.chunk_at(lo), layout.chunk_at(lo + piece.length - 1) + 1
 
 
 def build(shards: Iterable[Shard]) -> Index:
