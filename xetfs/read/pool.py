@@ -173,7 +173,7 @@ class DecodePool:
     async def decode(self, source: ChunkSource, xorb_hash: bytes, parts: list[tuple[int, ChunkRun]]) -> Result:
         """Read, decode and verify adjacent runs of chunks of a xorb from ``source``, each into its slot.
 
-        ``parts``: ``(slot, chunks)``, adjacent and in order, one read (one
+        ``parts``: ``(slot, chunks)``, at least one, adjacent and in order, one read (one
         fetch of a remote store) for all.  Each must decode to at most
         ``slot_size`` bytes.  Returns, per part and chunk, its decoded size or
         its error; each part's bytes lie back to back from its slot's start.
@@ -191,7 +191,7 @@ class DecodePool:
 
         Raises what ``read_layout`` would raise, or ``WorkerLost``.
         """
-        result = await self._submit(ChunkSource("", path), xorb_hash, ())
+        result = await self._submit(ChunkSource("", path), xorb_hash, ())  # (a file: no object name needed)
         self._counters.layout_jobs += 1
         if isinstance(result.layout, XorbLayout):
             return result.layout
