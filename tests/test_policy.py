@@ -1,4 +1,8 @@
-"""The per-handle read policy (xetfs.read.policy): sequential detection and the prefetch window."""
+"""The read policy of a file (xetfs.read.policy): sequential detection and the prefetch window.
+
+``Session.on_read`` answers ``(sequential, window)``: whether the read continues a stream, and the range
+``(offset, length)`` to prefetch, or None.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import cast
 
 import pytest
 
-from xetfs.read.policy import ReadPolicy
+from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
 from xetfs.read.sessions import Sessions
 from xetfs.storage.index import FileEntry
@@ -20,35 +24,50 @@ MiB = 1024 * 1024
 SIZE = 1024 * MiB
 
 
-def policy() -> ReadPolicy:
-    return ReadPolicy(initial=2 * MiB, maximum=16 * MiB, slack=4 * MiB)
+def file(size: int = SIZE) -> FileEntry:
+    """A file of ``size`` bytes, as the policy sees it (it looks at nothing else)."""
+    return cast(FileEntry, SimpleNamespace(size=size))
+
+
+def policy(size: int = SIZE) -> Session:
+    return Session(file(size), initial=2 * MiB, maximum=16 * MiB, slack=4 * MiB)
+
+
+def prefetch_of(p: Session, offset: int, length: int, busy: bool = False) -> tuple[int, int] | None:
+    """Tell ``p`` of a read: the range it asks to prefetch, if any."""
+    return p.on_read(offset, length, busy)[1]
+
+
+def is_sequential(p: Session, offset: int, length: int) -> bool:
+    """Tell ``p`` of a read: whether it continues a sequential stream."""
+    return p.on_read(offset, length)[0]
 
 
 def test_first_read_and_random_reads_prefetch_nothing() -> None:
     p = policy()
-    first = p.on_read(0, MiB, SIZE)
-    assert not first.sequential and first.prefetch is None
+    sequential, window = p.on_read(0, MiB)
+    assert not sequential and window is None
     rng = random.Random(1)
     for _ in range(1000):
-        d = p.on_read(rng.randrange(SIZE // 4096) * 4096 + 1, 4096, SIZE)
-        assert d.prefetch is None and not d.sequential
+        sequential, window = p.on_read(rng.randrange(SIZE // 4096) * 4096 + 1, 4096)
+        assert window is None and not sequential
 
 
 def test_small_random_reads_near_each_other_are_not_a_stream() -> None:
     p = policy()
     for off in (10 * MiB, 10 * MiB + 8192, 10 * MiB - 4096, 10 * MiB + 65536):
-        assert p.on_read(off, 4096, SIZE).prefetch is None
+        assert prefetch_of(p, off, 4096) is None
 
 
 def test_sequential_reads_prefetch_ahead_with_a_growing_window() -> None:
     p = policy()
-    p.on_read(0, MiB, SIZE)
+    p.on_read(0, MiB)
     asked: list[tuple[int, int]] = []
     for k in range(1, 64):
-        d = p.on_read(k * MiB, MiB, SIZE)
-        assert d.sequential
-        if d.prefetch:
-            asked.append(d.prefetch)
+        sequential, window = p.on_read(k * MiB, MiB)
+        assert sequential
+        if window:
+            asked.append(window)
     # Contiguous, never overlapping, always ahead of the reader, bounded window.
     for (a_off, a_len), (b_off, _) in itertools.pairwise(asked):
         assert a_off + a_len == b_off
@@ -59,20 +78,20 @@ def test_sequential_reads_prefetch_ahead_with_a_growing_window() -> None:
 
 def test_reads_that_arrive_out_of_order_stay_in_the_stream() -> None:
     p = policy()
-    p.on_read(0, MiB, SIZE)
-    p.on_read(MiB, MiB, SIZE)
+    p.on_read(0, MiB)
+    p.on_read(MiB, MiB)
     for off in (3 * MiB, 2 * MiB, 5 * MiB, 4 * MiB):
-        assert p.on_read(off, MiB, SIZE).sequential, off
+        assert is_sequential(p, off, MiB), off
     assert len(p.streams) == 1 and p.streams[0].front == 6 * MiB
 
 
 def test_a_seek_starts_a_new_stream_that_prefetches_once_it_is_sequential() -> None:
     p = policy()
     for k in range(10):
-        p.on_read(k * MiB, MiB, SIZE)
-    d = p.on_read(500 * MiB, MiB, SIZE)
-    assert not d.sequential and d.prefetch is None
-    assert p.on_read(501 * MiB, MiB, SIZE).prefetch == (502 * MiB, 2 * MiB)
+        p.on_read(k * MiB, MiB)
+    sequential, window = p.on_read(500 * MiB, MiB)
+    assert not sequential and window is None
+    assert prefetch_of(p, 501 * MiB, MiB) == (502 * MiB, 2 * MiB)
 
 
 def test_interleaved_streams_each_keep_their_window() -> None:
@@ -82,10 +101,10 @@ def test_interleaved_streams_each_keep_their_window() -> None:
     asked: dict[int, list[tuple[int, int]]] = {0: [], 1: []}
     for _ in range(12):
         for i in (0, 1):
-            d = p.on_read(fronts[i], MiB, SIZE)
+            _, window = p.on_read(fronts[i], MiB)
             fronts[i] += MiB
-            if d.prefetch:
-                asked[i].append(d.prefetch)
+            if window:
+                asked[i].append(window)
     for i, base in ((0, 0), (1, 600 * MiB)):
         assert asked[i] and asked[i][0][0] == base + 2 * MiB
         for (a_off, a_len), (b_off, _) in itertools.pairwise(asked[i]):
@@ -95,41 +114,41 @@ def test_interleaved_streams_each_keep_their_window() -> None:
 
 
 def test_the_least_recently_used_stream_gives_way() -> None:
-    p = ReadPolicy(max_streams=2)
-    p.on_read(0, MiB, SIZE)
-    p.on_read(100 * MiB, MiB, SIZE)
-    p.on_read(200 * MiB, MiB, SIZE)  # a third stream: the one at 0 is forgotten
-    assert p.on_read(101 * MiB, MiB, SIZE).sequential
-    assert not p.on_read(MiB, MiB, SIZE).sequential
+    p = Session(file(), max_streams=2)
+    p.on_read(0, MiB)
+    p.on_read(100 * MiB, MiB)
+    p.on_read(200 * MiB, MiB)  # a third stream: the one at 0 is forgotten
+    assert is_sequential(p, 101 * MiB, MiB)
+    assert not is_sequential(p, MiB, MiB)
     assert len(p.streams) == 2
 
 
 def test_adjacent_small_reads_do_not_prefetch() -> None:
     p = policy()
     for k in range(16):  # 64 KiB read in 4 KiB pieces: a stream, but shorter than min_stream
-        assert p.on_read(k * 4096, 4096, SIZE).prefetch is None
+        assert prefetch_of(p, k * 4096, 4096) is None
 
 
 def test_busy_reads_are_recorded_and_the_gap_is_asked_for_later() -> None:
     p = policy()
-    p.on_read(0, MiB, SIZE)
-    assert p.on_read(MiB, MiB, SIZE).prefetch == (2 * MiB, 2 * MiB)
-    assert p.on_read(2 * MiB, MiB, SIZE, busy=True).prefetch is None
-    got = p.on_read(3 * MiB, MiB, SIZE).prefetch
+    p.on_read(0, MiB)
+    assert prefetch_of(p, MiB, MiB) == (2 * MiB, 2 * MiB)
+    assert prefetch_of(p, 2 * MiB, MiB, busy=True) is None
+    got = prefetch_of(p, 3 * MiB, MiB)
     assert got is not None and got[0] == 4 * MiB  # the window refused while busy is asked for now
     for k in range(4, 12):
-        p.on_read(k * MiB, MiB, SIZE, busy=True)
-    got = p.on_read(12 * MiB, MiB, SIZE).prefetch
+        p.on_read(k * MiB, MiB, busy=True)
+    got = prefetch_of(p, 12 * MiB, MiB)
     assert got is not None and got[0] == 13 * MiB  # the reader overtook it: start at the reader
 
 
 def test_never_past_the_end_of_the_file() -> None:
-    p = policy()
     size = 5 * MiB + 7
-    p.on_read(0, MiB, size)
+    p = policy(size)
+    p.on_read(0, MiB)
     ends = []
     for k in range(1, 6):
-        got = p.on_read(k * MiB, min(MiB, size - k * MiB), size).prefetch
+        got = prefetch_of(p, k * MiB, min(MiB, size - k * MiB))
         if got:
             ends.append(got[0] + got[1])
     assert ends and max(ends) == size
@@ -139,11 +158,11 @@ def test_a_read_inside_what_a_stream_prefetched_stays_in_it() -> None:
     # A page fault ahead of a loader's position asks for the pages around it before the reads in between.
     p = policy()
     for k in range(6):
-        p.on_read(k * MiB, MiB, SIZE)
+        p.on_read(k * MiB, MiB)
     (stream,) = p.streams
     assert stream.ahead_end >= 14 * MiB and stream.window == 16 * MiB
-    assert p.on_read(13 * MiB, MiB, SIZE).sequential  # 7 MiB ahead of the front: beyond the slack
-    assert p.on_read(6 * MiB, MiB, SIZE).sequential  # the reads in between still belong to it
+    assert is_sequential(p, 13 * MiB, MiB)  # 7 MiB ahead of the front: beyond the slack
+    assert is_sequential(p, 6 * MiB, MiB)  # the reads in between still belong to it
     assert len(p.streams) == 1 and p.streams[0].window == 16 * MiB
 
 
@@ -153,11 +172,11 @@ def test_another_readers_random_reads_do_not_end_a_sequential_stream() -> None:
     rng = random.Random(3)
     prefetched = sequential = 0
     for k in range(200):
-        d = p.on_read(k * 128 * 1024, 128 * 1024, SIZE)
-        prefetched += d.prefetch is not None
-        sequential += d.sequential
+        seq, window = p.on_read(k * 128 * 1024, 128 * 1024)
+        prefetched += window is not None
+        sequential += seq
         for _ in range(20):
-            assert p.on_read(rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 4096, SIZE).prefetch is None
+            assert prefetch_of(p, rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 4096) is None
     assert sequential >= 195 and prefetched >= 5
     assert len(p.streams) <= 8
 
@@ -165,13 +184,13 @@ def test_another_readers_random_reads_do_not_end_a_sequential_stream() -> None:
 def test_a_reader_that_skips_ahead_inside_its_window_keeps_prefetching() -> None:
     p = policy()
     for k in range(8):
-        p.on_read(k * MiB, MiB, SIZE)
+        p.on_read(k * MiB, MiB)
     (stream,) = p.streams
     ahead = stream.ahead_end
     assert ahead >= 20 * MiB
-    d = p.on_read(15 * MiB, MiB, SIZE)  # 7 MiB ahead (the page cache had the rest): still this stream
-    assert d.sequential and p.streams[0] is stream and stream.front == 16 * MiB
-    got = [p.on_read(k * MiB, MiB, SIZE).prefetch for k in range(16, 24)]
+    sequential, _ = p.on_read(15 * MiB, MiB)  # 7 MiB ahead (the page cache had the rest): still this stream
+    assert sequential and p.streams[0] is stream and stream.front == 16 * MiB
+    got = [prefetch_of(p, k * MiB, MiB) for k in range(16, 24)]
     assert any(g is not None for g in got)  # the window is topped up from the new front
 
 
@@ -188,7 +207,7 @@ def test_streams_stay_distinct_and_their_index_stays_true_under_any_mix_of_reads
             off = s.front if s else 0
         else:
             off = rng.randrange(SIZE // MiB) * MiB
-        p.on_read(off, rng.choice((4096, 65536, MiB)), SIZE)
+        p.on_read(off, rng.choice((4096, 65536, MiB)))
         if step % 97 == 0 or step > 19_900:
             assert len({id(s) for s in p.streams}) == len(p.streams) <= 8
             for front, s in p.fronts.items():
@@ -200,22 +219,22 @@ def test_streams_stay_distinct_and_their_index_stays_true_under_any_mix_of_reads
 def test_random_reads_never_take_the_place_of_a_stream() -> None:
     # Small random reads are only remembered; a stream that has covered more (a sequential reader's) stays.
     p = policy()
-    p.on_read(0, 128 * 1024, SIZE)
+    p.on_read(0, 128 * 1024)
     rng = random.Random(5)
     for _ in range(100):
-        p.on_read(rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 4096, SIZE)
-    p.on_read(128 * 1024, 128 * 1024, SIZE)
+        p.on_read(rng.randrange(SIZE // 2, SIZE) // 4096 * 4096, 4096)
+    p.on_read(128 * 1024, 128 * 1024)
     assert p.streams[0].start == 0 and p.streams[0].front == 256 * 1024  # it went on
     assert len(p.streams) == 1 and p.singles <= p.max_singles
 
 
-def first_prefetch(p: ReadPolicy, reads: list[tuple[bool, int, int]]) -> int | None:
+def first_prefetch(p: Session, reads: list[tuple[bool, int, int]]) -> int | None:
     """Which of the sequential reader's reads (the ones marked True) first got a prefetch window."""
     n = 0
     for mine, off, length in reads:
-        d = p.on_read(off, length, SIZE)
+        _, window = p.on_read(off, length)
         n += mine
-        if mine and d.prefetch is not None:
+        if mine and window is not None:
             return n
     return None
 
@@ -244,7 +263,7 @@ def test_a_small_block_reader_keeps_its_stream_among_larger_random_reads() -> No
 CHUNK = 64 * 1024
 
 
-def told_reads(p: ReadPolicy, reads: list[tuple[int, int]], cached: set[int]) -> list[int | None]:
+def told_reads(p: Session, reads: list[tuple[int, int]], cached: set[int]) -> list[int | None]:
     """Drive ``p`` as ``fs.read`` does: a read of cached bytes (by 64 KiB chunk) is told only if ``watches``.
 
     Returns, per read, the prefetch length decided (0 for none), or None if the policy was not told.
@@ -255,16 +274,16 @@ def told_reads(p: ReadPolicy, reads: list[tuple[int, int]], cached: set[int]) ->
         if chunks <= cached and not p.watches(off, length):
             out.append(None)
             continue
-        d = p.on_read(off, length, SIZE)
+        _, window = p.on_read(off, length)
         cached |= chunks
-        out.append(d.prefetch[1] if d.prefetch else 0)
+        out.append(window[1] if window else 0)
     return out
 
 
 def test_reads_of_cached_bytes_that_continue_nothing_are_left_out() -> None:
     p = policy()
     assert p.watches(0, 4096)  # the file's first read is always told: does the reader start at the beginning?
-    p.on_read(8192, 4096, SIZE)
+    p.on_read(8192, 4096)
     assert not p.watches(0, 4096) and not p.watches(4096, 4096) and p.watches(0, 64 * 1024)
     assert p.watches(12288, 4096) and not p.watches(16384, 4096)  # continues the read remembered
     rng = random.Random(3)
@@ -286,7 +305,7 @@ def test_a_small_block_reader_is_seen_though_most_of_its_reads_are_cached() -> N
     assert None not in told and told.index(next(t for t in told if t)) == 63
     # Starting elsewhere in bytes already cached: seen from its first read of bytes that are not.
     p = policy()
-    p.on_read(0, 4096, SIZE)  # the file's first read, at its beginning
+    p.on_read(0, 4096)  # the file's first read, at its beginning
     base = 64 * MiB
     later = [(base + off, length) for off, length in reads]
     told = told_reads(p, later, set(range(base // CHUNK, base // CHUNK + 16)))  # its first MiB cached
@@ -322,21 +341,21 @@ def test_a_read_it_does_not_watch_gets_no_decision() -> None:
             else:
                 off, length = off + 4096, 4096
             watched = p.watches(off, length)
-            d = p.on_read(off, length, SIZE)
+            sequential, window = p.on_read(off, length)
             if not watched:
-                assert d.prefetch is None and not d.sequential, (off, length)
+                assert window is None and not sequential, (off, length)
 
 
 def test_a_small_read_made_again_is_remembered_as_the_latest() -> None:
     p = policy()
     first = 100 * MiB
-    p.on_read(first, 4096, SIZE)
+    p.on_read(first, 4096)
     for k in range(1, p.max_singles):  # the remembered reads are full
-        p.on_read(k * 7 * MiB + 12345, 4096, SIZE)
-    p.on_read(first, 4096, SIZE)  # the first again: now the latest
-    p.on_read(999 * MiB, 4096, SIZE)  # one more: the oldest other read goes, not the first
+        p.on_read(k * 7 * MiB + 12345, 4096)
+    p.on_read(first, 4096)  # the first again: now the latest
+    p.on_read(999 * MiB, 4096)  # one more: the oldest other read goes, not the first
     assert not p.streams
-    p.on_read(first + 4096, 4096, SIZE)  # it continues the first: the two are a stream
+    p.on_read(first + 4096, 4096)  # it continues the first: the two are a stream
     assert [(s.start, s.front) for s in p.streams] == [(first, first + 8192)]
 
 
@@ -361,10 +380,16 @@ def pieces(start: int, end: int, block: int = MiB) -> list[tuple[int, int]]:
     return [(off, min(block, end - off)) for off in range(start, end, block)]
 
 
-def prefetched_in(p: ReadPolicy, reads: list[tuple[int, int]], size: int) -> list[tuple[int, int]]:
+def windows(p: Session, reads: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The windows ``p`` asks for over ``reads``."""
+    return [window for off, length in reads if (window := prefetch_of(p, off, length))]
+
+
+def prefetched_in(p: Session, reads: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """The windows ``p`` asks for over ``reads`` (after the footer, read first as every parquet reader does)."""
-    p.on_read(size - 256 * 1024, 256 * 1024, size)
-    return [d.prefetch for off, length in reads if (d := p.on_read(off, length, size)).prefetch]
+    size = p.entry.size
+    p.on_read(size - 256 * 1024, 256 * 1024)
+    return windows(p, reads)
 
 
 def round_robin(streams: list[list[tuple[int, int]]]) -> list[tuple[int, int]]:
@@ -381,7 +406,7 @@ def test_a_projection_that_jumps_between_column_chunks_prefetches_nothing_it_ski
     coalesced = round_robin([pieces(s, e) for s, e in groups])
     skipped = [(start, end) for name, start, end in chunks if name not in PROJECTION]
     for reads in (per_chunk, coalesced):
-        asked = prefetched_in(policy(), reads, size)
+        asked = prefetched_in(policy(size), reads)
         for off, length in asked:
             assert not any(off < e and s < off + length for s, e in skipped), (off, length)
         assert sum(length for _, length in asked) <= sum(length for _, length in reads) // 16
@@ -390,7 +415,7 @@ def test_a_projection_that_jumps_between_column_chunks_prefetches_nothing_it_ski
 def test_a_long_stream_of_a_reader_that_jumps_prefetches_a_sixteenth_of_what_it_read() -> None:
     # A reader that read the footer first, then 512 MiB from the middle of the file: its window opens slowly.
     p = policy()
-    asked = prefetched_in(p, pieces(100 * MiB, 612 * MiB), SIZE)
+    asked = prefetched_in(p, pieces(100 * MiB, 612 * MiB))
     assert asked and asked[0][0] >= 100 * MiB + 32 * MiB  # nothing before 32 MiB read (2 MiB = 1/16 of it)
     for off, length in asked:
         assert off + length - 100 * MiB <= (off - 100 * MiB) * 17 // 16 + MiB  # at most 1/16 of what was read ahead
@@ -400,26 +425,26 @@ def test_a_long_stream_of_a_reader_that_jumps_prefetches_a_sixteenth_of_what_it_
 def test_the_window_still_opens_wide_for_a_reader_that_starts_at_the_beginning() -> None:
     # A zip reader (a pytorch checkpoint): the central directory at the end first, then its members from offset 0.
     p = policy()
-    asked = prefetched_in(p, pieces(0, 64 * MiB), SIZE)
+    asked = prefetched_in(p, pieces(0, 64 * MiB))
     assert asked[0] == (2 * MiB, 2 * MiB) and p.streams[0].window == 16 * MiB
     assert asked[-1][0] + asked[-1][1] >= 64 * MiB + 8 * MiB  # well ahead of the reader
     # A loader: the header at 0, then a region in the middle of the file: a wide window there too.
     p = policy()
-    p.on_read(0, 64 * 1024, SIZE)
-    got = [d.prefetch for off, length in pieces(300 * MiB, 340 * MiB) if (d := p.on_read(off, length, SIZE)).prefetch]
+    p.on_read(0, 64 * 1024)
+    got = windows(p, pieces(300 * MiB, 340 * MiB))
     assert got[0] == (302 * MiB, 2 * MiB) and p.streams[0].window == 16 * MiB
 
 
 def test_a_window_smaller_than_the_first_still_prefetches() -> None:
     # A small --cache-size makes the largest window smaller than the first one: prefetch still runs.
-    p = ReadPolicy(initial=2 * MiB, maximum=MiB)
-    asked = [d.prefetch for k in range(8) if (d := p.on_read(k * MiB, MiB, SIZE)).prefetch]
+    p = Session(file(), initial=2 * MiB, maximum=MiB)
+    asked = windows(p, pieces(0, 8 * MiB))
     assert asked and all(length <= MiB for _, length in asked)
 
 
-def wide_from(p: ReadPolicy, start: int, end: int) -> list[tuple[int, int]]:
+def wide_from(p: Session, start: int, end: int) -> list[tuple[int, int]]:
     """The windows ``p`` asks for over a sequential read of ``[start, end)``."""
-    return [d.prefetch for off, length in pieces(start, end) if (d := p.on_read(off, length, SIZE)).prefetch]
+    return windows(p, pieces(start, end))
 
 
 def test_a_reader_that_did_not_read_the_tail_first_gets_the_wide_window_wherever_it_reads() -> None:
@@ -434,13 +459,13 @@ def test_a_reader_that_did_not_read_the_tail_first_gets_the_wide_window_wherever
     assert wide_from(p, 300 * MiB, 310 * MiB)[0] == (302 * MiB, 2 * MiB)
     # A loader whose header is cached: two regions read in turn, each with the wide window.
     p = policy()
-    first = [p.on_read(off, length, SIZE).prefetch for off, length in pieces(500 * MiB, 504 * MiB)]
-    second = [p.on_read(off, length, SIZE).prefetch for off, length in pieces(900 * MiB, 904 * MiB)]
+    first = windows(p, pieces(500 * MiB, 504 * MiB))
+    second = windows(p, pieces(900 * MiB, 904 * MiB))
     assert (502 * MiB, 2 * MiB) in first and (902 * MiB, 2 * MiB) in second
     # The first two reads of dd skip= arriving in the other order change nothing.
     p = policy()
-    p.on_read(100 * MiB + 128 * 1024, 128 * 1024, SIZE)
-    p.on_read(100 * MiB, 128 * 1024, SIZE)
+    p.on_read(100 * MiB + 128 * 1024, 128 * 1024)
+    p.on_read(100 * MiB, 128 * 1024)
     got = wide_from(p, 100 * MiB + 256 * 1024, 140 * MiB)
     assert got[0][0] < 102 * MiB and p.streams[0].window == 16 * MiB
     assert max(off + length for off, length in got) >= 140 * MiB + 8 * MiB  # well ahead of the reader
@@ -448,14 +473,13 @@ def test_a_reader_that_did_not_read_the_tail_first_gets_the_wide_window_wherever
 
 def test_how_a_file_was_first_read_outlives_its_handles() -> None:
     """A reader that opens the file for its footer, closes it, and opens it again for the column chunks:
-    the second handle's policy knows the file's first read took its tail (``Sessions`` keeps it)."""
+    the second handle's session knows the file's first read took its tail (``Sessions`` keeps it)."""
     reader = cast(Reader, SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30)))
     sessions = Sessions(reader, prefetch=True, prefetch_max=16 * MiB, keep_cache=True)
-    entry = cast(FileEntry, object())  # (the policy never looks at it)
-    footer = sessions.open(7, entry)
-    footer.policy.on_read(SIZE - 256 * 1024, 256 * 1024, SIZE)
-    sessions.close(7)
-    again = sessions.open(7, entry)
-    assert again.policy.tail_first is True
-    assert not any(again.policy.on_read(off, length, SIZE).prefetch for off, length in pieces(100 * MiB, 120 * MiB))
-    assert sessions.open(8, entry).policy.tail_first is None  # another file: nothing known
+    footer = sessions.open(7, file())
+    footer.on_read(SIZE - 256 * 1024, 256 * 1024)
+    sessions.close(footer)
+    again = sessions.open(7, file())
+    assert again is not footer and again.tail_first is True
+    assert not windows(again, pieces(100 * MiB, 120 * MiB))
+    assert sessions.open(8, file()).tail_first is None  # another file: nothing known

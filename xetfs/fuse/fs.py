@@ -31,8 +31,9 @@ from xetfs.base.settings import BLOCK_SIZE, ENTRY_TIMEOUT, PREFETCH_MAXIMUM, REP
 from xetfs.base.stats import IndexCounters, ReadCounters, RefreshCounters, document
 from xetfs.names.stabletree import TreeLike
 from xetfs.names.tree import Kind, Node
+from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
-from xetfs.read.sessions import Session, Sessions
+from xetfs.read.sessions import Sessions
 from xetfs.storage.index import Index
 
 log = logging.getLogger(__name__)
@@ -76,13 +77,6 @@ def _file_stats(reader: Reader, node: Node) -> bytes | None:
     doc = {"hash": entry.hex, "size": entry.size, "chunks": entry.num_chunks,
            "decoded_chunks": decoded.chunks, "decoded_bytes": decoded.bytes}  # fmt: skip
     return json.dumps(doc).encode()
-
-
-@dataclass
-class _Handle:
-    node: Node
-    reading: Session | None = None  # for a file of the store
-    snapshot: bytes = b""  # the stats document, for a stats handle
 
 
 def _fuse_error(op: str, exc: Exception) -> pyfuse3.FUSEError:
@@ -176,14 +170,15 @@ class XetFS(_ReadOnly):
         self._reads = ReadCounters()
         self._started = time.time()
         self.options = options or FsOptions()
-        self._handles: dict[int, _Handle] = {}
+        self._handles: dict[int, Session] = {}  # the read session of each open file of the store
+        self._snapshots: dict[int, bytes] = {}  # the bytes fixed at open of each other open file (stats, a Hub ref)
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
         self._failures_logged: TTLCache[str, None] = TTLCache(maxsize=256, ttl=REPEATS_QUIET)
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store only grows (``replace``)
         self.refresh = RefreshCounters()  # counted by the daemon's refresher (refresh.Refresher)
         self.refresh_error = ""  # why the last refresh failed ("" after one that did not)
         self._next_fh = 1
-        self._stats_open = 0  # open handles of .xetfs/stats
+        self._stats_handles: set[int] = set()  # open handles of .xetfs/stats
         self._stats_latest: bytes | None = None  # the document taken at the latest open of .xetfs/stats
         # The kernel's page cache keeps what was read, unless --direct-io.
         self.sessions = Sessions(reader, prefetch=self.options.prefetch, prefetch_max=self.options.prefetch_max,
@@ -257,7 +252,7 @@ class XetFS(_ReadOnly):
         open (an ``fstat`` after ``open`` matches the bytes that reader gets);
         otherwise a fresh one.
         """
-        if self._stats_open == 0 or self._stats_latest is None:
+        if not self._stats_handles or self._stats_latest is None:
             self._stats_latest = self.stats_document()
         return self._stats_latest
 
@@ -354,22 +349,18 @@ class XetFS(_ReadOnly):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = self._next_fh
         self._next_fh += 1
-        handle = _Handle(node)
         if node.kind is Kind.STATS:
             # One document per open: the size and the bytes a reader sees never change under it.
-            handle.snapshot = self._stats_latest = self.stats_document()
-            self._stats_open += 1
-            self._handles[fh] = handle
+            self._snapshots[fh] = self._stats_latest = self.stats_document()
+            self._stats_handles.add(fh)
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
         if node.kind is Kind.DATA:  # bytes held by the tree (a Hub ref): served like the stats snapshot
-            handle.snapshot = node.data
-            self._handles[fh] = handle
+            self._snapshots[fh] = node.data
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=True)
         if node.entry is None:
             raise pyfuse3.FUSEError(errno.EIO)
-        handle.reading = self.sessions.open(inode, node.entry)
+        self._handles[fh] = self.sessions.open(inode, node.entry)
         direct = self.options.direct_io
-        self._handles[fh] = handle
         return pyfuse3.FileInfo(fh=fh, direct_io=direct, keep_cache=not direct)
 
     # pyfuse3 replies with any buffer (PyObject_GetBuffer): a memoryview saves a copy.  A view
@@ -378,53 +369,50 @@ class XetFS(_ReadOnly):
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         # Not @_guard: the hot path spares itself the wrapper's coroutine, and maps errors the same way.
         try:
-            handle = self._handles.get(fh)
-            if handle is None:
-                raise pyfuse3.FUSEError(errno.EBADF)
-            reading = handle.reading
-            if reading is None:  # bytes fixed at open (stats, a Hub ref)
-                return handle.snapshot[off : off + size]
+            session = self._handles.get(fh)
+            if session is None:
+                snapshot = self._snapshots.get(fh)
+                if snapshot is None:
+                    raise pyfuse3.FUSEError(errno.EBADF)
+                return snapshot[off : off + size]
             self._reads.requests += 1
-            data, through = self.sessions.read_now(reading, off, size)
+            data, through = self.sessions.read_now(session, off, size)
             if data is None:
                 try:
-                    data = await self.sessions.read_rest(reading, off, size, through)
+                    data = await self.sessions.read_rest(session, off, size, through)
                 except XetfsError as exc:
-                    self._log_failed_read(handle.node, off, size, exc)
+                    self._log_failed_read(session, off, size, exc)
                     raise pyfuse3.FUSEError(errno.EIO) from None
             self._reads.bytes += len(data)
             return data
         except Exception as exc:
             raise _fuse_error("read", exc) from None
 
-    def _log_failed_read(self, node: Node, off: int, size: int, exc: XetfsError) -> None:
+    def _log_failed_read(self, session: Session, off: int, size: int, exc: XetfsError) -> None:
         """Log a failed read, once in ``REPEATS_QUIET`` seconds for the same read and failure: the kernel
         and readers try a failed read again (each try is counted in ``errors``)."""
-        message = f"read of {self._describe(node)} at file offset {off} ({size} bytes) failed: {exc}"
+        message = f"read of {self._describe(session)} at file offset {off} ({size} bytes) failed: {exc}"
         if message not in self._failures_logged:
             self._failures_logged[message] = None
             log.error("%s", message)
 
-    def _describe(self, node: Node) -> str:
+    def _describe(self, session: Session) -> str:
         """``path (file <hex>)`` for messages, or ``file <hex>`` when the file has no other name."""
-        entry = node.entry
-        if entry is None:
-            return f"inode {node.inode}"
-        name = self._names.get(node.inode)
+        inode, entry = session.key, session.entry
+        name = self._names.get(inode)
         if name is None:
             if len(self._names) >= 1024:
                 self._names.clear()
-            name = self._names[node.inode] = self.tree.name_of(node.inode) or ""
+            name = self._names[inode] = self.tree.name_of(inode) or ""
         return f"{name} (file {entry.hex})" if name and name != entry.hex else f"file {entry.hex}"
 
     async def release(self, fh: int) -> None:
-        handle = self._handles.pop(fh, None)
-        if handle is None:
-            return
-        if handle.node.kind is Kind.STATS:
-            self._stats_open -= 1
-        if handle.reading is not None:
-            self.sessions.close(handle.node.inode)
+        session = self._handles.pop(fh, None)
+        if session is not None:
+            self.sessions.close(session)
+        else:
+            self._snapshots.pop(fh, None)
+            self._stats_handles.discard(fh)
 
     async def flush(self, fh: int) -> None:
         # Nothing to flush in a read-only filesystem: ENOSYS tells the kernel never to ask again, which

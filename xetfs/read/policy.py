@@ -1,16 +1,17 @@
 """How one file is being read, and what to decode ahead of it (pure; no FUSE, no I/O).
 
-``ReadPolicy.on_read`` is told every read of the file that reaches the daemon
-(over all its open handles: the kernel's page cache is per file) and answers
-with a ``Decision``: whether the read continues a sequential stream (its runs
-may then be evicted first once read, since the kernel's page cache serves
-those bytes), and which range, if any, to prefetch.
+A ``Session`` is one file being read, over all its open handles (the
+kernel's page cache is per file).  ``Session.on_read`` is told every read of
+the file that reaches the daemon and answers whether the read continues a
+sequential stream (its runs may then be evicted first once read, since the
+kernel's page cache serves those bytes), and which range, if any, to
+prefetch.
 
 One file may be read as several sequential streams at once: a loader that
 takes tensors in name order through ``mmap`` reads two or three regions of the
 file in turn (safetensors groups tensors by dtype), a parquet reader several
 column chunks, several processes at different places. So, like ZFS's
-prefetcher, the policy keeps up to ``max_streams`` streams, most recently used
+prefetcher, a session keeps up to ``max_streams`` streams, most recently used
 first. A read that starts where a stream's reads ended continues it. The
 kernel sends a sequential reader's requests several at a time and they may
 arrive out of order, and a page fault in a mapped file asks for the pages
@@ -58,7 +59,7 @@ whose first pages are in the page cache already (the policy sees only the
 reads that reach the mount), wherever its first seen read is.  The first
 read is the file's, not the open handle's: a reader may open the file for
 its footer, close it, and open it again for the column chunks, so the
-caller hands ``tail_first`` on to the file's next policy.
+caller hands ``tail_first`` on to the file's next session.
 """
 
 from __future__ import annotations
@@ -77,16 +78,12 @@ from xetfs.base.settings import (
     PREFETCH_SMALL,
     PREFETCH_STREAMS,
 )
+from xetfs.storage.index import FileEntry
 
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    sequential: bool  # the read continues a sequential stream
-    prefetch: tuple[int, int] | None = None  # (offset, length) to decode ahead
-
-
-RANDOM = Decision(False)  # shared: one is needed for every random read
-SEQUENTIAL = Decision(True)
+# What ``Session.on_read`` answers: whether the read continues a sequential stream, and the range
+# ``(offset, length)`` to decode ahead, or None.  The answers without a range are shared.
+RANDOM: tuple[bool, None] = (False, None)
+SEQUENTIAL: tuple[bool, None] = (True, None)
 
 
 @dataclass(slots=True, eq=False)  # (compared by identity: two streams may be alike)
@@ -105,8 +102,15 @@ class Stream:
         return max(self.front + slack, self.ahead_end)
 
 
-@dataclass
-class ReadPolicy:
+@dataclass(eq=False)  # (compared by identity: one per file being read)
+class Session:
+    """How one file is being read, over all its open handles: its sequential streams, what to decode ahead of
+    them, and the handles and prefetch tasks it has (``sessions.Sessions`` keeps one per file)."""
+
+    entry: FileEntry
+    key: int = 0  # the front end's key for the file (an inode, say)
+    opens: int = 0  # handles open on the file
+    prefetch_tasks: int = 0  # prefetch tasks running for the file
     initial: int = PREFETCH_INITIAL
     maximum: int = PREFETCH_MAXIMUM
     slack: int = PREFETCH_SLACK
@@ -122,7 +126,7 @@ class ReadPolicy:
     _singles: dict[int, int] = field(default_factory=dict)
     _prefetching: int = 0  # streams with a window: only those take reads that do not follow on exactly
     # Whether the file's first read took its last byte (None before it); given by the caller for a file read
-    # before, by a policy since closed (a reader may open the file for its footer, then again for the rest).
+    # before, by a session since closed (a reader may open the file for its footer, then again for the rest).
     tail_first: bool | None = None
 
     @property
@@ -140,11 +144,13 @@ class ReadPolicy:
         """The reads that continued no stream, remembered now (at most ``max_singles``)."""
         return len(self._singles)
 
-    def on_read(self, offset: int, length: int, file_size: int, busy: bool = False) -> Decision:
-        """Record a read; ``busy`` says enough prefetches are running, for the file or over all files
+    def on_read(self, offset: int, length: int, busy: bool = False) -> tuple[bool, tuple[int, int] | None]:
+        """Record a read: whether it continues a sequential stream, and the range ``(offset, length)`` to
+        prefetch, or None.  ``busy`` says enough prefetches are running, for the file or over all files
         (ask for nothing now)."""
         if not length:
             return RANDOM
+        file_size = self.entry.size
         if self.tail_first is None:
             self.tail_first = offset + length >= file_size > 0
         end = offset + length
@@ -185,7 +191,7 @@ class ReadPolicy:
         if not window or stop <= start or busy or (stop - start < window // 2 and stop < file_size):
             return SEQUENTIAL
         stream.ahead_end = stop
-        return Decision(True, (start, stop - start))
+        return True, (start, stop - start)
 
     def ahead(self, stream: Stream) -> int:
         """How far ahead of its front ``stream`` may prefetch now: its window, or for a stream of a reader that
@@ -197,8 +203,8 @@ class ReadPolicy:
         return min(stream.window, share) if share >= min(self.initial, self.maximum) else 0
 
     def watches(self, offset: int, length: int) -> bool:
-        """Whether a read may get a decision: it may start or continue a stream, or a stream of the
-        file is prefetching (its window and drop-behind follow every read).
+        """Whether ``on_read`` may answer more than ``RANDOM``: the read may start or continue a stream,
+        or a stream of the file is prefetching (its window and drop-behind follow every read).
 
         A read it does not watch, a small one that continues no stream and no remembered read, gets
         no prefetch and is not sequential: ``on_read`` would only remember it, and the caller may

@@ -1,10 +1,10 @@
 """Read sessions: how each open file is read, and the prefetch that follows its readers (no FUSE).
 
 A front end (the FUSE adapter, or any other) opens a session per file it
-serves and asks it for bytes; the session decides the rest, the same for
+serves and asks for bytes of it; the sessions decide the rest, the same for
 every front end:
 
-* the read policy of the file (``policy.ReadPolicy``), over all its open
+* the read policy of the file (``policy.Session``), over all its open
   handles, since the kernel's page cache is per file: several readers of one
   file send one sequence of requests;
 * prefetch: a window decoded ahead of a sequential reader, in a background
@@ -24,26 +24,15 @@ and ``read_rest`` finishes it.  Runs on the reader's trio thread.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import trio
 
 from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH, PREFETCH_FILES_KEPT, PREFETCH_TASKS
-from xetfs.read.policy import ReadPolicy
+from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
 from xetfs.storage.index import FileEntry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Session:
-    """How one file is being read, over all its open handles."""
-
-    entry: FileEntry
-    policy: ReadPolicy
-    opens: int = 0  # handles open on the file
-    prefetching: int = 0  # prefetch tasks running for the file
 
 
 class Sessions:
@@ -80,18 +69,17 @@ class Sessions:
         """The session of file ``key`` (a new one if no handle is open on it); ``close`` it once per open."""
         session = self._sessions.get(key)
         if session is None:
-            policy = ReadPolicy(maximum=self.prefetch_max, tail_first=self._tail_first.get(key))
-            session = self._sessions[key] = Session(entry, policy)
+            session = Session(entry, key, maximum=self.prefetch_max, tail_first=self._tail_first.get(key))
+            self._sessions[key] = session
         session.opens += 1
         return session
 
-    def close(self, key: int) -> None:
-        session = self._sessions.get(key)
-        if session is not None:
-            session.opens -= 1
-            if session.opens == 0:
-                del self._sessions[key]
-                self._remember(key, session.policy.tail_first)
+    def close(self, session: Session) -> None:
+        """One of the session's handles is closed: the last one ends it."""
+        session.opens -= 1
+        if session.opens == 0:
+            del self._sessions[session.key]
+            self._remember(session.key, session.tail_first)
 
     def _remember(self, key: int, tail_first: bool | None) -> None:
         """Keep how file ``key`` was first read for its next session (of the last ``PREFETCH_FILES_KEPT``)."""
@@ -108,21 +96,21 @@ class Sessions:
 
         A view of a run's memory (perhaps shared) is valid until the next await.
         """
-        entry, policy = session.entry, session.policy
-        if not policy.watches(off, size):
+        entry = session.entry
+        if not session.watches(off, size):
             # A small read that continues nothing: the policy decides nothing for it, only remembers it
             # if it needs a load (random reads of cached bytes, the commonest request, end at once).
             data = self.reader.read_now(entry, off, size)
             if data is None:
-                policy.on_read(off, size, entry.size)
+                session.on_read(off, size)
             return data, False
-        busy = session.prefetching >= self._tasks or self._prefetch_bytes >= self.room
-        decision = policy.on_read(off, size, entry.size, busy)
-        if decision.prefetch is not None and self._nursery is not None:
-            session.prefetching += 1
-            self._prefetch_bytes += decision.prefetch[1]
-            self._nursery.start_soon(self._prefetch, session, *decision.prefetch)
-        through = decision.sequential and self.keep_cache
+        busy = session.prefetch_tasks >= self._tasks or self._prefetch_bytes >= self.room
+        sequential, window = session.on_read(off, size, busy)
+        if window is not None and self._nursery is not None:
+            session.prefetch_tasks += 1
+            self._prefetch_bytes += window[1]
+            self._nursery.start_soon(self._prefetch, session, *window)
+        through = sequential and self.keep_cache
         return self.reader.read_now(entry, off, size, through), through
 
     async def read_rest(self, session: Session, off: int, size: int, through: bool) -> bytes | memoryview:
@@ -135,5 +123,5 @@ class Sessions:
         except Exception:
             log.exception("prefetch of file %s failed", session.entry.hex)
         finally:
-            session.prefetching -= 1
+            session.prefetch_tasks -= 1
             self._prefetch_bytes -= length
