@@ -29,7 +29,7 @@ from xetfs.base.errors import IntegrityError, MissingObjectError, XetfsError, Xo
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
-from xetfs.read.decode_worker import DecodeJob, Part, WorkerError, encode_frame
+from xetfs.read.decode_worker import Job, WorkerError, encode_frame
 from xetfs.read.pool import DecodePool, WorkerLost, _Pending
 from xetfs.read.reader import Reader
 from xetfs.read.slots import Slots
@@ -66,7 +66,7 @@ def _store(
 
 @dataclass(frozen=True)
 class OneDecoded:
-    """``Decoded`` of a job of one part: its chunks' sizes or errors, and the bytes read."""
+    """The ``Result`` of a job of one part: its chunks' sizes or errors, and the bytes read."""
 
     sizes: list[int | WorkerError]
     read_bytes: int
@@ -477,7 +477,7 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
         # A job sent with no checkpoint until its result is in the pipe: the collector cannot have read it.
         first = _Pending((pool.slots.take(4000) or 0,))
         worker.pending[999] = first
-        job = DecodeJob(999, ChunkSource("", path), xorb_hash, (Part(first.slots[0], chunks),))
+        job = Job(999, ChunkSource("", path), xorb_hash, ((first.slots[0], chunks),))
         pool._send(worker, encode_frame(job))
         assert select.select([worker.results_fd], [], [], 10)[0]
         worker.process.send_signal(signal.SIGKILL)

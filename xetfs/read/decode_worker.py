@@ -9,16 +9,17 @@ length-prefixed pickles (both ends are this package):
 * ``Setup`` first: how to reach the store's source, for a remote store
   (its URL and options, secrets included: they travel over the pipe, never
   on a command line).
-* ``DecodeJob`` → ``Decoded``: read the serialized chunks of its parts from
+* ``Job`` → ``Result``: read the serialized chunks of its parts from
   ``source`` (a local file, or one fetch from the store's source), decode
   and verify each chunk, and write each part's chunks one after another
-  into its slot.  ``Decoded.sizes`` holds, per part and chunk, its decoded
+  into its slot.  ``Result.sizes`` holds, per part and chunk, its decoded
   length or the ``WorkerError`` that stopped it.  Chunks stored raw in a
   local file are read straight into the slot and checked there.  Fetched
   bytes whose chunks all verified are kept in the disk cache when the job
-  says where (``source.cache_to``).
-* ``LayoutJob`` → ``LayoutLoaded``: read and check a local xorb's layout
-  (``store.read_layout``: footer, Merkle root against the name).
+  says where (``source.cache_to``).  A job without parts reads and checks
+  the layout of the local xorb ``source.path`` instead
+  (``store.read_layout``: footer, Merkle root against the name), given as
+  ``Result.layout``.
 
 Before the first job the worker sends ``Ready``.  Fetches of a remote
 store start as soon as their jobs arrive, a few at a time in threads
@@ -39,19 +40,19 @@ import struct
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from xetfs.base import errors
 from xetfs.base.errors import XetfsError
 from xetfs.base.hashes import to_hex
 from xetfs.base.malloc import keep_freed_memory
-from xetfs.base.settings import MAX_OPEN_FILES, WORKER_FETCHES
+from xetfs.base.settings import WORKER_FETCHES
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.chunk import HEADER_SIZE, Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, check_in_place, decode_chunks_into, decode_runs_into
 from xetfs.storage.objects import ObjectSource, RemoteOptions
-from xetfs.storage.store import ChunkSource, OpenFiles, open_xorb, read_chunk_run, read_layout
+from xetfs.storage.store import ChunkSource, open_xorb, read_chunk_run, read_layout, xorb_fd
 
 FRAME = struct.Struct("<I")
 MAX_IN_PLACE_CHUNKS = 256  # two buffers a chunk in one preadv: within IOV_MAX (1024)
@@ -96,51 +97,26 @@ class Setup:
 
 
 @dataclass(frozen=True, slots=True)
-class Part:
-    """Adjacent chunks of a job decoded into one slot."""
+class Job:
+    """Read chunks of xorb ``xorb_hash`` from ``source`` and decode each part into its slot; with no parts,
+    read and check the layout of the local xorb ``source.path``."""
 
-    slot: int
-    chunks: ChunkRun
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeJob:
     job_id: int
     source: ChunkSource
     xorb_hash: bytes
-    parts: tuple[Part, ...]  # adjacent, in order
+    parts: tuple[tuple[int, ChunkRun], ...] = ()  # (slot, chunks), adjacent, in order
 
 
 @dataclass(frozen=True, slots=True)
-class LayoutJob:
-    job_id: int
-    path: str
-    xorb_hash: bytes
+class Result:
+    """A worker's answer to the job ``job_id``."""
 
-
-@dataclass(frozen=True, slots=True)
-class Fetched:
-    """What a worker's fetches from a remote store cost since its last report."""
-
-    requests: int = 0
-    bytes: int = 0
-    retries: int = 0
-    errors: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Decoded:
     job_id: int
     sizes: list[list[int | WorkerError]]  # per part, per chunk, in order
-    read_bytes: int  # bytes read from the store or the disk cache
-    fetched: Fetched  # what fetching them from a remote store cost
-    cached: int | tuple[int, str]  # bytes kept in the disk cache, or why they could not be (errno, message)
-
-
-@dataclass(frozen=True, slots=True)
-class LayoutLoaded:
-    job_id: int
-    layout: XorbLayout | WorkerError
+    read_bytes: int = 0  # bytes read from the store or the disk cache
+    fetched: RemoteCounters | None = None  # what fetching them from a remote store cost since the last report
+    cached: int | tuple[int, str] = 0  # bytes kept in the disk cache, or why they could not be (errno, message)
+    layout: XorbLayout | WorkerError | None = None  # a layout job's answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,11 +124,7 @@ class Ready:
     """A worker can take jobs."""
 
 
-Job = DecodeJob | LayoutJob
-Result = Decoded | LayoutLoaded | Ready
-
-
-def encode_frame(message: Job | Result | Setup) -> bytes:
+def encode_frame(message: Job | Result | Ready | Setup) -> bytes:
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return FRAME.pack(len(body)) + body
 
@@ -184,9 +156,9 @@ class Worker:
     def __init__(self, shared: memoryview, slot_size: int, setup: Setup) -> None:
         self.shared = shared
         self.slot_size = slot_size
-        self.files = OpenFiles(MAX_OPEN_FILES)
+        self.files: dict[str, int] = {}  # open xorb descriptors by path (``xorb_fd``)
         self.counters = RemoteCounters()
-        self._reported = Fetched()
+        self._reported = RemoteCounters()  # ``counters`` as the last result reported them
         self.source: ObjectSource | None = None
         if setup.remote is not None:
             from xetfs.storage.objects import ObstoreSource
@@ -195,9 +167,9 @@ class Worker:
             self.source = ObstoreSource(url, options, self.counters)
         self.cache_tmp = Path(setup.cache_tmp) if setup.cache_tmp else None
 
-    def fetch(self, job: DecodeJob) -> Buffer | XetfsError:
+    def fetch(self, job: Job) -> Buffer | XetfsError:
         """The serialized chunks of ``job`` from the remote source (in a fetch thread)."""
-        first, last = job.parts[0].chunks, job.parts[-1].chunks
+        first, last = job.parts[0][1], job.parts[-1][1]
         start, end = first.phys[0], last.phys[-1]
         if self.source is None:
             return errors.StoreError(f"xorb {to_hex(job.xorb_hash)}: no source to fetch from")
@@ -208,17 +180,17 @@ class Worker:
             return exc
         return buffer
 
-    def decode(self, job: DecodeJob, fetched: Buffer | XetfsError | None) -> Decoded:
+    def decode(self, job: Job, fetched: Buffer | XetfsError | None) -> Result:
         """Decode ``job``: from ``fetched`` (the bytes a fetch thread brought, or its error), else from a local file."""
         src = job.source
         if fetched is None:
-            sizes = [self._decode_local(src, job.xorb_hash, part) for part in job.parts]
-            return Decoded(job.job_id, [s for s, _ in sizes], sum(n for _, n in sizes), Fetched(), 0)
+            sizes = [self._decode_local(src, job.xorb_hash, slot, run) for slot, run in job.parts]
+            return Result(job.job_id, [s for s, _ in sizes], sum(n for _, n in sizes))
         if isinstance(fetched, XetfsError):
-            failed = [list[int | WorkerError]([WorkerError.of(fetched)] * (len(p.chunks.phys) - 1)) for p in job.parts]
-            return Decoded(job.job_id, failed, 0, self._fetched(), 0)
+            failed = [list[int | WorkerError]([WorkerError.of(fetched)] * (len(run.phys) - 1)) for _, run in job.parts]
+            return Result(job.job_id, failed, 0, self._fetched())
         view = memoryview(fetched)
-        decoded = decode_runs_into(view, job.xorb_hash, [(part.chunks, self._slot(part.slot)) for part in job.parts])
+        decoded = decode_runs_into(view, job.xorb_hash, [(run, self._slot(slot)) for slot, run in job.parts])
         out = [[WorkerError.of(s) if isinstance(s, XetfsError) else s for s in sizes] for sizes in decoded]
         cached: int | tuple[int, str] = 0
         if src.cache_to and self.cache_tmp is not None and all(isinstance(s, int) for p in out for s in p):
@@ -226,19 +198,21 @@ class Worker:
 
             written = write_entry(src.cache_to, view, self.cache_tmp)
             cached = written if isinstance(written, int) else (written.errno or 0, written.strerror or str(written))
-        return Decoded(job.job_id, out, len(view), self._fetched(), cached)
+        return Result(job.job_id, out, len(view), self._fetched(), cached)
 
-    def _decode_local(self, src: ChunkSource, xorb_hash: bytes, part: Part) -> tuple[list[int | WorkerError], int]:
-        """Decode one part from the local file ``src.path`` into its slot: per chunk its size or error, and
-        the bytes read."""
-        run, out = part.chunks, self._slot(part.slot)
+    def _decode_local(
+        self, src: ChunkSource, xorb_hash: bytes, slot: int, run: ChunkRun
+    ) -> tuple[list[int | WorkerError], int]:
+        """Decode the chunks ``run`` from the local file ``src.path`` into ``slot``: per chunk its size or
+        error, and the bytes read."""
+        out = self._slot(slot)
         count = len(run.phys) - 1
         where = f"xorb {to_hex(xorb_hash)}" + (f" (disk cache entry {src.path})" if src.entry else "")
         try:
             # A disk-cache entry is opened afresh: one dropped and fetched again is a new file of the same name.
             with contextlib.ExitStack() as stack:
                 if src.entry is None:
-                    fd = self.files.fd(src.path or "", xorb_hash)
+                    fd = xorb_fd(self.files, src.path or "", xorb_hash)
                 else:
                     fd = open_xorb(src.path or "", xorb_hash)
                     stack.callback(os.close, fd)
@@ -252,21 +226,24 @@ class Worker:
                  for s in decode_chunks_into(data, xorb_hash, run.specs(), out)]  # fmt: skip
         return sizes, len(data)
 
-    def load_layout(self, job: LayoutJob) -> LayoutLoaded:
+    def load_layout(self, job: Job) -> Result:
+        """Read and check the layout of the local xorb ``job.source.path`` (a job without parts)."""
         try:
-            return LayoutLoaded(job.job_id, read_layout(self.files.fd(job.path, job.xorb_hash), job.xorb_hash))
+            layout = read_layout(xorb_fd(self.files, job.source.path or "", job.xorb_hash), job.xorb_hash)
         except XetfsError as exc:
-            return LayoutLoaded(job.job_id, WorkerError.of(exc))
+            return Result(job.job_id, [], layout=WorkerError.of(exc))
+        return Result(job.job_id, [], layout=layout)
 
     def _slot(self, slot: int) -> memoryview:
         return self.shared[slot * self.slot_size : (slot + 1) * self.slot_size]
 
-    def _fetched(self) -> Fetched:
-        """What the fetches cost since the last report (the counters are the source's, shared by its threads)."""
-        c = self.counters
-        now = Fetched(c.requests, c.bytes, c.retries, c.errors)
-        before, self._reported = self._reported, now
-        return Fetched(*(a - b for a, b in zip(astuple(now), astuple(before), strict=True)))
+    def _fetched(self) -> RemoteCounters:
+        """What the fetches cost since the last report: requests, bytes, retries and errors (the counters
+        are the source's, shared by its threads)."""
+        now, before = replace(self.counters), self._reported
+        self._reported = now
+        return RemoteCounters(requests=now.requests - before.requests, bytes=now.bytes - before.bytes,
+                              retries=now.retries - before.retries, errors=now.errors - before.errors)  # fmt: skip
 
 
 def _read_in_place(fd: int, run: ChunkRun, out: memoryview, base: int = 0) -> bool:
@@ -302,8 +279,8 @@ def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> 
     worker = Worker(shared, slot_size, setup)
     if worker.source is None:
         while (job := read_frame(jobs_fd)) is not None:
-            assert isinstance(job, DecodeJob | LayoutJob)
-            done = worker.load_layout(job) if isinstance(job, LayoutJob) else worker.decode(job, None)
+            assert isinstance(job, Job)
+            done = worker.decode(job, None) if job.parts else worker.load_layout(job)
             os.write(results_fd, encode_frame(done))
         return
     fetcher = ThreadPoolExecutor(WORKER_FETCHES)
@@ -312,9 +289,9 @@ def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> 
     def receive() -> None:
         try:
             while (job := read_frame(jobs_fd)) is not None:
-                assert isinstance(job, DecodeJob | LayoutJob)
+                assert isinstance(job, Job)
                 future = None
-                if isinstance(job, DecodeJob) and job.source.path is None:
+                if job.parts and job.source.path is None:
                     future = fetcher.submit(worker.fetch, job)
                 jobs.put((job, future))
         finally:
@@ -323,11 +300,10 @@ def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> 
     threading.Thread(target=receive, daemon=True).start()
     while (item := jobs.get()) is not None:
         job, future = item
-        result: Result
-        if isinstance(job, LayoutJob):
-            result = worker.load_layout(job)
-        else:
+        if job.parts:
             result = worker.decode(job, future.result() if future is not None else None)
+        else:
+            result = worker.load_layout(job)
         os.write(results_fd, encode_frame(result))
 
 

@@ -34,7 +34,6 @@ from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES, STORE_READ_THREADS, WO
 from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, chunk_specs, decode_chunks, decode_runs_into
-from xetfs.read.decode_worker import Fetched
 from xetfs.read.pool import DecodePool, WorkerLost
 from xetfs.read.runs import Loaded, Run, RunStore
 from xetfs.read.slots import Slots
@@ -296,8 +295,10 @@ class Loader:
             self.store.chunks.added(xorb_hash, first, stop, cached if isinstance(cached, int) else OSError(*cached))
         return sizes
 
-    def _add_fetched(self, fetched: Fetched) -> None:
-        """Count what a worker's fetches from a remote store cost with the daemon's own."""
+    def _add_fetched(self, fetched: RemoteCounters | None) -> None:
+        """Count what a worker's fetches from a remote store cost with the daemon's own (None: it fetched none)."""
+        if fetched is None:
+            return
         r = self._remote
         r.requests += fetched.requests
         r.bytes += fetched.bytes

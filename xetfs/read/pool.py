@@ -25,7 +25,6 @@ import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import trio
@@ -35,19 +34,7 @@ from xetfs.base.hashes import to_hex
 from xetfs.base.settings import KEEP_FREE_SLOTS, MAX_WORKERS, MIN_JOB_BYTES, SLOT_SIZE, SLOTS_PER_WORKER
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.xorb import ChunkRun, XorbLayout
-from xetfs.read.decode_worker import (
-    FRAME,
-    Decoded,
-    DecodeJob,
-    Job,
-    LayoutJob,
-    LayoutLoaded,
-    Part,
-    Ready,
-    Result,
-    Setup,
-    encode_frame,
-)
+from xetfs.read.decode_worker import FRAME, Job, Ready, Result, Setup, encode_frame
 from xetfs.read.slots import Slots
 from xetfs.storage.store import ChunkSource
 
@@ -183,10 +170,10 @@ class DecodePool:
                 nursery.start_soon(self._flush, worker)
                 worker.sending = True
 
-    async def decode(self, source: ChunkSource, xorb_hash: bytes, parts: list[tuple[int, ChunkRun]]) -> Decoded:
+    async def decode(self, source: ChunkSource, xorb_hash: bytes, parts: list[tuple[int, ChunkRun]]) -> Result:
         """Read, decode and verify adjacent runs of chunks of a xorb from ``source``, each into its slot.
 
-        ``parts``: ``(slot, chunks)``, adjacent and in order, one read (one
+        ``parts``: ``(slot, chunks)``, at least one, adjacent and in order, one read (one
         fetch of a remote store) for all.  Each must decode to at most
         ``slot_size`` bytes.  Returns, per part and chunk, its decoded size or
         its error; each part's bytes lie back to back from its slot's start.
@@ -195,10 +182,7 @@ class DecodePool:
         longer than ``job_timeout``.  If the caller is cancelled, the slots
         are freed once the worker is done with them.
         """
-        slots = tuple(slot for slot, _ in parts)
-        job = lambda job_id: DecodeJob(job_id, source, xorb_hash, tuple(Part(s, c) for s, c in parts))  # noqa: E731
-        result = await self._submit(_Pending(slots), job)
-        assert isinstance(result, Decoded)
+        result = await self._submit(source, xorb_hash, tuple(parts))
         self._counters.jobs += 1
         return result
 
@@ -207,22 +191,22 @@ class DecodePool:
 
         Raises what ``read_layout`` would raise, or ``WorkerLost``.
         """
-        result = await self._submit(_Pending(()), lambda job_id: LayoutJob(job_id, path, xorb_hash))
-        assert isinstance(result, LayoutLoaded)
+        result = await self._submit(ChunkSource("", path), xorb_hash, ())  # (a file: no object name needed)
         self._counters.layout_jobs += 1
         if isinstance(result.layout, XorbLayout):
             return result.layout
+        assert result.layout is not None
         raise result.layout.error()
 
-    async def _submit(self, pending: _Pending, job: Callable[[int], Job]) -> Result:
-        """Send ``job(job_id)`` to the least busy worker and wait for its result."""
+    async def _submit(self, source: ChunkSource, xorb_hash: bytes, parts: tuple[tuple[int, ChunkRun], ...]) -> Result:
+        """Send a ``Job`` to the least busy worker and wait for its result."""
         workers = [w for w in self._workers if self._takes_jobs(w)]
         if not workers:
             raise WorkerLost("no decode worker is running")
         worker = min(workers, key=lambda w: len(w.pending))
         job_id = self._next_id = self._next_id + 1
-        worker.pending[job_id] = pending
-        message = job(job_id)
+        message = Job(job_id, source, xorb_hash, parts)
+        worker.pending[job_id] = pending = _Pending(tuple(slot for slot, _ in parts))
         self._send(worker, encode_frame(message))
         try:
             with trio.move_on_after(self.job_timeout if self.job_timeout is not None else math.inf):
@@ -355,7 +339,7 @@ class DecodePool:
                 (length,) = FRAME.unpack_from(buffer)
                 if len(buffer) < FRAME.size + length:
                     break
-                message: Result = pickle.loads(bytes(buffer[FRAME.size : FRAME.size + length]))
+                message: Result | Ready = pickle.loads(bytes(buffer[FRAME.size : FRAME.size + length]))
                 del buffer[: FRAME.size + length]
                 if isinstance(message, Ready):
                     log.info("decode worker %d ready", worker.number)
@@ -364,7 +348,7 @@ class DecodePool:
                 else:
                     self._finish(worker, message)
 
-    def _finish(self, worker: _Worker, result: Decoded | LayoutLoaded) -> None:
+    def _finish(self, worker: _Worker, result: Result) -> None:
         pending = worker.pending.pop(result.job_id, None)
         if pending is None:  # the worker was taken for lost (its input closed) after it sent this
             return
@@ -442,7 +426,7 @@ def _wait_for_exit(worker: _Worker, timeout: float) -> None:
 def _describe(job: Job) -> str:
     """``xorb <hex> chunks [a, b)`` (or the xorb alone, for a layout), for messages."""
     where = f"xorb {to_hex(job.xorb_hash)}"
-    if isinstance(job, LayoutJob):
+    if not job.parts:
         return where
-    first, last = job.parts[0].chunks, job.parts[-1].chunks
+    first, last = job.parts[0][1], job.parts[-1][1]
     return f"{where} chunks [{first.first}, {last.first + len(last.phys) - 1})"

@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -172,16 +172,6 @@ def public_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
 
 
-@dataclass
-class _Health:
-    """Whether the server answered lately; shared by every call of one source."""
-
-    down_until: float = 0.0
-    reason: str = ""  # "after <request> failed (<why>)": the request that found the server down
-    since: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-
 class ObstoreSource:
     """An ``ObjectSource`` over obstore: HTTP(S), S3 (and compatible), GCS and Azure."""
 
@@ -191,8 +181,11 @@ class ObstoreSource:
         self.options = options
         self.counters = counters or RemoteCounters()
         self._secrets = options.secrets()
-        self._health = _Health()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the counters and whether the server is down
+        # Whether the server answered lately, for every call of this source: calls fail at once until
+        # ``_down_until``; ``_down_reason`` ("after <request> failed (<why>)") says which request found it down.
+        self._down_until = self._down_since = 0.0
+        self._down_reason = ""
         try:
             self._store = _open(url, options)
         except Exception as exc:  # obstore raises its own errors for bad configuration
@@ -318,18 +311,17 @@ class ObstoreSource:
                 self.counters.in_flight -= 1
 
     def _check_up(self, what: str) -> None:
-        health = self._health
-        with health.lock:
+        with self._lock:
             now = time.monotonic()
-            if now < health.down_until:  # not tried: the reason is another request's, and says so
+            if now < self._down_until:  # not tried: the reason is another request's, and says so
                 raise StoreError(f"{self._where(what)}: not requested: server marked down "
-                                 f"{now - health.since:.1f} s ago, {health.reason}")  # fmt: skip
+                                 f"{now - self._down_since:.1f} s ago, {self._down_reason}")  # fmt: skip
 
     def _mark_down(self, reason: str) -> None:
-        with self._health.lock:
-            self._health.since = time.monotonic()
-            self._health.down_until = self._health.since + DOWN_SECONDS
-            self._health.reason = reason
+        with self._lock:
+            self._down_since = time.monotonic()
+            self._down_until = self._down_since + DOWN_SECONDS
+            self._down_reason = reason
 
     def _count(self, size: int) -> None:
         with self._lock:

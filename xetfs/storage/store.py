@@ -31,8 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cachetools import LRUCache
-
 from xetfs.base import hashes
 from xetfs.base.errors import (
     IntegrityError,
@@ -108,7 +106,7 @@ class Store:
             m = XORB_NAME.fullmatch(name[len(base) + 6 :]) if name.startswith(base + "xorbs/") else None
             if m:
                 self._xorbs.setdefault(hashes.from_hex(m.group(1)), (name, size))
-        self._files = OpenFiles(MAX_OPEN_FILES)
+        self._files: dict[str, int] = {}  # open xorb descriptors by path (``xorb_fd``)
         self._lock = threading.Lock()
 
     def add(self, listing: Listing) -> list[ShardFile]:
@@ -232,7 +230,7 @@ class Store:
         if end <= size:
             with self._lock:  # (nothing closes the cached descriptor while the lock is held)
                 try:
-                    data = os.pread(self._files.fd(path, xorb_hash), end - start, start)
+                    data = os.pread(xorb_fd(self._files, path, xorb_hash), end - start, start)
                 except OSError:
                     data = b""
             if len(data) == end - start:
@@ -327,6 +325,8 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
+            for fd in self._files.values():
+                os.close(fd)
             self._files.clear()
 
     @contextlib.contextmanager
@@ -334,7 +334,7 @@ class Store:
         """A descriptor of a local xorb file for one read, its own: reads may run in threads, and a slow
         one must keep its file while others push it out of the open-file cache (which closes it)."""
         with self._lock:
-            cached = self._files.fd(path, xorb_hash)
+            cached = xorb_fd(self._files, path, xorb_hash)
             try:
                 fd = os.dup(cached)
             except OSError as exc:
@@ -360,6 +360,19 @@ def open_xorb(path: str | os.PathLike[str], xorb_hash: bytes) -> int:
         raise MissingObjectError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: no such file") from None
     except OSError as exc:
         raise ObjectReadError(f"xorb {hashes.to_hex(xorb_hash)}: cannot open: {exc.strerror}") from None
+
+
+def xorb_fd(files: dict[str, int], path: str, xorb_hash: bytes) -> int:
+    """A descriptor of the xorb file at ``path`` from ``files`` (open descriptors by path, the least recently
+    used first), opened (``open_xorb``) and added if it is not there; past ``MAX_OPEN_FILES`` the least
+    recently used is closed.  The daemon's store and each worker keep their own ``files``."""
+    fd = files.pop(path, None)
+    if fd is None:
+        fd = open_xorb(path, xorb_hash)
+        if len(files) >= MAX_OPEN_FILES:
+            os.close(files.pop(next(iter(files))))
+    files[path] = fd
+    return fd
 
 
 def read_chunk_run(fd: int, start: int, end: int, first: int, stop: int, *, where: str) -> bytes:
@@ -430,22 +443,3 @@ def _sizes(layout: XorbLayout) -> Iterator[int]:
     for end in layout.unpacked_ends:
         yield end - prev
         prev = end
-
-
-class OpenFiles(LRUCache[str, int]):
-    """Open xorb descriptors by path, the least recently used closed when full (the daemon's and each worker's)."""
-
-    def fd(self, path: str, xorb_hash: bytes) -> int:
-        fd = self.get(path)
-        if fd is None:
-            fd = self[path] = open_xorb(path, xorb_hash)
-        return fd
-
-    def popitem(self) -> tuple[str, int]:
-        key, fd = super().popitem()
-        os.close(fd)
-        return key, fd
-
-    def clear(self) -> None:
-        while self:
-            self.popitem()
