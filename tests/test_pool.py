@@ -25,7 +25,7 @@ import trio.testing
 from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
-from xetfs.base.errors import IntegrityError, MissingObjectError, XetfsError, XorbFormatError
+from xetfs.base.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError, XorbFormatError
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
@@ -475,7 +475,7 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
         await pool.wait_ready()
         (worker,) = pool._workers
         # A job sent with no checkpoint until its result is in the pipe: the collector cannot have read it.
-        first = _Pending((pool.slots.take(4000) or 0,))
+        first = _Pending((pool.slots.take(4000) or 0,), trio.current_time())
         worker.pending[999] = first
         job = Job(999, ChunkSource("", path), xorb_hash, ((first.slots[0], chunks),))
         pool._send(worker, encode_frame(job))
@@ -641,3 +641,39 @@ def test_jobs_left_unsent_when_a_run_ends_are_sent_in_the_next(tmp_path: Path) -
         assert pool.statistics().free_slots == pool.statistics().slots  # every abandoned slot came back
     finally:
         pool.close()
+
+
+def test_a_job_that_never_ends_times_out_and_its_worker_is_replaced(tmp_path: Path) -> None:
+    """A store read that never returns (here: opening a FIFO nobody writes to) fails with
+    ``StoreTimeoutError`` soon after ``job_timeout``, found by the pool's one watchdog; the worker is
+    killed and replaced, and the next job decodes."""
+    store, _, xorb_hash = _store(tmp_path / "store")
+    chunks = chunk_run(store.load_layout(xorb_hash), 0, 4, verify=True)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    p = DecodePool(1, slots=12, slot_size=64 * 1024, job_timeout=0.5)
+    p.min_job_bytes = p.min_slot_run = 0
+
+    async def body() -> tuple[float, list[int | WorkerError], WorkerCounters]:
+        await p.wait_ready()
+        slot = p.slots.take(64 * 1024)
+        assert slot is not None
+        start = trio.current_time()
+        with pytest.raises(StoreTimeoutError, match=r"took more than 0\.5 s \(decode worker 0 stopped and replaced\)"):
+            await p.decode(ChunkSource("", str(fifo)), xorb_hash, [(slot, chunks)])
+        took = trio.current_time() - start
+        with trio.fail_after(30):  # the replacement starts in a thread, then says it is ready
+            while not p.usable:
+                await trio.sleep(0.01)
+        again = p.slots.take(64 * 1024)
+        assert again is not None
+        done = await p.decode(ChunkSource("", str(store.xorb_path(xorb_hash))), xorb_hash, [(again, chunks)])
+        return took, done.sizes[0], p.statistics()
+
+    try:
+        took, sizes, stats = run_served(p.start, body)
+    finally:
+        p.close()
+    assert 0.5 <= took < 2.0, took  # the watchdog looks every eighth of a second here
+    assert sizes == [1000] * 4
+    assert (stats.hung, stats.lost, stats.alive) == (1, 1, 1)

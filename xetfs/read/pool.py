@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import pickle
 import subprocess
@@ -71,10 +70,12 @@ class WorkerLost(Exception):
 @dataclass(eq=False)
 class _Pending:
     slots: tuple[int, ...]  # empty: a layout job, which needs no shared memory
+    sent: float  # when (``trio.current_time``): the watchdog stops a worker whose job is older than its timeout
     done: trio.Event = field(default_factory=trio.Event)
     result: Result | None = None  # None if the worker was lost
     abandoned: bool = False  # the caller was cancelled: the slots are freed when the worker is done with them
     fenced: bool = False  # the worker was killed: the slots are never used again
+    timed_out: bool = False  # the worker was killed because this job ran out of time
 
 
 @dataclass(eq=False)
@@ -90,6 +91,10 @@ class _Worker:
     alive: bool = True
     collecting: bool = False  # a task is reading its results
     ready: bool = False  # it has said it can take jobs
+
+    @property
+    def takes_jobs(self) -> bool:
+        return self.alive and self.collecting and self.ready
 
 
 class DecodePool:
@@ -139,11 +144,7 @@ class DecodePool:
     @property
     def usable(self) -> bool:
         """Jobs can be sent: a worker is ready, alive, and its results are being collected."""
-        return any(self._takes_jobs(w) for w in self._workers)
-
-    @staticmethod
-    def _takes_jobs(worker: _Worker) -> bool:
-        return worker.alive and worker.collecting and worker.ready
+        return any(w.takes_jobs for w in self._workers)
 
     async def wait_ready(self) -> None:
         """Wait until a worker can take jobs, or none ever will (after ``start``)."""
@@ -162,6 +163,8 @@ class DecodePool:
             self._workers = [_spawn(n, self.slots, self._setup) for n in range(self._count)]
             log.info("started %d decode worker processes", self._count)
         self._nursery = nursery
+        if self.job_timeout is not None:
+            nursery.start_soon(self._watch, self.job_timeout)
         for worker in self._workers:
             if worker.alive and not worker.collecting:
                 worker.collecting = True
@@ -200,39 +203,48 @@ class DecodePool:
 
     async def _submit(self, source: ChunkSource, xorb_hash: bytes, parts: tuple[tuple[int, ChunkRun], ...]) -> Result:
         """Send a ``Job`` to the least busy worker and wait for its result."""
-        workers = [w for w in self._workers if self._takes_jobs(w)]
+        workers = [w for w in self._workers if w.takes_jobs]
         if not workers:
             raise WorkerLost("no decode worker is running")
         worker = min(workers, key=lambda w: len(w.pending))
         job_id = self._next_id = self._next_id + 1
         message = Job(job_id, source, xorb_hash, parts)
-        worker.pending[job_id] = pending = _Pending(tuple(slot for slot, _ in parts))
+        worker.pending[job_id] = pending = _Pending(tuple(slot for slot, _ in parts), trio.current_time())
         self._send(worker, encode_frame(message))
         try:
-            with trio.move_on_after(self.job_timeout if self.job_timeout is not None else math.inf):
-                await pending.done.wait()
-            if not pending.done.is_set():
-                self._stop_hung(worker)
-                raise StoreTimeoutError(
-                    f"{_describe(message)}: store read took more than {self.job_timeout:g} s "
-                    f"(decode worker {worker.number} stopped and replaced)"
-                )
+            await pending.done.wait()
         except BaseException:
             if not pending.done.is_set():
                 pending.abandoned = True  # the worker may still write into the slots: freed when done
             elif not pending.fenced:
                 self.slots.free_all(pending.slots)  # done already: nobody else will
             raise
+        if pending.timed_out:
+            raise StoreTimeoutError(f"{_describe(message)}: store read took more than {self.job_timeout:g} s "
+                                    f"(decode worker {worker.number} stopped and replaced)")  # fmt: skip
         if pending.result is None:
             raise WorkerLost(f"decode worker {worker.number} exited", fenced=pending.fenced)
         return pending.result
 
-    def _stop_hung(self, worker: _Worker) -> None:
+    async def _watch(self, timeout: float) -> None:
+        """Stop the worker of every job older than ``timeout`` seconds, looking a few times per timeout
+        (one timer for all jobs, not one per job)."""
+        while not self._closed:
+            await trio.sleep(min(1.0, timeout / 4))
+            now = trio.current_time()
+            for worker in self._workers:
+                oldest = next(iter(worker.pending.values()), None)  # (jobs are sent, and kept, in order)
+                if worker.alive and oldest is not None and now - oldest.sent > timeout:
+                    self._stop_hung(worker, now)
+
+    def _stop_hung(self, worker: _Worker, now: float) -> None:
         """Kill a worker whose job ran out of time, and start another in its place.
 
-        Its jobs' slots are fenced: a process stuck in a read the kernel
-        cannot interrupt may still write into them later.  They are given
-        back once the process is seen to be gone.
+        Its jobs older than the timeout fail with ``StoreTimeoutError``; the
+        others go back to their callers as ``WorkerLost``.  Their slots are
+        fenced: a process stuck in a read the kernel cannot interrupt may
+        still write into them later.  They are given back once the process
+        is seen to be gone.
         """
         log.error("decode worker %d did not answer within %g s; stopping it and starting another",
                   worker.number, self.job_timeout)  # fmt: skip
@@ -240,6 +252,7 @@ class DecodePool:
             worker.process.kill()
         for pending in worker.pending.values():
             pending.fenced = True
+            pending.timed_out = now - pending.sent > (self.job_timeout or 0)
             self.slots.fence(pending.slots)
         fenced = [slot for p in worker.pending.values() for slot in p.slots]
         self._counters.hung += 1
@@ -335,12 +348,7 @@ class DecodePool:
                 self._lose(worker)
                 return
             buffer += data
-            while len(buffer) >= FRAME.size:
-                (length,) = FRAME.unpack_from(buffer)
-                if len(buffer) < FRAME.size + length:
-                    break
-                message: Result | Ready = pickle.loads(bytes(buffer[FRAME.size : FRAME.size + length]))
-                del buffer[: FRAME.size + length]
+            for message in _take_frames(buffer):
                 if isinstance(message, Ready):
                     log.info("decode worker %d ready", worker.number)
                     worker.ready = True
@@ -407,6 +415,18 @@ def _spawn(number: int, slots: Slots, setup: Setup) -> _Worker:
     os.set_blocking(results_fd, False)
     os.set_blocking(jobs_fd, False)  # a full pipe must not stop the daemon: see ``_send``
     return _Worker(number, process, jobs_fd, results_fd)
+
+
+def _take_frames(buffer: bytearray) -> list[Result | Ready]:
+    """The whole frames at the start of ``buffer`` (what a worker sent), taken out of it."""
+    messages = []
+    while len(buffer) >= FRAME.size:
+        (length,) = FRAME.unpack_from(buffer)
+        if len(buffer) < FRAME.size + length:
+            break
+        messages.append(pickle.loads(bytes(buffer[FRAME.size : FRAME.size + length])))
+        del buffer[: FRAME.size + length]
+    return messages
 
 
 def _wait_for_exit(worker: _Worker, timeout: float) -> None:

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from xetfs.base import hashes
 from xetfs.base.errors import (
@@ -66,8 +66,7 @@ def _footer_key(xorb_hash: bytes) -> str:
     return f"xorb-footer\0{hashes.to_hex(xorb_hash)}"
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkSource:
+class ChunkSource(NamedTuple):  # a tuple: one goes with every decode job
     """Where the serialized chunks of one read of a xorb come from (``Store.chunk_source``).
 
     Either a file on this machine (``path``: the xorb itself, or a disk-cache
