@@ -23,7 +23,6 @@ Calls may come from any thread.
 from __future__ import annotations
 
 import configparser
-import http.client
 import os
 import random
 import re
@@ -42,6 +41,8 @@ from xetfs.base.settings import CONNECT_TIMEOUT, DOWN_SECONDS, FIRST_BACKOFF, IO
 from xetfs.base.stats import RemoteCounters
 
 if TYPE_CHECKING:
+    import http.client
+
     from obstore.store import ClientConfig
 
 T = TypeVar("T")
@@ -379,6 +380,8 @@ class _HttpRanges:
         return cls(scheme, parts.hostname, port, parts.path.rstrip("/"), options)
 
     def get_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+        import http.client  # (here, not with the module: it imports ssl, a few MiB in every decode worker)
+
         conn = self._take()
         path = f"{self.base}/{urllib.parse.quote(name)}"
         try:
@@ -414,6 +417,8 @@ class _HttpRanges:
         self._give_back(conn)
 
     def _take(self) -> http.client.HTTPConnection:
+        import http.client
+
         with self._lock:
             if self._idle:
                 return self._idle.pop()
