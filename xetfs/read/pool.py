@@ -128,6 +128,7 @@ class DecodePool:
         self._workers: list[_Worker] = []
         self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
         self._nursery: trio.Nursery | None = None  # where ``start`` runs the pool's tasks
+        self._stopped: list[_Worker] = []  # workers killed for a hung job: ``close`` closes their pipes
 
     def statistics(self) -> WorkerCounters:
         """A snapshot of the pool's counters."""
@@ -256,6 +257,7 @@ class DecodePool:
             self.slots.fence(pending.slots)
         fenced = [slot for p in worker.pending.values() for slot in p.slots]
         self._counters.hung += 1
+        self._stopped.append(worker)
         self._lose(worker)
         if self._nursery is not None:
             self._nursery.start_soon(self._replace, worker)
@@ -386,13 +388,13 @@ class DecodePool:
         Runs still held in slots must be let go first (``RunStore.clear``).
         """
         self._closed = True
-        for worker in self._workers:
+        workers = self._workers + [w for w in self._stopped if w not in self._workers]
+        for worker in workers:
             worker.alive = False
-            with contextlib.suppress(OSError):
-                os.close(worker.jobs_fd)
-            with contextlib.suppress(OSError):
-                os.close(worker.results_fd)
-        for worker in self._workers:
+            for fd in (worker.jobs_fd, worker.results_fd):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        for worker in workers:
             _wait_for_exit(worker, timeout)
         self.slots.close()
 
