@@ -50,7 +50,7 @@ def gone(pids: list[int]) -> bool:
 
 def test_sigterm_to_the_server_stops_every_process(tmp_path: Path) -> None:
     with started("serve", 3, tmp_path) as (proc, out):
-        wait_until(lambda: len(workers(out)) == 3, 30, "three workers ready", proc)
+        wait_until(lambda: len(workers(out)) == 3, 30, "three workers ready", proc, out)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, out.read_text()
         wait_until(lambda: gone(list(workers(out).values())), 30, "workers ended")
@@ -75,7 +75,7 @@ def test_a_failed_fork_leaves_no_worker_behind(tmp_path: Path) -> None:
 
 def test_workers_end_when_the_parent_is_killed(tmp_path: Path) -> None:
     with started("serve", 2, tmp_path) as (proc, out):
-        wait_until(lambda: len(workers(out)) == 2, 30, "two workers ready", proc)
+        wait_until(lambda: len(workers(out)) == 2, 30, "two workers ready", proc, out)
         proc.kill()  # SIGKILL: the parent passes nothing on
         proc.wait(10)
         wait_until(lambda: gone(list(workers(out).values())), 30, "workers ended with their parent")
@@ -91,7 +91,7 @@ def test_a_store_that_fails_gives_one_error_and_starts_no_other_worker(tmp_path:
 def test_a_signal_that_comes_while_a_worker_is_forked_still_reaches_it(tmp_path: Path) -> None:
     """SIGTERM sent right as the workers start (over and over, until the server ends): no worker is left."""
     with started("serve", 4, tmp_path) as (proc, out):
-        wait_until(lambda: out.read_text().startswith("parent "), 30, "the parent started", proc)
+        wait_until(lambda: out.read_text().startswith("parent "), 30, "the parent started", proc, out)
         end = time.monotonic() + 30
         while proc.poll() is None and time.monotonic() < end:
             proc.send_signal(signal.SIGTERM)

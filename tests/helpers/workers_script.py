@@ -26,7 +26,7 @@ logging.getLogger("xetfs").addHandler(handler)
 def work(i: int, ready: Callable[[], None]) -> int:
     if scenario == "bad-store" and i == 0:
         raise StoreError("store /nowhere: no such directory")
-    print(f"worker {i} {os.getpid()}", flush=True)
+    os.write(1, f"worker {i} {os.getpid()}\n".encode())  # (one write: print() writes the line end apart)
     ready()
     if scenario == "dies" and i == 1:
         os.kill(os.getpid(), signal.SIGKILL)
