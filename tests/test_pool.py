@@ -14,7 +14,7 @@ import signal
 import struct
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +29,12 @@ from xetfs.base.errors import IntegrityError, MissingObjectError, StoreTimeoutEr
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
-from xetfs.read.decode_worker import Job, WorkerError, encode_frame
+from xetfs.read.decode_worker import Job, Setup, Worker, WorkerError, encode_frame
 from xetfs.read.pool import DecodePool, WorkerLost, _Pending
 from xetfs.read.reader import Reader
 from xetfs.read.slots import Slots
 from xetfs.storage import index
+from xetfs.storage.objects import scatter
 from xetfs.storage.store import ChunkSource, Store
 
 pytestmark = pytest.mark.integration
@@ -186,6 +187,70 @@ def test_raw_chunks_read_straight_into_the_slot_decode_and_fail_as_in_the_daemon
         ], (damage, start, stop)
         hurt = damage != "none" and (damage != "payload" or verify)  # (an unverified damaged payload goes unnoticed)
         assert any(isinstance(c, XetfsError) for c in got) == (hurt and start <= 3 < stop)
+
+
+class _Fetches:
+    """An object source over one xorb's bytes, for ``Worker`` alone: it counts the range reads."""
+
+    location = "fake://store"
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.ranges: list[tuple[int, int, int]] = []  # (start, end, parts)
+
+    def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
+        self.ranges.append((start, end, len(parts)))
+        scatter(self.data[start:end], parts)
+
+
+@pytest.mark.parametrize("verify", [True, False], ids=["verified", "unverified"])
+@pytest.mark.parametrize("damage", ["none", "payload", "scheme", "length"])
+@pytest.mark.parametrize("schemes", [(0,), (0, 1, 2)], ids=["raw", "mixed"])
+def test_fetched_chunks_land_in_their_slots_and_fail_as_in_the_daemon(
+    tmp_path: Path, damage: str, verify: bool, schemes: tuple[int, ...]
+) -> None:
+    """A remote job's raw chunks are fetched with their payloads straight into the slots (headers aside),
+    other chunks as stored bytes; either way each slot holds what the daemon decodes, a damaged chunk
+    fails with the daemon's message (its stored bytes fetched once more to say why), and only a job whose
+    chunks all verify is kept in the disk cache, byte for byte as stored."""
+    store, _, xorb_hash = _store(tmp_path, schemes=schemes)
+    layout = store.load_layout(xorb_hash)
+    raw = bytearray(store.xorb_path(xorb_hash).read_bytes())
+    header = layout.phys_start(3)  # chunk 3's header
+    if damage == "payload":
+        raw[header + 8 + 20] ^= 0xFF
+    elif damage == "scheme" and schemes == (0,):
+        raw[header + 4] = 1  # says LZ4: a payload of raw bytes is no LZ4 frame
+    elif damage == "length":  # a chunk of 999 bytes by its header (both lengths), 1000 by the footer
+        raw[header : header + 8] = struct.pack("<II", 999 << 8, 999 << 8)
+    slot_size = 8000
+    worker = Worker(memoryview(bytearray(slot_size * 2)), slot_size, Setup(None, str(tmp_path)))
+    source = worker.source = _Fetches(bytes(raw))  # type: ignore[assignment]
+    entry = tmp_path / "entry"
+    parts = ((0, chunk_run(layout, 0, 6, verify=verify)), (1, chunk_run(layout, 6, 12, verify=verify)))
+    job = Job(1, ChunkSource("xorb", cache_to=str(entry)), xorb_hash, parts)
+    result = worker.decode(job, worker.fetch(job))
+    stored = bytes(raw[layout.phys_start(0) : layout.phys_ends[11]])
+    expected = [decode_run(stored, xorb_hash, layout, 0, 6, verify=verify),
+                decode_run(stored[layout.phys_start(6) :], xorb_hash, layout, 6, 12, verify=verify)]  # fmt: skip
+    got = [[s.error() if isinstance(s, WorkerError) else s for s in sizes] for sizes in result.sizes]
+    assert [[str(c) if isinstance(c, XetfsError) else len(c) for c in run] for run in expected] == [
+        [str(c) if isinstance(c, XetfsError) else c for c in run] for run in got
+    ]
+    for (slot, _), run in zip(parts, expected, strict=True):
+        at = 0
+        for chunk in run[:3]:  # (before the damage: in the first run, chunk 3 on may be wrong)
+            assert isinstance(chunk, bytes) and bytes(worker.shared[slot * slot_size + at :][: len(chunk)]) == chunk
+            at += len(chunk)
+    hurt = damage != "none" and (damage != "payload" or verify) and (damage != "scheme" or schemes == (0,))
+    in_place = schemes == (0,)  # (by the footer: a header that says otherwise is found once fetched)
+    assert source.ranges[0] == (layout.phys_start(0), layout.phys_ends[11], 24 if in_place else 1)
+    assert len(source.ranges) == (2 if hurt and in_place else 1)
+    assert result.read_bytes == len(stored)
+    if hurt:
+        assert result.cached == 0 and not entry.exists()
+    else:
+        assert result.cached == len(stored) and entry.read_bytes() == stored
 
 
 def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodePool) -> None:
@@ -501,6 +566,7 @@ WRITE_STORM = """
 import sys, trio
 from xetfs.format.xorb import chunk_run
 from xetfs.read.pool import DecodePool
+from xetfs.storage.objects import scatter
 from xetfs.storage.store import ChunkSource, Store
 
 store = Store.open(sys.argv[1])

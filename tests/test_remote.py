@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from xetfs.read.reader import Reader
 from xetfs.storage.diskcache import CachedSource, DiskCache
 from xetfs.storage.indexer import load_index
 from xetfs.storage.layout import LISTING_NAME
-from xetfs.storage.objects import ObstoreSource, RemoteOptions, redact
+from xetfs.storage.objects import ObstoreSource, RemoteOptions, redact, scatter
 from xetfs.storage.remote import open_remote
 
 pytestmark = pytest.mark.fuse
@@ -363,8 +363,8 @@ class CountingSource:
             raise StoreError("fake://store: server unreachable")
         return self.objects[name][start:end]
 
-    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
-        out[:] = self.read_range(name, start, end)
+    def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
+        scatter(self.read_range(name, start, end), parts)
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         return None

@@ -354,6 +354,13 @@ def decode_runs_into(
             for run, out in runs]  # fmt: skip
 
 
+def all_raw(headers: Buffer, run: ChunkRun) -> bool:
+    """Whether ``headers``, back to back, are those of ``run``'s chunks stored raw (version 0, scheme 0,
+    stored as long as decoded): then payloads read in place are the stored bytes as they are."""
+    sizes = run.sizes()
+    return bytes(headers) == struct.pack(f"<{2 * len(sizes)}I", *[size << 8 for size in sizes for _ in (0, 1)])
+
+
 def check_in_place(headers: Buffer, run: ChunkRun, out: memoryview) -> bool:
     """Finish chunks whose payloads were read straight to their places in ``out``, one after another
     (``ChunkRun.stored_raw_sized``), their headers back to back in ``headers``.
@@ -363,11 +370,8 @@ def check_in_place(headers: Buffer, run: ChunkRun, out: memoryview) -> bool:
     first chunk that fails: the caller then decodes the run from its stored
     bytes (``decode_chunks``), which says which chunks fail and why.
     """
-    sizes = run.sizes()
-    # The common case in a few calls: every header says raw (version 0, scheme 0), stored as long as
-    # decoded, and the hashes, back to back, are the footer's.
-    raw = struct.pack(f"<{2 * len(sizes)}I", *[size << 8 for size in sizes for _ in (0, 1)])
-    if bytes(headers) == raw:
+    # The common case in a few calls: every header says raw, and the hashes, back to back, are the footer's.
+    if all_raw(headers, run):
         if run.hashes is None:
             return True
         ends = run.unpacked

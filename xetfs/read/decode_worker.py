@@ -51,11 +51,21 @@ from xetfs.base.malloc import keep_freed_memory
 from xetfs.base.settings import WORKER_FETCHES
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.chunk import HEADER_SIZE, Buffer
-from xetfs.format.xorb import ChunkRun, XorbLayout, check_in_place, decode_chunks_into, decode_runs_into
+from xetfs.format.xorb import (
+    ChunkRun,
+    XorbLayout,
+    all_raw,
+    check_in_place,
+    decode_chunks_into,
+    decode_runs_into,
+)
 from xetfs.storage.objects import ObjectSource, RemoteOptions
 from xetfs.storage.store import ChunkSource, open_xorb, read_chunk_run, read_layout, xorb_fd
 
 FRAME = struct.Struct("<I")
+# What a fetch thread brings: the headers of each part, read in place (``Worker.fetch``), the stored bytes, or
+# the error that stopped it.
+Fetched = list[memoryview] | Buffer | XetfsError
 MAX_IN_PLACE_CHUNKS = 256  # two buffers a chunk in one preadv: within IOV_MAX (1024)
 
 # What a worker may name in an error, mapped back to the class the daemon raises.
@@ -166,38 +176,80 @@ class Worker:
             self.source = ObstoreSource(url, options, self.counters)
         self.cache_tmp = Path(setup.cache_tmp) if setup.cache_tmp else None
 
-    def fetch(self, job: Job) -> Buffer | XetfsError:
-        """The serialized chunks of ``job`` from the remote source (in a fetch thread)."""
-        first, last = job.parts[0][1], job.parts[-1][1]
-        start, end = first.phys[0], last.phys[-1]
+    def fetch(self, job: Job) -> Fetched:
+        """The chunks of ``job`` from the remote source (in a fetch thread).
+
+        When every chunk is stored as long as it decodes (raw chunks), the
+        payloads go straight into the slots and the headers aside, as a local
+        read does (``_read_in_place``): the headers of each part are returned.
+        Otherwise the stored bytes are.
+        """
+        if all(run.stored_raw_sized() for _, run in job.parts):
+            headers = [memoryview(bytearray(HEADER_SIZE * (len(run.phys) - 1))) for _, run in job.parts]
+            error = self._fetch_into(job, self._places(job, headers))
+            return headers if error is None else error
+        return self._fetch_stored(job)
+
+    def _fetch_stored(self, job: Job) -> Buffer | XetfsError:
+        buffer = bytearray(job.parts[-1][1].phys[-1] - job.parts[0][1].phys[0])
+        error = self._fetch_into(job, [memoryview(buffer)])
+        return buffer if error is None else error
+
+    def _fetch_into(self, job: Job, parts: list[memoryview]) -> XetfsError | None:
         if self.source is None:
             return errors.StoreError(f"xorb {to_hex(job.xorb_hash)}: no source to fetch from")
-        buffer = bytearray(end - start)
+        start, end = job.parts[0][1].phys[0], job.parts[-1][1].phys[-1]
         try:
-            self.source.read_range_into(job.source.name, start, end, memoryview(buffer))
+            self.source.read_range_into(job.source.name, start, end, parts)
         except XetfsError as exc:
             return exc
-        return buffer
+        return None
 
-    def decode(self, job: Job, fetched: Buffer | XetfsError | None) -> Result:
-        """Decode ``job``: from ``fetched`` (the bytes a fetch thread brought, or its error), else from a local file."""
+    def decode(self, job: Job, fetched: Fetched | None) -> Result:
+        """Decode ``job``: from ``fetched`` (what a fetch thread brought, or its error), else from a local file."""
         src = job.source
         if fetched is None:
             sizes = [self._decode_local(src, job.xorb_hash, slot, run) for slot, run in job.parts]
             return Result(job.job_id, [s for s, _ in sizes], sum(n for _, n in sizes))
+        if isinstance(fetched, list):
+            done = self._check_in_place(job, fetched)
+            if done is not None:
+                return done
+            fetched = self._fetch_stored(job)  # (a chunk failed: its stored bytes say which, and why)
         if isinstance(fetched, XetfsError):
             failed = [list[int | WorkerError]([WorkerError.of(fetched)] * (len(run.phys) - 1)) for _, run in job.parts]
             return Result(job.job_id, failed, 0, self._fetched())
         view = memoryview(fetched)
         decoded = decode_runs_into(view, job.xorb_hash, [(run, self._slot(slot)) for slot, run in job.parts])
         out = [[WorkerError.of(s) if isinstance(s, XetfsError) else s for s in sizes] for sizes in decoded]
-        cached: int | tuple[int, str] = 0
-        if src.cache_to and self.cache_tmp is not None and all(isinstance(s, int) for p in out for s in p):
-            from xetfs.storage.chunkcache import write_entry
+        ok = all(isinstance(s, int) for p in out for s in p)
+        return Result(job.job_id, out, len(view), self._fetched(), self._keep(src, [view]) if ok else 0)
 
-            written = write_entry(src.cache_to, view, self.cache_tmp)
-            cached = written if isinstance(written, int) else (written.errno or 0, written.strerror or str(written))
-        return Result(job.job_id, out, len(view), self._fetched(), cached)
+    def _check_in_place(self, job: Job, headers: list[memoryview]) -> Result | None:
+        """The result of a job fetched in place, once every chunk checks; None if one does not."""
+        pairs = list(zip(headers, job.parts, strict=True))
+        if not all(check_in_place(h, run, self._slot(slot)) for h, (slot, run) in pairs):
+            return None
+        size = job.parts[-1][1].phys[-1] - job.parts[0][1].phys[0]
+        cached: int | tuple[int, str] = 0
+        if all(all_raw(h, run) for h, (_, run) in pairs):  # (else a chunk was decoded in place: not stored bytes)
+            cached = self._keep(job.source, self._places(job, headers))
+        sizes = [list[int | WorkerError](run.sizes()) for _, run in job.parts]
+        return Result(job.job_id, sizes, size, self._fetched(), cached)
+
+    def _places(self, job: Job, headers: list[memoryview]) -> list[memoryview]:
+        """``_places`` of every part of ``job``, one after the other."""
+        return [p for (slot, run), h in zip(job.parts, headers, strict=True) for p in _places(run, h, self._slot(slot))]
+
+    def _keep(self, src: ChunkSource, parts: list[memoryview]) -> int | tuple[int, str]:
+        """Keep verified stored bytes, ``parts`` one after the other, in the disk cache where the job says:
+        the bytes kept, or why they could not be (errno, message)."""
+        if not src.cache_to or self.cache_tmp is None:
+            return 0
+        from xetfs.storage.chunkcache import write_entry
+
+        written = write_entry(src.cache_to, parts, self.cache_tmp)
+        return written if isinstance(written, int) else (written.errno or 0, written.strerror or str(written))
 
     def _decode_local(
         self, src: ChunkSource, xorb_hash: bytes, slot: int, run: ChunkRun
@@ -245,20 +297,25 @@ class Worker:
                               retries=now.retries - before.retries, errors=now.errors - before.errors)  # fmt: skip
 
 
+def _places(run: ChunkRun, headers: memoryview, out: memoryview) -> list[memoryview]:
+    """Where each stored byte of a run of raw-sized chunks goes: its headers back to back in
+    ``headers``, each payload straight to its place in ``out`` (``check_in_place``)."""
+    places: list[memoryview] = []
+    pos = 0
+    for k, size in enumerate(run.sizes()):
+        places += (headers[k * HEADER_SIZE : (k + 1) * HEADER_SIZE], out[pos : pos + size])
+        pos += size
+    return places
+
+
 def _read_in_place(fd: int, run: ChunkRun, out: memoryview, base: int = 0) -> bool:
     """Read a run of raw-sized chunks with their payloads straight into ``out`` (headers aside), and
     check them there (``check_in_place``): one copy less than reading, then decoding into ``out``.
     ``base``: the xorb offset where the file starts.  False if anything is off; the run is then
     decoded the usual way, which says what."""
-    sizes = run.sizes()
-    headers = memoryview(bytearray(HEADER_SIZE * len(sizes)))
-    parts: list[memoryview] = []
-    pos = 0
-    for k, size in enumerate(sizes):
-        parts += (headers[k * HEADER_SIZE : (k + 1) * HEADER_SIZE], out[pos : pos + size])
-        pos += size
+    headers = memoryview(bytearray(HEADER_SIZE * (len(run.phys) - 1)))
     try:
-        read = os.preadv(fd, parts, run.phys[0] - base)
+        read = os.preadv(fd, _places(run, headers, out), run.phys[0] - base)
     except OSError:
         return False
     return read == run.phys[-1] - run.phys[0] and check_in_place(headers, run, out)
@@ -283,7 +340,7 @@ def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> 
             os.write(results_fd, encode_frame(done))
         return
     fetcher = ThreadPoolExecutor(WORKER_FETCHES)
-    jobs: queue.Queue[tuple[Job, Future[Buffer | XetfsError] | None] | None] = queue.Queue()
+    jobs: queue.Queue[tuple[Job, Future[Fetched] | None] | None] = queue.Queue()
 
     def receive() -> None:
         try:

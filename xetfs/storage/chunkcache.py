@@ -28,7 +28,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,8 @@ from xetfs.base import hashes
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.storage.diskcache import DiskCache
+
+IOV_MAX = 1024  # buffers one writev may take (Linux)
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ class ChunkCache:
 
     def put(self, xorb_hash: bytes, first: int, stop: int, data: Buffer) -> None:
         """Keep ``data``, the verified serialized chunks ``[first, stop)``; a failure is counted, never raised."""
-        self.added(xorb_hash, first, stop, write_entry(self.target(xorb_hash, first, stop), data, self.tmp))
+        self.added(xorb_hash, first, stop, write_entry(self.target(xorb_hash, first, stop), [data], self.tmp))
 
     def added(self, xorb_hash: bytes, first: int, stop: int, written: int | OSError) -> None:
         """Take note of an entry written by ``write_entry`` (here or in a decode worker): its size, or why not."""
@@ -167,19 +169,32 @@ class ChunkCache:
         return self.directory / hashes.to_hex(xorb_hash) / f"{first}-{stop}"
 
 
-def write_entry(path: str, data: Buffer, tmp_dir: Path) -> int | OSError:
-    """Write ``data`` to ``path`` atomically (a temporary file in ``tmp_dir``, renamed); its size, or the
-    error that stopped it.  For the daemon and the decode workers alike."""
+def write_entry(path: str, parts: Sequence[Buffer], tmp_dir: Path) -> int | OSError:
+    """Write ``parts``, one after the other, to ``path`` atomically (a temporary file in ``tmp_dir``,
+    renamed); its size, or the error that stopped it.  For the daemon and the decode workers alike: a
+    worker that read chunks in place passes their headers and payloads as they lie, with no copy."""
     target = Path(path)
     tmp = tmp_dir / f"{os.getpid()}-{threading.get_ident()}-{target.parent.name[:16]}-{target.name}"
+    views = [memoryview(part).cast("B") for part in parts]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            for at in range(0, len(views), IOV_MAX):
+                batch = views[at : at + IOV_MAX]
+                written = os.writev(fd, batch)
+                for view in batch:  # (after a short write, should a file system make one: the rest, one by one)
+                    if written >= len(view):
+                        written -= len(view)
+                        continue
+                    rest, written = view[written:], 0
+                    while rest:
+                        rest = rest[os.write(fd, rest) :]
+        finally:
+            os.close(fd)
         os.replace(tmp, target)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
         return exc
-    return len(memoryview(data))
-
+    return sum(len(view) for view in views)

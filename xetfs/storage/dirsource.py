@@ -9,11 +9,12 @@ the store and its decode workers read local xorbs with ``pread`` and
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from xetfs.base.errors import MissingObjectError, StoreError
 from xetfs.storage.layout import Listing, find_root, store_top
-from xetfs.storage.objects import RemoteOptions
+from xetfs.storage.objects import RemoteOptions, scatter
 
 
 class DirSource:
@@ -101,11 +102,10 @@ class DirSource:
         finally:
             os.close(fd)
 
-    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
-        out[:] = self.read_range(name, start, end)
+    def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
+        scatter(self.read_range(name, start, end), parts)
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         """The objects of ``listing`` under ``prefix`` (their times: the directory's)."""
         listing = self.listing()
         return [(name, size, listing.mtime) for name, size in listing.objects if name.startswith(prefix)]
-

@@ -45,6 +45,7 @@ import shutil
 import struct
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import blake3
@@ -287,8 +288,8 @@ class CachedSource:
     def read_range(self, name: str, start: int, end: int) -> bytes | memoryview:
         return self.inner.read_range(name, start, end)
 
-    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
-        self.inner.read_range_into(name, start, end, out)
+    def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
+        self.inner.read_range_into(name, start, end, parts)
 
     def local_path(self, name: str) -> str | None:
         return None

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from xetfs.base.errors import MissingObjectError, StoreError, StoreTimeoutError
 from xetfs.base.settings import CONNECT_TIMEOUT, DOWN_SECONDS, FIRST_BACKOFF, IO_TIMEOUT, MAX_BACKOFF, REQUEST_TIMEOUT
 from xetfs.base.stats import RemoteCounters
+from xetfs.format.chunk import Buffer
 
 if TYPE_CHECKING:
     import http.client
@@ -81,8 +82,9 @@ class ObjectSource(Protocol):
         """Bytes ``[start, end)`` of object ``name``: exactly that many, or an error."""
         ...
 
-    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
-        """``read_range`` into ``out``, which holds exactly ``end - start`` bytes."""
+    def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
+        """``read_range`` into ``parts``, one after the other; together they hold exactly ``end - start``
+        bytes.  Several parts put chunk headers and payloads each where they belong, with no copy between."""
         ...
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
@@ -97,6 +99,15 @@ class ObjectSource(Protocol):
         """How a decode worker opens the same source for itself: a URL and options (secrets included:
         hand them over a pipe, never a command line), or None where workers read local files."""
         ...
+
+
+def scatter(data: Buffer, parts: Sequence[memoryview]) -> None:
+    """Copy ``data`` into ``parts``, one after the other (``read_range_into`` from a source that reads
+    whole ranges)."""
+    view, pos = memoryview(data), 0
+    for part in parts:
+        part[:] = view[pos : pos + len(part)]
+        pos += len(part)
 
 
 def header_lines(headers: Sequence[str]) -> list[str]:
@@ -222,22 +233,22 @@ class ObstoreSource:
         self._count(len(data))
         return data
 
-    def read_range_into(self, name: str, start: int, end: int, out: memoryview) -> None:
-        """``read_range`` into ``out`` (exactly ``end - start`` bytes).
+    def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
+        """``read_range`` into ``parts`` (exactly ``end - start`` bytes in all).
 
         From a plain HTTP(S) server, the body goes straight from the socket
-        into ``out`` (``http.client``, a kept-alive connection per thread): no
-        copy in between, and about half the CPU of the general client.
+        into the parts (``http.client``, kept-alive connections): no copy in
+        between, and about half the CPU of the general client.
         """
         if self._http is None:
-            out[:] = self.read_range(name, start, end)
+            scatter(self.read_range(name, start, end), parts)
             return
         http = self._http
         try:
-            self._call(f"{name} bytes [{start}, {end})", lambda: http.get_into(name, start, end, out), name=name)
+            self._call(f"{name} bytes [{start}, {end})", lambda: http.get_into(name, start, end, parts), name=name)
         except _NotRanges:
             self._http = None  # (a redirect, or a server that ignores Range: the general client handles both)
-            out[:] = self.read_range(name, start, end)
+            scatter(self.read_range(name, start, end), parts)
             return
         self._count(end - start)
 
@@ -379,7 +390,7 @@ class _HttpRanges:
         port = parts.port or (443 if scheme == "https" else 80)
         return cls(scheme, parts.hostname, port, parts.path.rstrip("/"), options)
 
-    def get_into(self, name: str, start: int, end: int, out: memoryview) -> None:
+    def get_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
         import http.client  # (here, not with the module: it imports ssl, a few MiB in every decode worker)
 
         conn = self._take()
@@ -403,11 +414,13 @@ class _HttpRanges:
             raise _Transient(f"server answered with status code: {response.status}")
         got = 0
         try:
-            while got < len(out):
-                n = response.readinto(out[got:])
-                if not n:
+            for part in parts:
+                done = 0
+                while done < len(part) and (n := response.readinto(part[done:])):
+                    done += n
+                got += done
+                if done < len(part):
                     break
-                got += n
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise _Transient(f"body failed after {got} bytes: {exc}") from None

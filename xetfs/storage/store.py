@@ -212,7 +212,7 @@ class Store:
         path = self.source.local_path(name)
         if path is None:
             buffer = bytearray(end - start)
-            self.source.read_range_into(name, start, end, memoryview(buffer))
+            self.source.read_range_into(name, start, end, [memoryview(buffer)])
             return buffer
         with self._open(path, xorb_hash) as fd:
             return read_range(fd, start, end, where=where)
