@@ -13,6 +13,8 @@ from typing import cast
 
 import pytest
 
+from xetfs.base.settings import PREFETCH_MAXIMUM, SLOW_REQUEST
+from xetfs.base.stats import RemoteCounters
 from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
 from xetfs.read.sessions import Sessions
@@ -483,3 +485,32 @@ def test_how_a_file_was_first_read_outlives_its_handles() -> None:
     assert again is not footer and again.tail_first is True
     assert not windows(again, pieces(100 * MiB, 120 * MiB))
     assert sessions.open(8, file()).tail_first is None  # another file: nothing known
+
+
+def test_a_store_slow_to_answer_gets_the_deep_window_and_a_near_one_the_local_window() -> None:
+    """A remote store whose requests wait ``SLOW_REQUEST`` or more for their answers, on average, is read
+    with windows up to ``prefetch_max``; a near one (loopback, a LAN) with a local store's, which holds
+    less memory; the choice follows the store as its requests are counted, read after read."""
+    remote = RemoteCounters()
+    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), _remote=remote, read_now=lambda *a: b"")
+    fake.slow_store = lambda: Reader.slow_store(cast(Reader, fake))
+    sessions = Sessions(cast(Reader, fake), prefetch=True, prefetch_max=64 * MiB, keep_cache=True)
+    assert sessions.maximum() == PREFETCH_MAXIMUM  # nothing asked yet
+    remote.requests, remote.wait_s = 100, 100 * SLOW_REQUEST * 0.5
+    assert sessions.maximum() == PREFETCH_MAXIMUM
+    remote.wait_s = 100 * SLOW_REQUEST * 2
+
+    def widest(session: Session, start: int) -> int:
+        widest = 0
+        for off in range(start, start + 200 * MiB, MiB):
+            sessions.read_now(session, off, MiB)
+            widest = max(widest, session.streams[0].window if session.streams else 0)
+        return widest
+
+    session = sessions.open(1, file())
+    assert widest(session, 0) == 64 * MiB
+    remote.requests *= 10  # as many again, answered at once: on average no longer slow
+    assert widest(session, 200 * MiB) == PREFETCH_MAXIMUM
+    local = Sessions(cast(Reader, fake), prefetch=True, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
+    remote.requests = 100
+    assert local.maximum() == PREFETCH_MAXIMUM  # a local store's bound is never passed

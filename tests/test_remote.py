@@ -160,6 +160,7 @@ def test_mount_over_http_names_ranges_stats(packed: Packed, web: servers.Server,
         assert (m / ".xetfs/by-hash" / packed.hashes["walk.f32"]).read_bytes() == packed.files["walk.f32"]
         remote = m.stats()["remote"]
         assert remote["requests"] > 0 and remote["bytes"] > 0 and remote["in_flight"] == 0, remote
+        assert remote["wait_s"] > 0, remote
         assert remote["disk_misses"] > 0 and remote["disk_bytes"] > 0, remote
     # Only what was read crossed the wire: ranges of xorbs, never a whole one more than once.
     xorbs = sum(p.stat().st_size for p in (packed.top / "xet/xorbs/xorbs").iterdir())
@@ -493,6 +494,24 @@ def _raw(xet_hex: str) -> str:
     from xetfs.base import hashes
 
     return hashes.from_hex(xet_hex).hex()
+
+
+def test_the_wait_of_every_request_for_its_answer_is_counted(
+    packed: Packed, web: servers.Server, tmp_path: Path
+) -> None:
+    """Each request's wait for its answer is counted, by the daemon and by the decode workers
+    (``remote.wait_s``): on average, it tells a server far away, read with a deeper prefetch window
+    (``Reader.slow_store``), from a near one."""
+    with servers.fault_proxy(web) as (proxy, faults):
+        faults.delay = 0.02
+        with mounted(proxy.url, "--cache-dir", str(tmp_path / "cache"), "--disk-cache-size", "0") as m:
+            for name, data in packed.files.items():
+                assert (m / name).read_bytes() == data
+            stats = m.stats()
+    remote = stats["remote"]
+    assert stats["decode"]["in_workers"] > 0, stats["decode"]  # (so some waits were counted by workers)
+    assert remote["requests"] > 0 and remote["retries"] == 0, remote
+    assert remote["wait_s"] >= faults.delay * remote["requests"], remote
 
 
 def test_retries_give_correct_bytes(packed: Packed, web: servers.Server) -> None:

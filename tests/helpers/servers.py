@@ -257,10 +257,12 @@ class Faults:
     without answering), ``"truncate"`` (half the body, then close),
     ``"slow"`` (the body in small pieces with pauses), ``"stall"`` (headers and
     part of the body, then nothing until ``release``).  ``stall_all`` stalls every request.
+    ``delay``: every answer starts that many seconds late, as a server far away.
     """
 
     queue: deque[str] = field(default_factory=deque)
     stall_all: bool = False
+    delay: float = 0.0
     released: threading.Event = field(default_factory=threading.Event)
     seen: list[str] = field(default_factory=list)  # faults applied, in order
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -294,6 +296,7 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
         headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
         headers.pop("Connection", None)
         fault = self.server.faults.next()
+        time.sleep(self.server.faults.delay)
         if fault in ("503", "500", "429"):
             sock.sendall(f"HTTP/1.1 {fault} Fault\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
             return

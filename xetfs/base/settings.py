@@ -59,7 +59,12 @@ STORE_READ_THREADS = 64  # threads the daemon's own store reads may hold at once
 # -- prefetch ----------------------------------------------------------------------------------
 PREFETCH_INITIAL = 2 * MiB  # a sequential stream's first prefetch window
 PREFETCH_MAXIMUM = 16 * MiB  # its largest (32 MiB: the same 1 GiB model load time, 3 % more worker CPU)
-REMOTE_PREFETCH = 64 * MiB  # how far prefetch may run ahead of a reader of a remote store
+# How far prefetch may run ahead of a reader of a remote store whose requests wait SLOW_REQUEST or more for their
+# answers, on average (an object store, a server far away): enough to keep REMOTE_FETCH_WIDTH requests in flight.
+# A nearer one gets PREFETCH_MAXIMUM, as a local store: a deeper window only holds more memory, and touching fresh
+# pages of shared memory costs about 0.75 CPU s/GiB.
+REMOTE_PREFETCH = 64 * MiB
+SLOW_REQUEST = 0.005
 PREFETCH_SLACK = 4 * MiB
 PREFETCH_MIN_STREAM = 256 * KiB
 PREFETCH_STREAMS = 8

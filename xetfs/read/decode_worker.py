@@ -289,12 +289,13 @@ class Worker:
         return self.shared[slot * self.slot_size : (slot + 1) * self.slot_size]
 
     def _fetched(self) -> RemoteCounters:
-        """What the fetches cost since the last report: requests, bytes, retries and errors (the counters
+        """What the fetches cost since the last report: requests, bytes, retries, errors and waits (the counters
         are the source's, shared by its threads)."""
         now, before = replace(self.counters), self._reported
         self._reported = now
         return RemoteCounters(requests=now.requests - before.requests, bytes=now.bytes - before.bytes,
-                              retries=now.retries - before.retries, errors=now.errors - before.errors)  # fmt: skip
+                              retries=now.retries - before.retries, errors=now.errors - before.errors,
+                              wait_s=now.wait_s - before.wait_s)  # fmt: skip
 
 
 def _places(run: ChunkRun, headers: memoryview, out: memoryview) -> list[memoryview]:

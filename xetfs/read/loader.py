@@ -304,6 +304,7 @@ class Loader:
         r.bytes += fetched.bytes
         r.retries += fetched.retries
         r.errors += fetched.errors
+        r.wait_s += fetched.wait_s
 
     async def _read(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:
         """The serialized chunks ``[first, stop)`` of a xorb, from ``src`` (``io``, within ``fetch_width``)."""

@@ -33,7 +33,7 @@ from xetfs.base.errors import (
     StoreTimeoutError,
     XetfsError,
 )
-from xetfs.base.settings import BAD_LAYOUT_SECONDS, CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES
+from xetfs.base.settings import BAD_LAYOUT_SECONDS, CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES, SLOW_REQUEST
 from xetfs.base.stats import (
     CacheCounters,
     DecodeCounters,
@@ -105,6 +105,12 @@ class Reader:
     @property
     def store(self) -> Store:
         return self._loader.store
+
+    def slow_store(self) -> bool:
+        """Whether the store's requests wait, on average, ``SLOW_REQUEST`` or more for their answers: a
+        remote store far away (a local one never waits)."""
+        r = self._remote
+        return r.requests > 0 and r.wait_s >= SLOW_REQUEST * r.requests
 
     def replace_index(self, index: Index) -> None:
         """Read files of ``index`` from now on: a copy of the current one with more shards (a refresh)."""

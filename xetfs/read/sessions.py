@@ -27,7 +27,7 @@ import logging
 
 import trio
 
-from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH, PREFETCH_FILES_KEPT, PREFETCH_TASKS
+from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH, PREFETCH_FILES_KEPT, PREFETCH_MAXIMUM, PREFETCH_TASKS
 from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
 from xetfs.storage.index import FileEntry
@@ -40,10 +40,12 @@ class Sessions:
 
     def __init__(self, reader: Reader, *, prefetch: bool, prefetch_max: int, keep_cache: bool) -> None:
         """``prefetch``: decode ahead of sequential readers (only with a cache of at least
-        ``MIN_CACHE_FOR_PREFETCH``); ``prefetch_max``: how far ahead at most; ``keep_cache``: the front
-        end's reader keeps what it read (the kernel's page cache), so runs read through go first."""
+        ``MIN_CACHE_FOR_PREFETCH``); ``prefetch_max``: how far ahead at most, for a store whose requests
+        are slow to answer (``Reader.slow_store``; others: at most ``PREFETCH_MAXIMUM``); ``keep_cache``:
+        the front end's reader keeps what it read (the kernel's page cache), so runs read through go first."""
         self.reader = reader
         self.prefetch_max = prefetch_max
+        self.near_max = min(prefetch_max, PREFETCH_MAXIMUM)
         self.keep_cache = keep_cache
         self.prefetch = prefetch and reader.runs.capacity >= MIN_CACHE_FOR_PREFETCH
         if prefetch and not self.prefetch:
@@ -69,7 +71,7 @@ class Sessions:
         """The session of file ``key`` (a new one if no handle is open on it); ``close`` it once per open."""
         session = self._sessions.get(key)
         if session is None:
-            session = Session(entry, key, maximum=self.prefetch_max, tail_first=self._tail_first.get(key))
+            session = Session(entry, key, maximum=self.maximum(), tail_first=self._tail_first.get(key))
             self._sessions[key] = session
         session.opens += 1
         return session
@@ -80,6 +82,12 @@ class Sessions:
         if session.opens == 0:
             del self._sessions[session.key]
             self._remember(session.key, session.tail_first)
+
+    def maximum(self) -> int:
+        """How far ahead of a reader prefetch may run now: ``prefetch_max`` while the store is slow to answer."""
+        if self.prefetch_max > self.near_max and self.reader.slow_store():
+            return self.prefetch_max
+        return self.near_max
 
     def _remember(self, key: int, tail_first: bool | None) -> None:
         """Keep how file ``key`` was first read for its next session (of the last ``PREFETCH_FILES_KEPT``)."""
@@ -105,6 +113,7 @@ class Sessions:
                 session.on_read(off, size)
             return data, False
         busy = session.prefetch_tasks >= self._tasks or self._prefetch_bytes >= self.room
+        session.maximum = self.maximum()
         sequential, window = session.on_read(off, size, busy)
         if window is not None and self._nursery is not None:
             session.prefetch_tasks += 1

@@ -216,8 +216,9 @@ class ObstoreSource:
                 raise StoreError(f"{self._where(name)}: {result.meta['size']} bytes, more than the {limit} allowed")
             return bytes(result.bytes())
 
+        began = time.monotonic()
         data = self._call(name, get)
-        self._count(len(data))
+        self._count(len(data), time.monotonic() - began)
         return data
 
     def read_range(self, name: str, start: int, end: int) -> memoryview:
@@ -229,8 +230,9 @@ class ObstoreSource:
                 raise _Transient(f"short body: {len(data)} of {end - start} bytes")
             return data
 
+        began = time.monotonic()
         data = self._call(f"{name} bytes [{start}, {end})", get, name=name)
-        self._count(len(data))
+        self._count(len(data), time.monotonic() - began)
         return data
 
     def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
@@ -245,12 +247,13 @@ class ObstoreSource:
             return
         http = self._http
         try:
-            self._call(f"{name} bytes [{start}, {end})", lambda: http.get_into(name, start, end, parts), name=name)
+            waited = self._call(f"{name} bytes [{start}, {end})", lambda: http.get_into(name, start, end, parts),
+                                name=name)  # fmt: skip
         except _NotRanges:
             self._http = None  # (a redirect, or a server that ignores Range: the general client handles both)
             scatter(self.read_range(name, start, end), parts)
             return
-        self._count(end - start)
+        self._count(end - start, waited)
 
     def local_path(self, name: str) -> str | None:
         return None
@@ -335,9 +338,11 @@ class ObstoreSource:
             self._down_until = self._down_since + DOWN_SECONDS
             self._down_reason = reason
 
-    def _count(self, size: int) -> None:
+    def _count(self, size: int, waited: float) -> None:
+        """Count ``size`` bytes received by a request that waited ``waited`` seconds for its answer."""
         with self._lock:
             self.counters.bytes += size
+            self.counters.wait_s += waited
 
     def _error(self) -> None:
         with self._lock:
@@ -390,14 +395,17 @@ class _HttpRanges:
         port = parts.port or (443 if scheme == "https" else 80)
         return cls(scheme, parts.hostname, port, parts.path.rstrip("/"), options)
 
-    def get_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
+    def get_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> float:
+        """Bytes ``[start, end)`` of ``name`` into ``parts``; how long the answer took to start."""
         import http.client  # (here, not with the module: it imports ssl, a few MiB in every decode worker)
 
         conn = self._take()
         path = f"{self.base}/{urllib.parse.quote(name)}"
+        began = time.monotonic()
         try:
             conn.request("GET", path, headers={**self.headers, "Range": f"bytes={start}-{end - 1}"})
             response = conn.getresponse()
+            waited = time.monotonic() - began
         except ConnectionRefusedError as exc:
             conn.close()
             raise _Transient(f"ConnectError: {exc.strerror}") from None
@@ -428,6 +436,7 @@ class _HttpRanges:
             conn.close()
             raise _Transient(f"short body: {got} of {end - start} bytes")
         self._give_back(conn)
+        return waited
 
     def _take(self) -> http.client.HTTPConnection:
         import http.client
