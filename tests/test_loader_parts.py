@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import itertools
 import random
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
 from xetfs.base.errors import IntegrityError
+from xetfs.base.settings import MAX_RUN_BYTES
 from xetfs.format.xorb import XorbLayout
-from xetfs.read.loader import _all_decoded, _decoded, _parts
+from xetfs.read.loader import Loader, _all_decoded, _decoded, _parts
+from xetfs.read.runs import RunStore
+from xetfs.storage.store import Store
 
 pytestmark = pytest.mark.unit
 
@@ -55,3 +60,30 @@ def test_decoded_counts_only_the_chunks_that_decoded() -> None:
     assert not _all_decoded([3, bad])
     assert _decoded([[1, 2], [3, bad, 4]]) == (4, 10)
     assert _decoded([]) == (0, 0)
+
+
+def cuts(loader: Loader, layout: XorbLayout, first: int, stop: int) -> list[tuple[int, int]]:
+    """Chunks ``[first, stop)`` cut into runs as the reader cuts a gap (``Loader.run_stop``)."""
+    pieces = []
+    while first < stop:
+        end = loader.run_stop(layout, first, stop)
+        pieces.append((first, end))
+        first = end
+    return pieces
+
+
+def test_where_each_read_is_a_request_a_run_takes_in_a_small_remainder() -> None:
+    """A prefetch window's last chunks join the run before them rather than be a request of their own, when
+    they decode to less than an eighth of a run and the store read stays within ``MAX_RUN_BYTES``; a local
+    store, whose reads cost the same in any size, keeps runs of a slot at most."""
+    store = cast(Store, SimpleNamespace(local=False))
+    runs = cast(RunStore, SimpleNamespace())
+    remote = Loader(store, runs, shared=lambda _: False, run_bytes=1000, fetch_width=8)
+    local = Loader(store, runs, shared=lambda _: False, run_bytes=1000)
+    small_tail, large_tail = layout_of([100] * 21), layout_of([100] * 22)
+    assert cuts(remote, small_tail, 0, 21) == [(0, 10), (10, 21)]
+    assert cuts(local, small_tail, 0, 21) == [(0, 10), (10, 20), (20, 21)]
+    assert cuts(remote, large_tail, 0, 22) == [(0, 10), (10, 20), (20, 22)]  # 200 bytes: an eighth or more
+    widest = Loader(store, runs, shared=lambda _: False, run_bytes=MAX_RUN_BYTES, fetch_width=8)
+    at_the_bound = layout_of([MAX_RUN_BYTES // 4] * 4 + [1000])
+    assert cuts(widest, at_the_bound, 0, 5) == [(0, 4), (4, 5)]  # one read would pass MAX_RUN_BYTES
