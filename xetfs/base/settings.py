@@ -52,6 +52,7 @@ SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones q
 # the pages of the rest are returned.
 KEEP_FREE_SLOTS = 4
 MIN_JOB_BYTES = 256 * KiB  # smaller runs are decoded in the daemon
+EXIT_GRACE = 0.25  # when the mount stops, a decode worker has this long to end its job before it is killed
 MAX_WORKERS = 8  # --workers by default: one per CPU, at most this many
 WORKER_FETCHES = 4  # fetches of a remote store under way at once, per worker (and remote jobs sent to it)
 STORE_READ_THREADS = 64  # threads the daemon's own store reads may hold at once (stuck ones included)

@@ -24,13 +24,14 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field, replace
 
 import trio
 
 from xetfs.base.errors import StoreTimeoutError
 from xetfs.base.hashes import to_hex
-from xetfs.base.settings import KEEP_FREE_SLOTS, MAX_WORKERS, MIN_JOB_BYTES, SLOT_SIZE, SLOTS_PER_WORKER
+from xetfs.base.settings import EXIT_GRACE, KEEP_FREE_SLOTS, MAX_WORKERS, MIN_JOB_BYTES, SLOT_SIZE, SLOTS_PER_WORKER
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.xorb import ChunkRun, XorbLayout
 from xetfs.read.decode_worker import FRAME, Job, Ready, Result, Setup, encode_frame
@@ -394,8 +395,7 @@ class DecodePool:
             for fd in (worker.jobs_fd, worker.results_fd):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        for worker in workers:
-            _wait_for_exit(worker, timeout)
+        _wait_for_exits(workers, timeout)
         self.slots.close()
 
 
@@ -431,18 +431,26 @@ def _take_frames(buffer: bytearray) -> list[Result | Ready]:
     return messages
 
 
-def _wait_for_exit(worker: _Worker, timeout: float) -> None:
-    """Wait up to ``timeout`` seconds for ``worker``'s process to exit, then kill it and wait as long again;
-    a process that still has not exited is left (with a warning)."""
-    try:
-        worker.process.wait(timeout)
-    except subprocess.TimeoutExpired:
+def _wait_for_exits(workers: list[_Worker], timeout: float) -> None:
+    """Wait for the processes of ``workers``, whose input is closed, to exit: a moment (``EXIT_GRACE``) for
+    all of them together (an idle worker exits at once, a busy one ends its job), then kill the rest (stuck
+    in a read of a frozen store, say) and wait up to ``timeout`` for them; one that still has not exited is
+    left, with a warning.  Stopping takes as long with several stuck workers as with one."""
+    _wait_all(workers, min(EXIT_GRACE, timeout))
+    left = [worker for worker in workers if worker.process.poll() is None]
+    for worker in left:
         worker.process.kill()
-        try:
-            worker.process.wait(timeout)
-        except subprocess.TimeoutExpired:  # stuck in a read the kernel cannot interrupt
-            log.warning("decode worker %d (pid %d) does not exit; leaving it", worker.number,
-                        worker.process.pid)  # fmt: skip
+    _wait_all(left, timeout)
+    for worker in left:
+        if worker.process.poll() is None:  # stuck in a read the kernel cannot interrupt
+            log.warning("decode worker %d (pid %d) does not exit; leaving it", worker.number, worker.process.pid)
+
+
+def _wait_all(workers: list[_Worker], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for worker in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.process.wait(max(0.0, deadline - time.monotonic()))
 
 
 def _describe(job: Job) -> str:
