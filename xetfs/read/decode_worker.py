@@ -13,10 +13,10 @@ length-prefixed pickles (both ends are this package):
   ``source`` (a local file, or one fetch from the store's source), decode
   and verify each chunk, and write each part's chunks one after another
   into its slot.  ``Result.sizes`` holds, per part and chunk, its decoded
-  length or the ``WorkerError`` that stopped it.  Chunks stored raw in a
-  local file are read straight into the slot and checked there.  Fetched
-  bytes whose chunks all verified are kept in the disk cache when the job
-  says where (``source.cache_to``).  A job without parts reads and checks
+  length or the ``WorkerError`` that stopped it.  Chunks stored raw, read
+  from a local file or fetched, go straight into the slot (their headers
+  aside) and are checked there.  Fetched bytes whose chunks all verified
+  are kept in the disk cache when the job says where (``source.cache_to``).  A job without parts reads and checks
   the layout of the local xorb ``source.path`` instead
   (``store.read_layout``: footer, Merkle root against the name), given as
   ``Result.layout``.
