@@ -13,7 +13,7 @@ from typing import cast
 
 import pytest
 
-from xetfs.base.settings import PREFETCH_MAXIMUM, SLOW_REQUEST
+from xetfs.base.settings import PREFETCH_MAXIMUM, SLOW_REQUEST, SLOW_SAMPLE
 from xetfs.base.stats import RemoteCounters
 from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
@@ -488,17 +488,18 @@ def test_how_a_file_was_first_read_outlives_its_handles() -> None:
 
 
 def test_a_store_slow_to_answer_gets_the_deep_window_and_a_near_one_the_local_window() -> None:
-    """A remote store whose requests wait ``SLOW_REQUEST`` or more for their answers, on average, is read
-    with windows up to ``prefetch_max``; a near one (loopback, a LAN) with a local store's, which holds
-    less memory; the choice follows the store as its requests are counted, read after read."""
+    """A remote store whose range requests wait ``SLOW_REQUEST`` or more for their answers, on average over
+    the last ``SLOW_SAMPLE`` or more, is read with windows up to ``prefetch_max``; a near one (loopback, a
+    LAN) with a local store's, which holds less memory.  The choice follows the server, read after read."""
     remote = RemoteCounters()
-    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), _remote=remote, read_now=lambda *a: b"")
+    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), _remote=remote, _waits=(0, 0.0), _slow=False,
+                           read_now=lambda *a: b"")  # fmt: skip
     fake.slow_store = lambda: Reader.slow_store(cast(Reader, fake))
     sessions = Sessions(cast(Reader, fake), prefetch=True, prefetch_max=64 * MiB, keep_cache=True)
-    assert sessions.maximum() == PREFETCH_MAXIMUM  # nothing asked yet
-    remote.requests, remote.wait_s = 100, 100 * SLOW_REQUEST * 0.5
-    assert sessions.maximum() == PREFETCH_MAXIMUM
-    remote.wait_s = 100 * SLOW_REQUEST * 2
+
+    def answered(count: int, wait: float) -> None:
+        remote.ranges += count
+        remote.wait_s += count * wait
 
     def widest(session: Session, start: int) -> int:
         widest = 0
@@ -507,10 +508,18 @@ def test_a_store_slow_to_answer_gets_the_deep_window_and_a_near_one_the_local_wi
             widest = max(widest, session.streams[0].window if session.streams else 0)
         return widest
 
+    assert sessions.maximum() == PREFETCH_MAXIMUM  # nothing answered yet
+    answered(SLOW_SAMPLE - 1, 1.0)
+    assert sessions.maximum() == PREFETCH_MAXIMUM  # too few to say
+    answered(1, 1.0)
+    assert sessions.maximum() == 64 * MiB
+    answered(100, SLOW_REQUEST / 2)  # the same server, now answering at once: only these count
+    assert sessions.maximum() == PREFETCH_MAXIMUM
+    answered(SLOW_SAMPLE, SLOW_REQUEST * 2)
     session = sessions.open(1, file())
     assert widest(session, 0) == 64 * MiB
-    remote.requests *= 10  # as many again, answered at once: on average no longer slow
+    answered(SLOW_SAMPLE, SLOW_REQUEST / 10)
     assert widest(session, 200 * MiB) == PREFETCH_MAXIMUM
     local = Sessions(cast(Reader, fake), prefetch=True, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
-    remote.requests = 100
+    answered(SLOW_SAMPLE, 1.0)
     assert local.maximum() == PREFETCH_MAXIMUM  # a local store's bound is never passed

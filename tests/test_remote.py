@@ -499,9 +499,8 @@ def _raw(xet_hex: str) -> str:
 def test_the_wait_of_every_request_for_its_answer_is_counted(
     packed: Packed, web: servers.Server, tmp_path: Path
 ) -> None:
-    """Each request's wait for its answer is counted, by the daemon and by the decode workers
-    (``remote.wait_s``): on average, it tells a server far away, read with a deeper prefetch window
-    (``Reader.slow_store``), from a near one."""
+    """Each range request's wait for its answer is counted, by the daemon and by the decode workers
+    (``remote.wait_s`` over ``remote.ranges``): what ``Reader.slow_store`` tells a far server by."""
     with servers.fault_proxy(web) as (proxy, faults):
         faults.delay = 0.02
         with mounted(proxy.url, "--cache-dir", str(tmp_path / "cache"), "--disk-cache-size", "0") as m:
@@ -510,8 +509,31 @@ def test_the_wait_of_every_request_for_its_answer_is_counted(
             stats = m.stats()
     remote = stats["remote"]
     assert stats["decode"]["in_workers"] > 0, stats["decode"]  # (so some waits were counted by workers)
-    assert remote["requests"] > 0 and remote["retries"] == 0, remote
-    assert remote["wait_s"] >= faults.delay * remote["requests"], remote
+    assert 0 < remote["ranges"] <= remote["requests"] and remote["retries"] == 0, remote
+    assert remote["wait_s"] >= faults.delay * remote["ranges"], remote
+
+
+def test_a_range_read_into_many_parts_is_whole_through_faults(packed: Packed, web: servers.Server) -> None:
+    """A range read into many parts (headers and payloads, as a decode worker reads raw chunks in place) gives
+    each part its bytes through truncated, slow, reset and refused answers: each try fills the parts anew."""
+    xorb = max((packed.top / "xet/xorbs/xorbs").iterdir(), key=lambda p: p.stat().st_size)
+    data = xorb.read_bytes()
+    name = xorb.relative_to(packed.top).as_posix()
+    start, end = 100, min(len(data), 1_000_100)
+    rng = random.Random(5)
+    buffer = bytearray(end - start)
+    view, parts, at = memoryview(buffer), [], 0
+    while at < len(buffer):
+        size = min(len(buffer) - at, rng.choice([8, 8, 1, 65528, rng.randint(1, 200_000)]))
+        parts.append(view[at : at + size])
+        at += size
+    with servers.fault_proxy(web) as (proxy, faults):
+        faults.queue.extend(["truncate", "reset", "503", "truncate", "slow"])
+        source = ObstoreSource(proxy.url, RemoteOptions(deadline=30, request_timeout=10, connect_timeout=2))
+        source.read_range_into(name, start, end, parts)
+        assert faults.seen == ["truncate", "reset", "503", "truncate", "slow"] and not faults.queue
+    assert bytes(buffer) == data[start:end]
+    assert source.counters.retries == 4 and source.counters.ranges == 1, source.counters  # (a slow answer is whole)
 
 
 def test_retries_give_correct_bytes(packed: Packed, web: servers.Server) -> None:

@@ -196,25 +196,10 @@ def test_a_chunk_run_gives_each_chunk_spec(verify: bool, footer: bool) -> None:
             xorb.chunk_specs(layout, start, stop, verify=verify)
 
 
-def _lz4_as_long_as_its_data(size: int) -> bytes:
-    """Data of ``size`` bytes whose LZ4 frame is exactly ``size`` bytes too (zeros, then enough random bytes)."""
-    rng = random.Random(size)
-    noise = rng.randbytes(size)
-    lo, hi = 0, size
-    while lo < hi:  # the fewest random bytes that make the frame at least as long as the data
-        mid = (lo + hi) // 2
-        lo, hi = (mid + 1, hi) if len(writer.encode_payload(noise[:mid] + bytes(size - mid), 1)) < size else (lo, mid)
-    for k in range(max(0, lo - 64), min(size, lo + 64)):
-        data = noise[:k] + bytes(size - k)
-        if len(writer.encode_payload(data, 1)) == size:
-            return data
-    raise AssertionError("no such data near the boundary")
-
-
 def test_check_in_place_decodes_a_compressed_payload_as_long_as_its_data() -> None:
     """Chunks read straight to their places (as decode workers read raw-sized runs): a payload whose header
     says LZ4 is decoded where it lies; a wrong hash, or a header that disagrees with the footer, fails."""
-    tricky = _lz4_as_long_as_its_data(1000)
+    tricky = writer.lz4_as_long_as_its_data(1000)
     chunks = [b"r" * 1000, tricky, bytes(range(256)) * 4]
     built = writer.pack_xorb(chunks, [0, 1, 0])
     layout = _parse(built.data)

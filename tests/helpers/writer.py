@@ -25,6 +25,7 @@ import functools
 import hashlib
 import itertools
 import os
+import random
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -581,3 +582,18 @@ class StoreBuilder:
     def _xorb_spec(self, xorb_hash: bytes) -> XorbSpec:
         built = self.xorbs[xorb_hash]
         return XorbSpec(xorb_hash, built.chunk_hashes, built.sizes, chunk_flags=self._chunk_flags[xorb_hash])
+
+
+def lz4_as_long_as_its_data(size: int) -> bytes:
+    """Data of ``size`` bytes whose LZ4 frame is exactly ``size`` bytes too (zeros, then enough random bytes)."""
+    rng = random.Random(size)
+    noise = rng.randbytes(size)
+    lo, hi = 0, size
+    while lo < hi:  # the fewest random bytes that make the frame at least as long as the data
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if len(encode_payload(noise[:mid] + bytes(size - mid), 1)) < size else (lo, mid)
+    for k in range(max(0, lo - 64), min(size, lo + 64)):
+        data = noise[:k] + bytes(size - k)
+        if len(encode_payload(data, 1)) == size:
+            return data
+    raise AssertionError("no such data near the boundary")

@@ -33,6 +33,9 @@ REPEATS_QUIET = 10.0  # the same failed read is not logged again for this long
 # -- runs and store reads ----------------------------------------------------------------------
 RUN_BYTES = 1 * MiB  # decoded bytes per run at most (without workers; with them, a slot)
 MAX_RUN_BYTES = 8 * MiB  # one store read covers at most this much of a xorb
+# Where each store read is a request, a run takes in the chunks left in its gap when they decode to less than
+# 1/RUN_TAIL_SHARE of a run, rather than make a request of their own.
+RUN_TAIL_SHARE = 8
 REMOTE_RUN_BYTES = 4 * MiB  # decoded bytes (about 64 chunks) per request to a remote store
 REMOTE_FETCH_WIDTH = 8  # requests in flight to a remote store
 TAIL_BYTES = 128 * KiB  # a remote xorb's footer is read with one request for this much of its end
@@ -52,6 +55,7 @@ SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones q
 # the pages of the rest are returned.
 KEEP_FREE_SLOTS = 4
 MIN_JOB_BYTES = 256 * KiB  # smaller runs are decoded in the daemon
+IOV_MAX = 1024  # buffers one preadv or writev may take (Linux)
 EXIT_GRACE = 0.25  # when the mount stops, a decode worker has this long to end its job before it is killed
 MAX_WORKERS = 8  # --workers by default: one per CPU, at most this many
 WORKER_FETCHES = 4  # fetches of a remote store under way at once, per worker (and remote jobs sent to it)
@@ -60,12 +64,13 @@ STORE_READ_THREADS = 64  # threads the daemon's own store reads may hold at once
 # -- prefetch ----------------------------------------------------------------------------------
 PREFETCH_INITIAL = 2 * MiB  # a sequential stream's first prefetch window
 PREFETCH_MAXIMUM = 16 * MiB  # its largest (32 MiB: the same 1 GiB model load time, 3 % more worker CPU)
-# How far prefetch may run ahead of a reader of a remote store whose requests wait SLOW_REQUEST or more for their
-# answers, on average (an object store, a server far away): enough to keep REMOTE_FETCH_WIDTH requests in flight.
+# How far prefetch may run ahead of a reader of a remote store whose range requests wait SLOW_REQUEST or more for
+# their answers, on average (an object store, a server far away): enough to keep REMOTE_FETCH_WIDTH requests in flight.
 # A nearer one gets PREFETCH_MAXIMUM, as a local store: a deeper window only holds more memory, and touching fresh
 # pages of shared memory costs about 0.75 CPU s/GiB.
 REMOTE_PREFETCH = 64 * MiB
 SLOW_REQUEST = 0.005
+SLOW_SAMPLE = 8  # range requests the choice is made from, and made again after
 PREFETCH_SLACK = 4 * MiB
 PREFETCH_MIN_STREAM = 256 * KiB
 PREFETCH_STREAMS = 8

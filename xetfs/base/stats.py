@@ -119,7 +119,8 @@ class RemoteCounters:
     retries: int = 0  # requests sent again after a failure
     errors: int = 0  # failed requests (some were retried)
     in_flight: int = 0  # calls waiting for the server now
-    wait_s: float = 0.0  # seconds requests waited for their answers to start, summed (object stores: to end)
+    ranges: int = 0  # range requests answered
+    wait_s: float = 0.0  # seconds those waited for their answers to start, summed (through obstore: to their end)
     disk_hits: int = 0  # entries found in the disk cache
     disk_misses: int = 0  # entries the disk cache did not have (fetched from the server)
     disk_bytes: int = 0  # held in the disk cache, as this mount last counted it

@@ -48,7 +48,7 @@ from xetfs.base import errors
 from xetfs.base.errors import XetfsError
 from xetfs.base.hashes import to_hex
 from xetfs.base.malloc import keep_freed_memory
-from xetfs.base.settings import WORKER_FETCHES
+from xetfs.base.settings import IOV_MAX, WORKER_FETCHES
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.chunk import HEADER_SIZE, Buffer
 from xetfs.format.xorb import (
@@ -66,7 +66,7 @@ FRAME = struct.Struct("<I")
 # What a fetch thread brings: the headers of each part, read in place (``Worker.fetch``), the stored bytes, or
 # the error that stopped it.
 Fetched = list[memoryview] | Buffer | XetfsError
-MAX_IN_PLACE_CHUNKS = 256  # two buffers a chunk in one preadv: within IOV_MAX (1024)
+MAX_IN_PLACE_CHUNKS = IOV_MAX // 4  # two buffers a chunk in one preadv
 
 # What a worker may name in an error, mapped back to the class the daemon raises.
 _ERROR_CLASSES: dict[str, type[XetfsError]] = {
@@ -186,7 +186,7 @@ class Worker:
         """
         if all(run.stored_raw_sized() for _, run in job.parts):
             headers = [memoryview(bytearray(HEADER_SIZE * (len(run.phys) - 1))) for _, run in job.parts]
-            error = self._fetch_into(job, self._places(job, headers))
+            error = self._fetch_into(job, self._job_places(job, headers))
             return headers if error is None else error
         return self._fetch_stored(job)
 
@@ -233,11 +233,11 @@ class Worker:
         size = job.parts[-1][1].phys[-1] - job.parts[0][1].phys[0]
         cached: int | tuple[int, str] = 0
         if all(all_raw(h, run) for h, (_, run) in pairs):  # (else a chunk was decoded in place: not stored bytes)
-            cached = self._keep(job.source, self._places(job, headers))
+            cached = self._keep(job.source, self._job_places(job, headers))
         sizes = [list[int | WorkerError](run.sizes()) for _, run in job.parts]
         return Result(job.job_id, sizes, size, self._fetched(), cached)
 
-    def _places(self, job: Job, headers: list[memoryview]) -> list[memoryview]:
+    def _job_places(self, job: Job, headers: list[memoryview]) -> list[memoryview]:
         """``_places`` of every part of ``job``, one after the other."""
         return [p for (slot, run), h in zip(job.parts, headers, strict=True) for p in _places(run, h, self._slot(slot))]
 
@@ -295,7 +295,7 @@ class Worker:
         self._reported = now
         return RemoteCounters(requests=now.requests - before.requests, bytes=now.bytes - before.bytes,
                               retries=now.retries - before.retries, errors=now.errors - before.errors,
-                              wait_s=now.wait_s - before.wait_s)  # fmt: skip
+                              ranges=now.ranges - before.ranges, wait_s=now.wait_s - before.wait_s)  # fmt: skip
 
 
 def _places(run: ChunkRun, headers: memoryview, out: memoryview) -> list[memoryview]:

@@ -30,7 +30,7 @@ import trio
 
 from xetfs.base import hashes
 from xetfs.base.errors import StoreTimeoutError, XetfsError
-from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES, STORE_READ_THREADS, WORKER_FETCHES
+from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES, RUN_TAIL_SHARE, STORE_READ_THREADS, WORKER_FETCHES
 from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, chunk_specs, decode_chunks, decode_runs_into
@@ -144,8 +144,8 @@ class Loader:
         one store read of at most ``MAX_RUN_BYTES``, decoding to at most a run's bytes (at least one chunk).
 
         Where every store read is a request (``fetch_width``), a run also takes in the chunks left before
-        ``limit`` when they decode to less than an eighth of a run: the last chunks of a prefetch window,
-        which would otherwise be a request of their own, a fifth more requests per GiB.
+        ``limit`` when they decode to less than ``1 / RUN_TAIL_SHARE`` of a run: the last chunks of a prefetch
+        window, which would otherwise be a request of their own (a fifth more requests per GiB).
         """
         if layout.xorb_hash is not None:
             limit = self.store.chunk_limit(layout.xorb_hash, start, limit)
@@ -159,7 +159,7 @@ class Loader:
         if (
             self._fetches is not None
             and stop < limit
-            and layout.range_size(stop, limit) < self._run_bytes // 8
+            and layout.range_size(stop, limit) < self._run_bytes // RUN_TAIL_SHARE
             and layout.phys_ends[limit - 1] - layout.phys_start(start) <= MAX_RUN_BYTES
         ):
             stop = limit
@@ -316,6 +316,7 @@ class Loader:
         r.bytes += fetched.bytes
         r.retries += fetched.retries
         r.errors += fetched.errors
+        r.ranges += fetched.ranges
         r.wait_s += fetched.wait_s
 
     async def _read(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:

@@ -433,9 +433,9 @@ def _take_frames(buffer: bytearray) -> list[Result | Ready]:
 
 def _wait_for_exits(workers: list[_Worker], timeout: float) -> None:
     """Wait for the processes of ``workers``, whose input is closed, to exit: a moment (``EXIT_GRACE``) for
-    all of them together (an idle worker exits at once, a busy one ends its job), then kill the rest (stuck
-    in a read of a frozen store, say) and wait up to ``timeout`` for them; one that still has not exited is
-    left, with a warning.  Stopping takes as long with several stuck workers as with one."""
+    all of them together (an idle worker exits at once), then kill the rest (still busy with jobs nobody
+    needs now, or stuck in a read of a frozen store) and wait up to ``timeout`` for them; one that still
+    has not exited is left, with a warning.  Stopping takes as long with several such workers as with one."""
     _wait_all(workers, min(EXIT_GRACE, timeout))
     left = [worker for worker in workers if worker.process.poll() is None]
     for worker in left:
@@ -447,6 +447,7 @@ def _wait_for_exits(workers: list[_Worker], timeout: float) -> None:
 
 
 def _wait_all(workers: list[_Worker], seconds: float) -> None:
+    """Wait up to ``seconds`` in all for the processes of ``workers`` to exit."""
     deadline = time.monotonic() + seconds
     for worker in workers:
         with contextlib.suppress(subprocess.TimeoutExpired):

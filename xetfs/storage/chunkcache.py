@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -33,11 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xetfs.base import hashes
+from xetfs.base.settings import IOV_MAX
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.storage.diskcache import DiskCache
-
-IOV_MAX = 1024  # buffers one writev may take (Linux)
 
 log = logging.getLogger(__name__)
 
@@ -178,18 +178,9 @@ def write_entry(path: str, parts: Sequence[Buffer], tmp_dir: Path) -> int | OSEr
     views = [memoryview(part).cast("B") for part in parts]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         try:
-            for at in range(0, len(views), IOV_MAX):
-                batch = views[at : at + IOV_MAX]
-                written = os.writev(fd, batch)
-                for view in batch:  # (after a short write, should a file system make one: the rest, one by one)
-                    if written >= len(view):
-                        written -= len(view)
-                        continue
-                    rest, written = view[written:], 0
-                    while rest:
-                        rest = rest[os.write(fd, rest) :]
+            _write_all(fd, views)
         finally:
             os.close(fd)
         os.replace(tmp, target)
@@ -198,3 +189,21 @@ def write_entry(path: str, parts: Sequence[Buffer], tmp_dir: Path) -> int | OSEr
             tmp.unlink()
         return exc
     return sum(len(view) for view in views)
+
+
+def _write_all(fd: int, views: list[memoryview]) -> None:
+    """Write ``views`` to ``fd``, one after the other: ``writev`` a batch at a time, and after a short
+    write (should a file system make one) the rest one by one."""
+    for at in range(0, len(views), IOV_MAX):
+        batch = views[at : at + IOV_MAX]
+        written = os.writev(fd, batch)
+        for view in batch:
+            if written >= len(view):
+                written -= len(view)
+                continue
+            rest, written = view[written:], 0
+            while rest:
+                n = os.write(fd, rest)
+                if n <= 0:
+                    raise OSError(errno.EIO, "the file system took no bytes")
+                rest = rest[n:]

@@ -216,23 +216,22 @@ class ObstoreSource:
                 raise StoreError(f"{self._where(name)}: {result.meta['size']} bytes, more than the {limit} allowed")
             return bytes(result.bytes())
 
-        began = time.monotonic()
         data = self._call(name, get)
-        self._count(len(data), time.monotonic() - began)
+        self._count(len(data))
         return data
 
     def read_range(self, name: str, start: int, end: int) -> memoryview:
         import obstore
 
-        def get() -> memoryview:
+        def get() -> tuple[memoryview, float]:
+            began = time.monotonic()
             data = memoryview(obstore.get_range(self._store, name, start=start, end=end))  # (no copy)
             if len(data) != end - start:
                 raise _Transient(f"short body: {len(data)} of {end - start} bytes")
-            return data
+            return data, time.monotonic() - began
 
-        began = time.monotonic()
-        data = self._call(f"{name} bytes [{start}, {end})", get, name=name)
-        self._count(len(data), time.monotonic() - began)
+        data, waited = self._call(f"{name} bytes [{start}, {end})", get, name=name)
+        self._answered(len(data), waited)
         return data
 
     def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
@@ -253,7 +252,7 @@ class ObstoreSource:
             self._http = None  # (a redirect, or a server that ignores Range: the general client handles both)
             scatter(self.read_range(name, start, end), parts)
             return
-        self._count(end - start, waited)
+        self._answered(end - start, waited)
 
     def local_path(self, name: str) -> str | None:
         return None
@@ -338,10 +337,16 @@ class ObstoreSource:
             self._down_until = self._down_since + DOWN_SECONDS
             self._down_reason = reason
 
-    def _count(self, size: int, waited: float) -> None:
-        """Count ``size`` bytes received by a request that waited ``waited`` seconds for its answer."""
+    def _count(self, size: int) -> None:
         with self._lock:
             self.counters.bytes += size
+
+    def _answered(self, size: int, waited: float) -> None:
+        """Count a range request answered with ``size`` bytes, whose answer started ``waited`` seconds after it
+        was sent (through obstore: ended)."""
+        with self._lock:
+            self.counters.bytes += size
+            self.counters.ranges += 1
             self.counters.wait_s += waited
 
     def _error(self) -> None:
@@ -396,7 +401,7 @@ class _HttpRanges:
         return cls(scheme, parts.hostname, port, parts.path.rstrip("/"), options)
 
     def get_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> float:
-        """Bytes ``[start, end)`` of ``name`` into ``parts``; how long the answer took to start."""
+        """Bytes ``[start, end)`` of ``name`` into ``parts``; how long the answer took to start (its headers)."""
         import http.client  # (here, not with the module: it imports ssl, a few MiB in every decode worker)
 
         conn = self._take()
@@ -431,7 +436,7 @@ class _HttpRanges:
                     break
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
-            raise _Transient(f"body failed after {got} bytes: {exc}") from None
+            raise _Transient(f"body failed after about {got} bytes: {exc}") from None
         if got != end - start or (not response.isclosed() and response.read(1)):
             conn.close()
             raise _Transient(f"short body: {got} of {end - start} bytes")
