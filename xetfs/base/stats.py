@@ -9,10 +9,11 @@ puts the copies together as the JSON of ``.xetfs/stats``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 
 @dataclass
@@ -113,6 +114,9 @@ class ErrorCounters:
 @dataclass
 class RemoteCounters:
     """Requests to a remote store, and its on-disk cache (zero for a local store)."""
+
+    # The request counters (``requests`` to ``wait_s``) are added to from several threads: under this lock.
+    lock: ClassVar[threading.Lock] = threading.Lock()
 
     requests: int = 0  # sent, retries included
     bytes: int = 0  # received

@@ -291,8 +291,9 @@ class Worker:
     def _fetched(self) -> RemoteCounters:
         """What the fetches cost since the last report: requests, bytes, retries, errors and waits (the counters
         are the source's, shared by its threads)."""
-        now, before = replace(self.counters), self._reported
-        self._reported = now
+        with self.counters.lock:
+            now = replace(self.counters)
+        before, self._reported = self._reported, now
         return RemoteCounters(requests=now.requests - before.requests, bytes=now.bytes - before.bytes,
                               retries=now.retries - before.retries, errors=now.errors - before.errors,
                               ranges=now.ranges - before.ranges, wait_s=now.wait_s - before.wait_s)  # fmt: skip

@@ -312,12 +312,13 @@ class Loader:
         if fetched is None:
             return
         r = self._remote
-        r.requests += fetched.requests
-        r.bytes += fetched.bytes
-        r.retries += fetched.retries
-        r.errors += fetched.errors
-        r.ranges += fetched.ranges
-        r.wait_s += fetched.wait_s
+        with r.lock:  # (the daemon's own fetches add to the same counters in threads)
+            r.requests += fetched.requests
+            r.bytes += fetched.bytes
+            r.retries += fetched.retries
+            r.errors += fetched.errors
+            r.ranges += fetched.ranges
+            r.wait_s += fetched.wait_s
 
     async def _read(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:
         """The serialized chunks ``[first, stop)`` of a xorb, from ``src`` (``io``, within ``fetch_width``)."""

@@ -193,7 +193,7 @@ class ObstoreSource:
         self.options = options
         self.counters = counters or RemoteCounters()
         self._secrets = options.secrets()
-        self._lock = threading.Lock()  # guards the counters and whether the server is down
+        self._lock = threading.Lock()  # guards whether the server is down (the counters have a lock of their own)
         # Whether the server answered lately, for every call of this source: calls fail at once until
         # ``_down_until``; ``_down_reason`` ("after <request> failed (<why>)") says which request found it down.
         self._down_until = self._down_since = 0.0
@@ -281,12 +281,12 @@ class ObstoreSource:
 
         deadline = time.monotonic() + self.options.deadline
         backoff = FIRST_BACKOFF
-        with self._lock:
+        with self.counters.lock:
             self.counters.in_flight += 1
         try:
             while True:
                 self._check_up(what)
-                with self._lock:
+                with self.counters.lock:
                     self.counters.requests += 1
                 try:
                     return fn()
@@ -316,12 +316,12 @@ class ObstoreSource:
                         raise StoreTimeoutError(
                             f"{self._where(what)}: gave up after {self.options.deadline:g} s: {message}"
                         ) from None
-                    with self._lock:
+                    with self.counters.lock:
                         self.counters.retries += 1
                     time.sleep(backoff * random.uniform(0.5, 1.0))
                     backoff = min(MAX_BACKOFF, backoff * 2)
         finally:
-            with self._lock:
+            with self.counters.lock:
                 self.counters.in_flight -= 1
 
     def _check_up(self, what: str) -> None:
@@ -338,19 +338,19 @@ class ObstoreSource:
             self._down_reason = reason
 
     def _count(self, size: int) -> None:
-        with self._lock:
+        with self.counters.lock:
             self.counters.bytes += size
 
     def _answered(self, size: int, waited: float) -> None:
         """Count a range request answered with ``size`` bytes, whose answer started ``waited`` seconds after it
         was sent (through obstore: ended)."""
-        with self._lock:
+        with self.counters.lock:
             self.counters.bytes += size
             self.counters.ranges += 1
             self.counters.wait_s += waited
 
     def _error(self) -> None:
-        with self._lock:
+        with self.counters.lock:
             self.counters.errors += 1
 
     def _where(self, what: str) -> str:
