@@ -27,7 +27,14 @@ from helpers import writer
 from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
-from xetfs.base.errors import IntegrityError, MissingObjectError, StoreTimeoutError, XetfsError, XorbFormatError
+from xetfs.base.errors import (
+    IntegrityError,
+    MissingObjectError,
+    StoreError,
+    StoreTimeoutError,
+    XetfsError,
+    XorbFormatError,
+)
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
@@ -196,12 +203,15 @@ class _Fetches:
 
     location = "fake://store"
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, answers: int = 1 << 30) -> None:
         self.data = data
+        self.answers = answers  # range reads answered; those after fail
         self.ranges: list[tuple[int, int, int]] = []  # (start, end, parts)
 
     def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
         self.ranges.append((start, end, len(parts)))
+        if len(self.ranges) > self.answers:
+            raise StoreError("fake://store: server unreachable")
         scatter(self.data[start:end], parts)
 
 
@@ -253,6 +263,25 @@ def test_fetched_chunks_land_in_their_slots_and_fail_as_in_the_daemon(
         assert result.cached == 0 and not entry.exists()
     else:
         assert result.cached == len(stored) and entry.read_bytes() == stored
+
+
+def test_a_chunk_that_fails_in_place_is_an_integrity_error_even_if_it_cannot_be_fetched_again(
+    tmp_path: Path,
+) -> None:
+    """When the fetch that would say which chunk failed fails itself, the reads get an integrity error that
+    says so, not the network's error."""
+    store, _, xorb_hash = _store(tmp_path, schemes=(0,))
+    layout = store.load_layout(xorb_hash)
+    raw = bytearray(store.xorb_path(xorb_hash).read_bytes())
+    raw[layout.phys_start(3) + 8 + 20] ^= 0xFF
+    worker = Worker(memoryview(bytearray(8000)), 8000, Setup(None, None))
+    worker.source = _Fetches(bytes(raw), answers=1)  # type: ignore[assignment]
+    job = Job(1, ChunkSource("xorb"), xorb_hash, ((0, chunk_run(layout, 0, 6, verify=True)),))
+    (sizes,) = worker.decode(job, worker.fetch(job)).sizes
+    errors = [s.error() for s in sizes if isinstance(s, WorkerError)]
+    assert len(errors) == 6 and all(isinstance(e, IntegrityError) for e in errors)
+    assert "a chunk failed its check, and fetching them again to say which failed too" in str(errors[0])
+    assert "server unreachable" in str(errors[0]) and "chunks [0, 6)" in str(errors[0])
 
 
 def test_a_fetched_run_with_a_compressed_chunk_as_long_as_its_data_is_served_but_not_kept(tmp_path: Path) -> None:

@@ -216,6 +216,12 @@ class Worker:
             if done is not None:
                 return done
             fetched = self._fetch_stored(job)  # (a chunk failed: its stored bytes say which, and why)
+            if isinstance(fetched, XetfsError):  # (then that is what the reads get, not the network's error)
+                first, last = job.parts[0][1], job.parts[-1][1]
+                fetched = errors.IntegrityError(
+                    f"xorb {to_hex(job.xorb_hash)} chunks [{first.first}, {last.first + len(last.phys) - 1}): "
+                    f"a chunk failed its check, and fetching them again to say which failed too: {fetched}"
+                )
         if isinstance(fetched, XetfsError):
             failed = [list[int | WorkerError]([WorkerError.of(fetched)] * (len(run.phys) - 1)) for _, run in job.parts]
             return Result(job.job_id, failed, 0, self._fetched())
