@@ -16,10 +16,10 @@ length-prefixed pickles (both ends are this package):
   length or the ``WorkerError`` that stopped it.  Chunks stored raw, read
   from a local file or fetched, go straight into the slot (their headers
   aside) and are checked there.  Fetched bytes whose chunks all verified
-  are kept in the disk cache when the job says where (``source.cache_to``).  A job without parts reads and checks
-  the layout of the local xorb ``source.path`` instead
-  (``store.read_layout``: footer, Merkle root against the name), given as
-  ``Result.layout``.
+  are kept in the disk cache when the job says where (``source.cache_to``).
+  A job without parts reads and checks the layout of the local xorb
+  ``source.path`` instead (``store.read_layout``: footer, Merkle root
+  against the name), given as ``Result.layout``.
 
 Before the first job the worker sends ``Ready``.  Fetches of a remote
 store start as soon as their jobs arrive, a few at a time in threads
@@ -116,6 +116,18 @@ class Job(NamedTuple):  # (tuples: one of each crosses a pipe for every job, pic
     xorb_hash: bytes
     parts: tuple[tuple[int, ChunkRun], ...] = ()  # (slot, chunks), adjacent, in order
 
+    def stored_range(self) -> tuple[int, int]:
+        """Where its parts' serialized chunks start and end in the xorb."""
+        return self.parts[0][1].phys[0], self.parts[-1][1].phys[-1]
+
+    def describe(self) -> str:
+        """``xorb <hex> chunks [a, b)`` (or the xorb alone, for a layout), for messages."""
+        where = f"xorb {to_hex(self.xorb_hash)}"
+        if not self.parts:
+            return where
+        first, last = self.parts[0][1], self.parts[-1][1]
+        return f"{where} chunks [{first.first}, {last.first + len(last.phys) - 1})"
+
 
 class Result(NamedTuple):
     """A worker's answer to the job ``job_id``."""
@@ -191,14 +203,15 @@ class Worker:
         return self._fetch_stored(job)
 
     def _fetch_stored(self, job: Job) -> Buffer | XetfsError:
-        buffer = bytearray(job.parts[-1][1].phys[-1] - job.parts[0][1].phys[0])
+        start, end = job.stored_range()
+        buffer = bytearray(end - start)
         error = self._fetch_into(job, [memoryview(buffer)])
         return buffer if error is None else error
 
     def _fetch_into(self, job: Job, parts: list[memoryview]) -> XetfsError | None:
         if self.source is None:
             return errors.StoreError(f"xorb {to_hex(job.xorb_hash)}: no source to fetch from")
-        start, end = job.parts[0][1].phys[0], job.parts[-1][1].phys[-1]
+        start, end = job.stored_range()
         try:
             self.source.read_range_into(job.source.name, start, end, parts)
         except XetfsError as exc:
@@ -217,11 +230,8 @@ class Worker:
                 return done
             fetched = self._fetch_stored(job)  # (a chunk failed: its stored bytes say which, and why)
             if isinstance(fetched, XetfsError):  # (then that is what the reads get, not the network's error)
-                first, last = job.parts[0][1], job.parts[-1][1]
-                fetched = errors.IntegrityError(
-                    f"xorb {to_hex(job.xorb_hash)} chunks [{first.first}, {last.first + len(last.phys) - 1}): "
-                    f"a chunk failed its check, and fetching them again to say which failed too: {fetched}"
-                )
+                fetched = errors.IntegrityError(f"{job.describe()}: a chunk failed its check, and fetching them "
+                                                f"again to say which failed too: {fetched}")  # fmt: skip
         if isinstance(fetched, XetfsError):
             failed = [list[int | WorkerError]([WorkerError.of(fetched)] * (len(run.phys) - 1)) for _, run in job.parts]
             return Result(job.job_id, failed, 0, self._fetched())
@@ -236,12 +246,12 @@ class Worker:
         pairs = list(zip(headers, job.parts, strict=True))
         if not all(check_in_place(h, run, self._slot(slot)) for h, (slot, run) in pairs):
             return None
-        size = job.parts[-1][1].phys[-1] - job.parts[0][1].phys[0]
+        start, end = job.stored_range()
         cached: int | tuple[int, str] = 0
         if all(all_raw(h, run) for h, (_, run) in pairs):  # (else a chunk was decoded in place: not stored bytes)
             cached = self._keep(job.source, self._job_places(job, headers))
         sizes = [list[int | WorkerError](run.sizes()) for _, run in job.parts]
-        return Result(job.job_id, sizes, size, self._fetched(), cached)
+        return Result(job.job_id, sizes, end - start, self._fetched(), cached)
 
     def _job_places(self, job: Job, headers: list[memoryview]) -> list[memoryview]:
         """``_places`` of every part of ``job``, one after the other."""

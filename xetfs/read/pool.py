@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from xetfs.base.errors import StoreTimeoutError
-from xetfs.base.hashes import to_hex
 from xetfs.base.settings import EXIT_GRACE, KEEP_FREE_SLOTS, MAX_WORKERS, MIN_JOB_BYTES, SLOT_SIZE, SLOTS_PER_WORKER
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.xorb import ChunkRun, XorbLayout
@@ -222,7 +221,7 @@ class DecodePool:
                 self.slots.free_all(pending.slots)  # done already: nobody else will
             raise
         if pending.timed_out:
-            raise StoreTimeoutError(f"{_describe(message)}: store read took more than {self.job_timeout:g} s "
+            raise StoreTimeoutError(f"{message.describe()}: store read took more than {self.job_timeout:g} s "
                                     f"(decode worker {worker.number} stopped and replaced)")  # fmt: skip
         if pending.result is None:
             raise WorkerLost(f"decode worker {worker.number} exited", fenced=pending.fenced)
@@ -452,12 +451,3 @@ def _wait_all(workers: list[_Worker], seconds: float) -> None:
     for worker in workers:
         with contextlib.suppress(subprocess.TimeoutExpired):
             worker.process.wait(max(0.0, deadline - time.monotonic()))
-
-
-def _describe(job: Job) -> str:
-    """``xorb <hex> chunks [a, b)`` (or the xorb alone, for a layout), for messages."""
-    where = f"xorb {to_hex(job.xorb_hash)}"
-    if not job.parts:
-        return where
-    first, last = job.parts[0][1], job.parts[-1][1]
-    return f"{where} chunks [{first.first}, {last.first + len(last.phys) - 1})"
