@@ -492,9 +492,7 @@ def test_a_store_slow_to_answer_gets_the_deep_window_and_a_near_one_the_local_wi
     the last ``SLOW_SAMPLE`` or more, is read with windows up to ``prefetch_max``; a near one (loopback, a
     LAN) with a local store's, which holds less memory.  The choice follows the server, read after read."""
     remote = RemoteCounters()
-    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), _remote=remote, _waits=(0, 0.0), _slow=False,
-                           read_now=lambda *a: b"")  # fmt: skip
-    fake.slow_store = lambda: Reader.slow_store(cast(Reader, fake))
+    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=remote, read_now=lambda *a: b"")
     sessions = Sessions(cast(Reader, fake), prefetch=True, prefetch_max=64 * MiB, keep_cache=True)
 
     def answered(count: int, wait: float) -> None:

@@ -500,7 +500,7 @@ def test_the_wait_of_every_request_for_its_answer_is_counted(
     packed: Packed, web: servers.Server, tmp_path: Path
 ) -> None:
     """Each range request's wait for its answer is counted, by the daemon and by the decode workers
-    (``remote.wait_s`` over ``remote.ranges``): what ``Reader.slow_store`` tells a far server by."""
+    (``remote.wait_s`` over ``remote.ranges``): what ``Sessions.slow_store`` tells a far server by."""
     with servers.fault_proxy(web) as (proxy, faults):
         faults.delay = 0.02
         with mounted(proxy.url, "--cache-dir", str(tmp_path / "cache"), "--disk-cache-size", "0") as m:

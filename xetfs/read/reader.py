@@ -33,7 +33,7 @@ from xetfs.base.errors import (
     StoreTimeoutError,
     XetfsError,
 )
-from xetfs.base.settings import BAD_LAYOUT_SECONDS, CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES, SLOW_REQUEST, SLOW_SAMPLE
+from xetfs.base.settings import BAD_LAYOUT_SECONDS, CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES
 from xetfs.base.stats import (
     CacheCounters,
     DecodeCounters,
@@ -92,8 +92,6 @@ class Reader:
         wait on the network: several larger ones are in flight."""
         self.index = index
         self._remote = remote or RemoteCounters()
-        self._waits = (0, 0.0)  # range requests answered, and their waits, when ``slow_store`` last decided
-        self._slow = False
         self._extents = Extents()
         self.runs = RunStore(cache_size, pool.slots.free if pool else None, self._extents.forget)
         self._loader = Loader(store, self.runs, shared=index.shared, verify=verify, io=io, pool=pool,
@@ -108,16 +106,10 @@ class Reader:
     def store(self) -> Store:
         return self._loader.store
 
-    def slow_store(self) -> bool:
-        """Whether the store's range requests wait ``SLOW_REQUEST`` or more for their answers, on average:
-        a remote store far away (a local one makes none).  Decided again once ``SLOW_SAMPLE`` more have
-        been answered, from those alone, so that it follows a server whose answers slow down or speed up."""
-        r = self._remote
-        ranges, waited = r.ranges - self._waits[0], r.wait_s - self._waits[1]
-        if ranges >= SLOW_SAMPLE:
-            self._slow = waited >= SLOW_REQUEST * ranges
-            self._waits = (r.ranges, r.wait_s)
-        return self._slow
+    @property
+    def remote(self) -> RemoteCounters:
+        """The remote store's counters, live (``statistics`` gives a copy)."""
+        return self._remote
 
     def replace_index(self, index: Index) -> None:
         """Read files of ``index`` from now on: a copy of the current one with more shards (a refresh)."""

@@ -27,7 +27,14 @@ import logging
 
 import trio
 
-from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH, PREFETCH_FILES_KEPT, PREFETCH_MAXIMUM, PREFETCH_TASKS
+from xetfs.base.settings import (
+    MIN_CACHE_FOR_PREFETCH,
+    PREFETCH_FILES_KEPT,
+    PREFETCH_MAXIMUM,
+    PREFETCH_TASKS,
+    SLOW_REQUEST,
+    SLOW_SAMPLE,
+)
 from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
 from xetfs.storage.index import FileEntry
@@ -41,11 +48,13 @@ class Sessions:
     def __init__(self, reader: Reader, *, prefetch: bool, prefetch_max: int, keep_cache: bool) -> None:
         """``prefetch``: decode ahead of sequential readers (only with a cache of at least
         ``MIN_CACHE_FOR_PREFETCH``); ``prefetch_max``: how far ahead at most, for a store whose requests
-        are slow to answer (``Reader.slow_store``; others: at most ``PREFETCH_MAXIMUM``); ``keep_cache``:
+        are slow to answer (``slow_store``; others: at most ``PREFETCH_MAXIMUM``); ``keep_cache``:
         the front end's reader keeps what it read (the kernel's page cache), so runs read through go first."""
         self.reader = reader
         self.prefetch_max = prefetch_max
         self.near_max = min(prefetch_max, PREFETCH_MAXIMUM)
+        self._waits = (0, 0.0)  # range requests answered, and their waits, when ``slow_store`` last decided
+        self._slow = False
         self.keep_cache = keep_cache
         self.prefetch = prefetch and reader.runs.capacity >= MIN_CACHE_FOR_PREFETCH
         if prefetch and not self.prefetch:
@@ -85,9 +94,20 @@ class Sessions:
 
     def maximum(self) -> int:
         """How far ahead of a reader prefetch may run now: ``prefetch_max`` while the store is slow to answer."""
-        if self.prefetch_max > self.near_max and self.reader.slow_store():
+        if self.prefetch_max > self.near_max and self.slow_store():
             return self.prefetch_max
         return self.near_max
+
+    def slow_store(self) -> bool:
+        """Whether the store's range requests wait ``SLOW_REQUEST`` or more for their answers, on average:
+        a remote store far away (a local one makes none).  Decided again once ``SLOW_SAMPLE`` more have
+        been answered, from those alone, so that it follows a server whose answers slow down or speed up."""
+        r = self.reader.remote
+        ranges, waited = r.ranges - self._waits[0], r.wait_s - self._waits[1]
+        if ranges >= SLOW_SAMPLE:
+            self._slow = waited >= SLOW_REQUEST * ranges
+            self._waits = (r.ranges, r.wait_s)
+        return self._slow
 
     def _remember(self, key: int, tail_first: bool | None) -> None:
         """Keep how file ``key`` was first read for its next session (of the last ``PREFETCH_FILES_KEPT``)."""
