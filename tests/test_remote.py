@@ -7,6 +7,7 @@ Every byte read remotely is compared with the original file.
 from __future__ import annotations
 
 import errno
+import http.server
 import json
 import os
 import random
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -520,13 +521,7 @@ def test_a_range_read_into_many_parts_is_whole_through_faults(packed: Packed, we
     data = xorb.read_bytes()
     name = xorb.relative_to(packed.top).as_posix()
     start, end = 100, min(len(data), 1_000_100)
-    rng = random.Random(5)
-    buffer = bytearray(end - start)
-    view, parts, at = memoryview(buffer), [], 0
-    while at < len(buffer):
-        size = min(len(buffer) - at, rng.choice([8, 8, 1, 65528, rng.randint(1, 200_000)]))
-        parts.append(view[at : at + size])
-        at += size
+    buffer, parts = _many_parts(end - start, 5)
     with servers.fault_proxy(web) as (proxy, faults):
         faults.queue.extend(["truncate", "reset", "503", "truncate", "slow"])
         source = ObstoreSource(proxy.url, RemoteOptions(deadline=30, request_timeout=10, connect_timeout=2))
@@ -534,6 +529,94 @@ def test_a_range_read_into_many_parts_is_whole_through_faults(packed: Packed, we
         assert faults.seen == ["truncate", "reset", "503", "truncate", "slow"] and not faults.queue
     assert bytes(buffer) == data[start:end]
     assert source.counters.retries == 4 and source.counters.ranges == 1, source.counters  # (a slow answer is whole)
+
+
+def _many_parts(size: int, seed: int) -> tuple[bytearray, list[memoryview]]:
+    """A buffer of ``size`` bytes cut into parts as a decode worker cuts a run: 8-byte headers, payloads, odd sizes."""
+    rng = random.Random(seed)
+    buffer = bytearray(size)
+    view, parts, at = memoryview(buffer), [], 0
+    while at < size:
+        step = min(size - at, rng.choice([8, 8, 1, 65528, rng.randint(1, 200_000)]))
+        parts.append(view[at : at + step])
+        at += step
+    return buffer, parts
+
+
+class _OddAnswers(http.server.BaseHTTPRequestHandler):
+    """Range answers that the socket must not be read for: chunked, or ending the connection."""
+
+    protocol_version = "HTTP/1.1"
+    data = b""
+
+    def do_GET(self) -> None:
+        first, last = (int(x) for x in self.headers["Range"].removeprefix("bytes=").split("-"))
+        body = self.data[first : last + 1]
+        self.send_response(206)
+        if self.path.startswith("/chunked/"):
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for at in range(0, len(body), 100_000):
+                piece = body[at : at + 100_000]
+                self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_range_reads_fill_parts_straight_from_the_socket_and_fall_back_for_other_answers(
+    packed: Packed, web: servers.Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over a kept-alive plain connection with a sized answer, a range's parts are filled by scatter reads of the
+    socket, and the connection serves the next range; chunked answers and answers that end the connection are
+    read through ``http.client``.  Either way every part gets its bytes."""
+    from xetfs.storage import objects
+
+    used: list[str] = []
+
+    def spy(name: str) -> Callable[..., None]:
+        real = getattr(objects, name)
+
+        def call(*args: object) -> None:
+            used.append(name)
+            real(*args)
+
+        return call
+
+    for helper in ("_scatter_body", "_read_body"):
+        monkeypatch.setattr(objects, helper, spy(helper))
+    xorb = max((packed.top / "xet/xorbs/xorbs").iterdir(), key=lambda p: p.stat().st_size)
+    data = xorb.read_bytes()
+    name = xorb.relative_to(packed.top).as_posix()
+    options = RemoteOptions(deadline=10, request_timeout=5, connect_timeout=2)
+    source = ObstoreSource(web.url, options)
+    for seed, (start, end) in enumerate([(0, 9), (100, 1_000_100), (5, len(data))]):
+        buffer, parts = _many_parts(end - start, seed)
+        source.read_range_into(name, start, end, parts)
+        assert bytes(buffer) == data[start:end], (start, end)
+    assert used == ["_scatter_body"] * 3 and source.counters.requests == 3, (used, source.counters)
+
+    _OddAnswers.data = data
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OddAnswers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        for kind in ("chunked", "closing"):
+            used.clear()
+            odd = ObstoreSource(f"http://127.0.0.1:{server.server_address[1]}/{kind}", options)
+            buffer, parts = _many_parts(700_000, 9)
+            odd.read_range_into("x", 1000, 701_000, parts)
+            assert bytes(buffer) == data[1000:701_000] and used == ["_read_body"], (kind, used)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 def test_retries_give_correct_bytes(packed: Packed, web: servers.Server) -> None:

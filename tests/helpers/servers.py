@@ -283,15 +283,23 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
     server: _ProxyServer
 
     def handle(self) -> None:
+        """Answer requests on one connection (kept alive, as nginx does) until a fault or the client closes it."""
         sock: socket.socket = self.request
         sock.settimeout(30)
-        head = b""
-        while b"\r\n\r\n" not in head:
-            part = sock.recv(65536)
-            if not part:
+        pending = b""
+        while True:
+            while b"\r\n\r\n" not in pending:
+                part = sock.recv(65536)
+                if not part:
+                    return
+                pending += part
+            head, pending = pending.split(b"\r\n\r\n", 1)  # (GET requests: no body)
+            if not self._answer(sock, head):
                 return
-            head += part
-        lines = head.split(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")
+
+    def _answer(self, sock: socket.socket, head: bytes) -> bool:
+        """Answer one request; whether the connection may serve another."""
+        lines = head.decode("latin-1").split("\r\n")
         method, target, _ = lines[0].split(" ", 2)
         headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
         headers.pop("Connection", None)
@@ -299,33 +307,35 @@ class _ProxyHandler(socketserver.BaseRequestHandler):
         time.sleep(self.server.faults.delay)
         if fault in ("503", "500", "429"):
             sock.sendall(f"HTTP/1.1 {fault} Fault\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode())
-            return
+            return False
         if fault == "reset":
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
-            return
+            return False
         upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=30)
         upstream.request(method, target, headers=headers)
         response = upstream.getresponse()
         body = response.read()
         upstream.close()
         out = [f"HTTP/1.1 {response.status} {response.reason}"]
-        out += [f"{k}: {v}" for k, v in response.getheaders() if k.lower() not in ("connection", "keep-alive")]
-        out += ["Connection: close", "", ""]
+        hop = ("connection", "keep-alive", "transfer-encoding", "content-length")
+        out += [f"{k}: {v}" for k, v in response.getheaders() if k.lower() not in hop]
+        out += [f"Content-Length: {len(body)}", "", ""]
         sock.sendall("\r\n".join(out).encode("latin-1"))
         if fault == "truncate":
             sock.sendall(body[: len(body) // 2])
-            return
+            return False
         if fault == "stall":
             sock.sendall(body[: len(body) // 4])
             self.server.faults.released.wait(60)
-            return
+            return False
         if fault == "slow":
             step = max(1, len(body) // 8)
             for i in range(0, len(body), step):
                 sock.sendall(body[i : i + step])
                 time.sleep(0.02)
-            return
+            return True
         sock.sendall(body)
+        return True
 
 
 class _ProxyServer(socketserver.ThreadingTCPServer):
