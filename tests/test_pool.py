@@ -43,7 +43,7 @@ from xetfs.read.pool import DecodePool, WorkerLost, _Pending
 from xetfs.read.reader import Reader
 from xetfs.read.slots import Slots
 from xetfs.storage import index
-from xetfs.storage.objects import scatter
+from xetfs.storage.objects import RemoteOptions, scatter
 from xetfs.storage.store import ChunkSource, Store
 
 pytestmark = pytest.mark.integration
@@ -393,6 +393,30 @@ def test_workers_start_with_the_first_run_and_say_when_ready() -> None:
         assert pool.statistics().alive == 2
     finally:
         pool.close()
+
+
+def test_a_worker_for_a_remote_store_is_ready_with_its_http_client_loaded() -> None:
+    """A worker says it is ready only once its remote source is set up, HTTP client loaded (``ssl`` with it):
+    the first fetch does not wait for the import.  A worker for a local store never loads it."""
+
+    def loaded(pool: DecodePool) -> list[bool]:
+        return ["/_ssl." in Path(f"/proc/{w.process.pid}/maps").read_text() for w in pool._workers]
+
+    async def all_ready(pool: DecodePool) -> None:
+        with trio.fail_after(30):
+            while not (pool._workers and all(w.ready for w in pool._workers)):
+                await trio.sleep(0.01)
+
+    remote = DecodePool(2, setup=Setup(("http://127.0.0.1:9/store", RemoteOptions()), None))
+    local = DecodePool(1)
+    try:
+        run_served(remote.start, lambda: all_ready(remote))
+        assert remote.statistics().alive == 2 and loaded(remote) == [True, True]
+        run_served(local.start, lambda: all_ready(local))
+        assert loaded(local) == [False]
+    finally:
+        remote.close()
+        local.close()
 
 
 def test_close_ends_the_workers() -> None:

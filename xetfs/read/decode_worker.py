@@ -248,7 +248,8 @@ class Worker:
             return None
         start, end = job.stored_range()
         cached: int | tuple[int, str] = 0
-        if all(all_raw(h, run) for h, (_, run) in pairs):  # (else a chunk was decoded in place: not stored bytes)
+        keep = job.source.cache_to and self.cache_tmp is not None
+        if keep and all(all_raw(h, run) for h, (_, run) in pairs):  # (else a chunk was decoded in place: not as stored)
             cached = self._keep(job.source, self._job_places(job, headers))
         sizes = [list[int | WorkerError](run.sizes()) for _, run in job.parts]
         return Result(job.job_id, sizes, end - start, self._fetched(), cached)
@@ -339,7 +340,7 @@ def _read_in_place(fd: int, run: ChunkRun, out: memoryview, base: int = 0) -> bo
     return read == run.phys[-1] - run.phys[0] and check_in_place(headers, run, out)
 
 
-def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> None:
+def serve(jobs_fd: int, results_fd: int, worker: Worker) -> None:
     """Answer jobs until ``jobs_fd`` closes.
 
     For a remote store, a thread reads the jobs as they come and starts the
@@ -347,10 +348,6 @@ def serve(jobs_fd: int, results_fd: int, shared: memoryview, slot_size: int) -> 
     results.  For a local store, this thread does it all, one job after the
     other: a hand-over between threads costs more than a local read.
     """
-    setup = read_frame(jobs_fd)
-    if not isinstance(setup, Setup):
-        return
-    worker = Worker(shared, slot_size, setup)
     if worker.source is None:
         while (job := read_frame(jobs_fd)) is not None:
             assert isinstance(job, Job)
@@ -388,9 +385,13 @@ def main() -> None:
     keep_freed_memory()  # a job allocates and frees megabytes
     shm_fd, slots, slot_size = (int(a) for a in sys.argv[1:4])
     shared = mmap.mmap(shm_fd, slots * slot_size)
+    setup = read_frame(sys.stdin.fileno())
     with contextlib.suppress(BrokenPipeError):
-        os.write(sys.stdout.fileno(), encode_frame(Ready()))
-        serve(sys.stdin.fileno(), sys.stdout.fileno(), memoryview(shared), slot_size)
+        if isinstance(setup, Setup):
+            # Ready once set up: a remote source's client is loaded and the first job need not wait for it.
+            worker = Worker(memoryview(shared), slot_size, setup)
+            os.write(sys.stdout.fileno(), encode_frame(Ready()))
+            serve(sys.stdin.fileno(), sys.stdout.fileno(), worker)
     os._exit(0)  # (fetch threads may still wait on the network: nobody needs their answers)
 
 

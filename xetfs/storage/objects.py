@@ -392,6 +392,10 @@ class _HttpRanges:
     IDLE = 16  # idle connections kept at most
 
     def __init__(self, scheme: str, host: str, port: int, base: str, options: RemoteOptions) -> None:
+        # Loaded now, not with the module (a local store never needs it), nor at the first read: the import
+        # (http.client, email parsing, ssl) takes about 30 ms of CPU, which the first read would wait for.
+        import http.client  # noqa: F401
+
         self.https = scheme == "https"
         self.host, self.port, self.base = host, port, base
         self.headers = dict(options.headers)
@@ -410,7 +414,7 @@ class _HttpRanges:
 
     def get_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> float:
         """Bytes ``[start, end)`` of ``name`` into ``parts``; how long the answer took to start (its headers)."""
-        import http.client  # (here, not with the module: it imports ssl, a few MiB in every decode worker)
+        import http.client  # (loaded by ``__init__``)
 
         conn = self._take()
         path = f"{self.base}/{urllib.parse.quote(name)}"
