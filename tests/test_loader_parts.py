@@ -13,7 +13,7 @@ from xetfs.base.errors import IntegrityError
 from xetfs.base.settings import MAX_RUN_BYTES
 from xetfs.format.xorb import XorbLayout
 from xetfs.read.loader import Loader, _all_decoded, _decoded, _parts
-from xetfs.read.runs import RunStore
+from xetfs.read.runs import Run, RunStore
 from xetfs.storage.store import Store
 
 pytestmark = pytest.mark.unit
@@ -63,13 +63,8 @@ def test_decoded_counts_only_the_chunks_that_decoded() -> None:
 
 
 def cuts(loader: Loader, layout: XorbLayout, first: int, stop: int) -> list[tuple[int, int]]:
-    """Chunks ``[first, stop)`` cut into runs as the reader cuts a gap (``Loader.run_stop``)."""
-    pieces = []
-    while first < stop:
-        end = loader.run_stop(layout, first, stop)
-        pieces.append((first, end))
-        first = end
-    return pieces
+    """Chunks ``[first, stop)`` cut into runs as a prefetch's gap is cut (``Loader.cut``: no read-ahead)."""
+    return loader.cut(b"x" * 32, layout, first, stop, read=False)
 
 
 def test_where_each_read_is_a_request_a_run_takes_in_a_small_remainder() -> None:
@@ -87,3 +82,42 @@ def test_where_each_read_is_a_request_a_run_takes_in_a_small_remainder() -> None
     widest = Loader(store, runs, shared=lambda _: False, run_bytes=MAX_RUN_BYTES, fetch_width=8)
     at_the_bound = layout_of([MAX_RUN_BYTES // 4] * 4 + [1000])
     assert cuts(widest, at_the_bound, 0, 5) == [(0, 4), (4, 5)]  # one read would pass MAX_RUN_BYTES
+
+
+def test_a_read_that_goes_on_where_the_last_read_of_its_xorb_ended_takes_in_a_run() -> None:
+    """Where every store read is a request, a read of a whole term whose chunks start where the last read's
+    load of the same xorb ended takes in the chunks after them, up to a run, that no run or load has (the next
+    small files, in the order they were packed).  Anywhere else, for a read of part of a term (a larger file,
+    which has its own prefetch), and on a local store, a read loads just its chunks; a prefetch neither reads
+    ahead nor moves the mark."""
+    store = cast(Store, SimpleNamespace(local=False, chunk_limit=lambda _x, _s, limit: limit))
+    runs = RunStore(1 << 20)
+    remote = Loader(store, runs, shared=lambda _: False, run_bytes=1000, fetch_width=8)
+    layout = layout_of([100] * 50)
+    xorb, other = b"x" * 32, b"y" * 32
+    assert remote.cut(xorb, layout, 5, 6, read=True, ahead=True) == [(5, 6)]  # the xorb's first read: its chunk
+    assert remote.cut(xorb, layout, 6, 7, read=True, ahead=True) == [(6, 16)]  # goes on: a run of 1000 bytes
+    assert remote.cut(xorb, layout, 30, 31, read=True, ahead=True) == [(30, 31)]  # a jump: its chunk only
+    assert remote.cut(other, layout, 31, 32, read=True, ahead=True) == [(31, 32)]  # (each xorb has its own mark)
+    assert remote.cut(xorb, layout, 40, 42, read=False) == [(40, 42)]  # a prefetch: no read-ahead...
+    held = Run(xorb, 35, 36, 3500, memoryview(bytearray(100)))
+    runs.put(xorb, 35, 36, ([held], {}))
+    runs.release([held])
+    assert remote.cut(xorb, layout, 31, 32, read=True, ahead=True) == [(31, 35)]  # ...nor a mark; a run bounds it
+    assert remote.cut(xorb, layout, 48, 49, read=True, ahead=True) == [(48, 49)]
+    assert remote.cut(xorb, layout, 49, 50, read=True, ahead=True) == [(49, 50)]  # the xorb's last chunk
+    assert remote.cut(other, layout, 32, 33, read=True) == [(32, 33)]  # a part of a term: its chunks only...
+    assert remote.cut(other, layout, 33, 34, read=True, ahead=True) == [(33, 43)]  # ...but it moves the mark
+    local = Loader(store, RunStore(1 << 20), shared=lambda _: False, run_bytes=1000)
+    assert local.cut(xorb, layout, 5, 6, read=True, ahead=True) == [(5, 6)]
+    assert local.cut(xorb, layout, 6, 7, read=True, ahead=True) == [(6, 7)]
+
+
+def test_where_the_chunks_no_run_or_load_has_end() -> None:
+    runs = RunStore(1 << 20)
+    xorb = b"x" * 32
+    assert runs.vacant_until(xorb, 3, 10) == 10  # nothing held
+    held = Run(xorb, 5, 7, 500, memoryview(bytearray(200)))
+    runs.put(xorb, 5, 7, ([held], {}))
+    assert [runs.vacant_until(xorb, first, 10) for first in (3, 4, 5, 6, 7, 8)] == [5, 5, 5, 6, 10, 10]
+    assert runs.vacant_until(xorb, 0, 4) == 4

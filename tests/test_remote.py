@@ -26,6 +26,7 @@ from helpers.mounting import mounted, wait_until
 from helpers.oracle import CliRunner, hf_xet_env
 
 from xetfs.base.errors import StoreError
+from xetfs.base.settings import TAIL_BYTES
 from xetfs.base.stats import RemoteCounters
 from xetfs.read.reader import Reader
 from xetfs.storage.diskcache import CachedSource, DiskCache
@@ -33,6 +34,7 @@ from xetfs.storage.indexer import load_index
 from xetfs.storage.layout import LISTING_NAME
 from xetfs.storage.objects import ObstoreSource, RemoteOptions, redact, scatter
 from xetfs.storage.remote import open_remote
+from xetfs.storage.store import Store
 
 pytestmark = pytest.mark.fuse
 
@@ -617,6 +619,60 @@ def test_range_reads_fill_parts_straight_from_the_socket_and_fall_back_for_other
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def small_files(tmp_path_factory: pytest.TempPathFactory) -> Packed:
+    """A directory of 240 small files (200 B to 8 KB, about one chunk each), packed by hf_xet."""
+    tmp = tmp_path_factory.mktemp("small")
+    rng = random.Random(11)
+    files = {f"f{i:04d}.bin": oracle.random_bytes(rng.randint(200, 8000), 100 + i) for i in range(240)}
+    src = tmp / "src"
+    src.mkdir()
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    top = tmp / "store"
+    proc = subprocess.run([sys.executable, "-m", "xetfs", "pack", "--no-progress", str(src), str(top)],
+                          capture_output=True, env=hf_xet_env(tmp / "hf_xet"), check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr.decode()
+    manifest = json.loads((top / "xetfs-manifest.json").read_bytes())
+    return Packed(top, files, {e["path"]: e["xetHash"] for e in manifest if e["type"] == "file"})
+
+
+def _pack_order(packed: Packed) -> list[str]:
+    """The files by where their first chunk lies in the store: the order a read-ahead follows."""
+    index = load_index(Store.open(packed.top)).index
+    where = {}
+    for name, xet in packed.hashes.items():
+        entry = index.get(bytes.fromhex(_raw(xet)))
+        assert entry is not None and entry.num_terms, name
+        where[name] = (entry.xorb_ids[0], entry.starts[0])
+    return sorted(packed.files, key=where.__getitem__)
+
+
+def test_small_files_read_in_the_order_they_were_packed_take_few_requests_and_shuffled_no_more_bytes(
+    small_files: Packed,
+) -> None:
+    """Over HTTP, a read that goes on where the last read of its xorb ended takes in a run: small files read in
+    the order they were packed (as ``cat *`` reads what was packed from one directory) cost a few requests, not
+    one each.  Read shuffled, each costs its own request and nginx sends no more bytes than the files need."""
+    order = _pack_order(small_files)
+    needed = sum(len(d) for d in small_files.files.values())
+    with servers.nginx(small_files.top) as web:
+        for name, names in (("packed", order), ("shuffled", random.Random(3).sample(order, len(order)))):
+            mark = web.log_mark()
+            with mounted(web.url, "--disk-cache-size", "0") as m:
+                for n in names:
+                    assert (m / n).read_bytes() == small_files.files[n], (name, n)
+                store = m.stats()["store"]
+            sent, requests = web.bytes_sent(since=mark, under="xorbs")  # (counted by nginx)
+            xorbs = len(list((small_files.top / "xet/xorbs/xorbs").iterdir()))
+            assert requests == store["reads"] + xorbs, (requests, store)  # chunk ranges, and a footer per xorb
+            if name == "packed":
+                assert store["reads"] <= len(names) // 10, store  # (240 files: one request each before)
+            else:
+                assert store["reads"] >= len(names) * 9 // 10, store
+            assert sent <= needed * 1.02 + TAIL_BYTES * xorbs, (name, sent, needed)  # (chunk headers, footers)
 
 
 def test_retries_give_correct_bytes(packed: Packed, web: servers.Server) -> None:

@@ -133,6 +133,18 @@ class RemoteCounters:
     disk_write_errors: int = 0  # entries not written (a full disk, say); their bytes were served anyway
     failed_reads: int = 0  # reads that failed with EIO because the server could not be reached or refused
 
+    REQUESTS: ClassVar[tuple[str, ...]] = ("requests", "bytes", "retries", "errors", "ranges", "wait_s")
+
+    def add(self, other: RemoteCounters) -> None:
+        """Add the request counters of ``other`` (what a decode worker's fetches cost) to these."""
+        with self.lock:
+            for name in self.REQUESTS:
+                setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    def since(self, before: RemoteCounters) -> RemoteCounters:
+        """The request counters added since ``before``, a copy of these taken earlier."""
+        return RemoteCounters(**{name: getattr(self, name) - getattr(before, name) for name in self.REQUESTS})
+
 
 @dataclass
 class FileCounters:

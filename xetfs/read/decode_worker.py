@@ -311,9 +311,7 @@ class Worker:
         with self.counters.lock:
             now = replace(self.counters)
         before, self._reported = self._reported, now
-        return RemoteCounters(requests=now.requests - before.requests, bytes=now.bytes - before.bytes,
-                              retries=now.retries - before.retries, errors=now.errors - before.errors,
-                              ranges=now.ranges - before.ranges, wait_s=now.wait_s - before.wait_s)  # fmt: skip
+        return now.since(before)
 
 
 def _places(run: ChunkRun, headers: memoryview, out: memoryview) -> list[memoryview]:

@@ -108,6 +108,7 @@ class Loader:
         # (``DecodePool.job_timeout``) is spent on its own fetch, not waiting behind others.
         self._remote_jobs = trio.CapacityLimiter(pool.worker_count * WORKER_FETCHES) if pool is not None else None
         self._remote = remote or RemoteCounters()
+        self._read_ends: dict[bytes, int] = {}  # by xorb: the chunk after the last one a read's load took (``cut``)
         self._decode = DecodeCounters()
         self._store = StoreCounters()
 
@@ -164,6 +165,30 @@ class Loader:
         ):
             stop = limit
         return stop
+
+    def cut(
+        self, xorb_hash: bytes, layout: XorbLayout, lo: int, hi: int, *, read: bool, ahead: bool = False
+    ) -> list[tuple[int, int]]:
+        """Chunks ``[lo, hi)``, which no run or load has, as store reads (``run_stop``): ``(first, stop)`` each.
+
+        Reading ahead in a xorb: where every store read is a request, a read
+        (not a prefetch) of every chunk of its file's term (``ahead``: a small
+        file read whole, say) whose chunks start where the last read's load of
+        the same xorb ended takes in the chunks after it, up to a whole run,
+        that no run or load has.  Small files read in the order they were
+        packed then cost a request every few hundred files, not one each; a
+        larger file, read in parts, has its own prefetch.
+        """
+        if ahead and read and self._fetches is not None and self._read_ends.get(xorb_hash) == lo:
+            hi = max(hi, self._runs.vacant_until(xorb_hash, hi, self.run_stop(layout, lo, layout.num_chunks)))
+        pieces = []
+        while lo < hi:
+            end = self.run_stop(layout, lo, hi)
+            pieces.append((lo, end))
+            lo = end
+        if read and pieces:
+            self._read_ends[xorb_hash] = pieces[-1][1]
+        return pieces
 
     async def load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
         """Read, decode and verify chunks ``[first, stop)`` (one store read): in a worker if worth it, else here.
@@ -301,24 +326,12 @@ class Loader:
         chunks, nbytes = _decoded(sizes)
         self._decode.in_workers += chunks
         self._count(decoded.read_bytes, chunks, nbytes)
-        self._add_fetched(decoded.fetched)
+        if decoded.fetched is not None:  # (the daemon's own fetches add to the same counters, in threads)
+            self._remote.add(decoded.fetched)
         if decoded.cached and self.store.chunks is not None:
             cached = decoded.cached
             self.store.chunks.added(xorb_hash, first, stop, cached if isinstance(cached, int) else OSError(*cached))
         return sizes
-
-    def _add_fetched(self, fetched: RemoteCounters | None) -> None:
-        """Count what a worker's fetches from a remote store cost with the daemon's own (None: it fetched none)."""
-        if fetched is None:
-            return
-        r = self._remote
-        with r.lock:  # (the daemon's own fetches add to the same counters in threads)
-            r.requests += fetched.requests
-            r.bytes += fetched.bytes
-            r.retries += fetched.retries
-            r.errors += fetched.errors
-            r.ranges += fetched.ranges
-            r.wait_s += fetched.wait_s
 
     async def _read(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:
         """The serialized chunks ``[first, stop)`` of a xorb, from ``src`` (``io``, within ``fetch_width``)."""

@@ -180,8 +180,9 @@ class Reader:
             else:
                 spans = await self._spans(entry, offset, size)
             for piece, layout, first, stop in spans:
+                whole = _whole_term(piece, first, stop)
                 held.append(await self._get(layout, piece.xorb_hash, first, stop, prefetch=False,
-                                            file_hash=entry.file_hash))  # fmt: skip
+                                            file_hash=entry.file_hash, ahead=whole))  # fmt: skip
             # From here to the return, no await: a run released below may be evicted and its slot reused.
             return self._join(entry, spans, held, read_through)
         except XetfsError as exc:
@@ -293,14 +294,9 @@ class Reader:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def _get(self, layout: XorbLayout, xorb_hash: bytes, first: int, stop: int, *, prefetch: bool,
-                   file_hash: bytes) -> list[Run]:  # fmt: skip
-        def cut(lo: int, hi: int) -> list[tuple[int, int]]:
-            pieces = []
-            while lo < hi:
-                end = self._loader.run_stop(layout, lo, hi)
-                pieces.append((lo, end))
-                lo = end
-            return pieces
+                   file_hash: bytes, ahead: bool = False) -> list[Run]:  # fmt: skip
+        def cut(lo: int, hi: int) -> list[tuple[int, int]]:  # (``ahead``: the read has its term's every chunk)
+            return self._loader.cut(xorb_hash, layout, lo, hi, read=not prefetch, ahead=ahead and hi == stop)
 
         async def load(lo: int, hi: int) -> Loaded:
             loaded = await self._loader.load(xorb_hash, layout, lo, hi)
@@ -369,3 +365,9 @@ class Reader:
 def _layout_size(layout: XorbLayout) -> int:
     """About the memory a layout takes, for the byte-bounded cache of layouts."""
     return 200 + 150 * layout.num_chunks
+
+
+def _whole_term(piece: TermSlice, first: int, stop: int) -> bool:
+    """Whether a read's chunks ``[first, stop)`` are every chunk of its term (a small file read whole, say):
+    then it may read ahead in the xorb (``Loader.cut``)."""
+    return first == piece.start and stop == piece.stop

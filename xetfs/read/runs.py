@@ -187,11 +187,15 @@ class RunStore:
 
     def vacant(self, xorb_hash: bytes, first: int, stop: int) -> bool:
         """Whether no run or load has any of chunks ``[first, stop)``: ``put`` may take them."""
-        entries = self._xorbs.get(xorb_hash)
-        if not entries:
-            return True
-        at = bisect.bisect_left(entries, stop, key=_FIRST)  # entries from here on start at ``stop`` or later
-        return at == 0 or entries[at - 1].stop <= first
+        return self.vacant_until(xorb_hash, first, stop) == stop
+
+    def vacant_until(self, xorb_hash: bytes, first: int, limit: int) -> int:
+        """Where the chunks from ``first`` on that no run or load has end, at most ``limit``."""
+        entries = self._xorbs.get(xorb_hash) or []
+        at = bisect.bisect_right(entries, first, key=_FIRST)  # entries from here on start after ``first``
+        if at and entries[at - 1].stop > first:
+            return first
+        return min(limit, entries[at].first) if at < len(entries) else limit
 
     def put(self, xorb_hash: bytes, first: int, stop: int, loaded: Loaded) -> list[Run]:
         """Hold what a read loaded at once, with no await in between, for chunks ``[first, stop)``, which were
