@@ -9,7 +9,10 @@
     the per-file round trips: lookup, open, release);
   - through the ceiling FS (``scripts/ceiling_fs.py --dir``: the same files
     from memory, with xetfs' kernel options), fresh and again;
-  - on the plain files (page cache).
+  - on the plain files (page cache);
+  - through a fresh mount of the same store served by nginx on loopback,
+    without a disk cache (``remote``), cold and again, beside the mount of
+    the store directory.
   Every sha256sum output must equal the plain files' one.
 * tree: ``ls -lR``, ``find`` and ``stat`` of every file of a synthetic
   store of ``--tree-files`` files (100,000; the ``mount`` section's
@@ -69,6 +72,17 @@ BUSY_CEIL_AGAIN = busy_row("sf_ceiling_again", "ceiling again", CEIL_AGAIN, (CPU
 BUSY_COLD = busy_row("sf_cold", "xetfs cold", COLD, (CPU_COLD,))
 BUSY_AGAIN = busy_row("sf_again", "xetfs again", AGAIN, (CPU_AGAIN,))
 RSS_SMALL = Row("rss_sf", "xetfs daemon + workers, peak RSS after cold + again", "MiB", xetfs=True)
+REMOTE_COLD = Row("sf_remote_cold", "sha256sum: xetfs over nginx, fresh mount, no disk cache (cold)", "s", xetfs=True)
+REMOTE_AGAIN = Row("sf_remote_again", "sha256sum: xetfs over nginx, again (same mount)", "s", xetfs=True)
+R_REMOTE_COLD = Row("r_sf_remote_cold", "xetfs over nginx cold / xetfs cold", "x", Target("<=", 1.3, "<= 1.3"),
+                    derive=ratio(REMOTE_COLD, COLD), xetfs=True)  # fmt: skip
+R_REMOTE_AGAIN = Row("r_sf_remote_again", "xetfs over nginx again / xetfs again", "x", Target("<=", 1.3, "<= 1.3"),
+                     derive=ratio(REMOTE_AGAIN, AGAIN), xetfs=True)  # fmt: skip
+CPU_REMOTE_COLD = Row("cpu_sf_remote_cold", "CPU s: xetfs over nginx cold (daemon + workers + sha256sum)", "s",
+                      xetfs=True)  # fmt: skip
+REQ_REMOTE_COLD = Row("req_sf_remote_cold", "requests to nginx for xorbs: xetfs over nginx cold", "",
+                      xetfs=True)  # fmt: skip
+BUSY_REMOTE_COLD = busy_row("sf_remote_cold", "xetfs over nginx cold", REMOTE_COLD, (CPU_REMOTE_COLD,))
 
 TREE_LS = Row("sf_tree_ls", "tree: ls -lR, fresh mount", "s", xetfs=True)
 TREE_FIND = Row("sf_tree_find", "tree: find, fresh mount", "s", xetfs=True)
@@ -85,6 +99,7 @@ TREE_PER_FILE = Row("sf_tree_rss_per_file", "tree: daemon RSS after ls -lR / fil
 ROWS = (PLAIN, CEIL_COLD, CEIL_AGAIN, COLD, AGAIN, R_COLD, R_AGAIN, R_PLAIN, R_CEIL_PLAIN,
         CPU_PLAIN, CPU_CEIL_COLD, CPU_CEIL_AGAIN, CPU_COLD, CPU_AGAIN, CPU_COLD_DAEMON, CPU_CEIL_COLD_DAEMON,
         BUSY_PLAIN, BUSY_CEIL_COLD, BUSY_CEIL_AGAIN, BUSY_COLD, BUSY_AGAIN, RSS_SMALL,
+        REMOTE_COLD, REMOTE_AGAIN, R_REMOTE_COLD, R_REMOTE_AGAIN, CPU_REMOTE_COLD, REQ_REMOTE_COLD, BUSY_REMOTE_COLD,
         TREE_LS, TREE_FIND, TREE_STAT, CPU_TREE_LS, CPU_TREE_FIND, CPU_TREE_STAT,
         BUSY_TREE_LS, BUSY_TREE_FIND, BUSY_TREE_STAT, TREE_RSS, TREE_PER_FILE)  # fmt: skip
 
@@ -115,6 +130,7 @@ def tasks(r: Runner, selected: set[str]) -> list[Task]:
     for v in r.variants:
         out += [
             Task("small-xetfs", COLUMN, v.name, _bind(t_xetfs, r, small, v.name)),
+            Task("small-remote", COLUMN, v.name, _bind(t_remote, r, small, v.name)),
             Task("small-tree", COLUMN, v.name, _bind(t_tree, r, tree, v.name)),
         ]
     return out
@@ -190,6 +206,32 @@ def t_xetfs(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
     r.r.add(CPU_AGAIN, COLUMN, rnd, cpu_again, variant)
     r.r.add(CPU_COLD_DAEMON, COLUMN, rnd, own, variant)
     r.r.add(RSS_SMALL, COLUMN, rnd, hwm / MiB if hwm else None, variant)
+
+
+def t_remote(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
+    from helpers import servers  # (the tests' helpers: benchkit.sections.remote, loaded first, puts them on the path)
+
+    from benchkit.sections.remote import NO_DISK_CACHE
+    from xetfs.storage.remote import publish
+
+    if not r.extra.get("small_published"):
+        publish(small.store)  # (the listing a store served over HTTP needs)
+        r.extra["small_published"] = True
+    cat_to_null(small.xorbs)  # (nginx reads them from the page cache, as the local mount does)
+    with (
+        servers.nginx(small.store) as web,
+        r.primed(now=False) as go,
+        r.mounts.xetfs(web.url, *NO_DISK_CACHE, variant=r.variant(variant)) as x,
+    ):
+        go()
+        mark = web.log_mark()
+        cold, cpu_cold, _ = sha256sum(r, small, x.mountpoint, x)
+        _, requests = web.bytes_sent(since=mark, under="/xorbs/")
+        again, _, _ = sha256sum(r, small, x.mountpoint, x)
+    r.r.add(REMOTE_COLD, COLUMN, rnd, cold, variant)
+    r.r.add(REMOTE_AGAIN, COLUMN, rnd, again, variant)
+    r.r.add(CPU_REMOTE_COLD, COLUMN, rnd, cpu_cold, variant)
+    r.r.add(REQ_REMOTE_COLD, COLUMN, rnd, requests, variant)
 
 
 def tree_names(r: Runner, store: Path, variant: str) -> bytes:
