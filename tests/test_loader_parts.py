@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import cast
 
 import pytest
 
 from xetfs.base.errors import IntegrityError
-from xetfs.base.settings import MAX_RUN_BYTES
+from xetfs.base.settings import MAX_RUN_BYTES, READ_AHEAD_FIRST, READ_AHEAD_XORBS, KiB, MiB
 from xetfs.format.xorb import XorbLayout
 from xetfs.read.loader import Loader, _all_decoded, _decoded, _parts
 from xetfs.read.runs import Run, RunStore
@@ -86,31 +87,70 @@ def test_where_each_read_is_a_request_a_run_takes_in_a_small_remainder() -> None
 
 def test_a_read_that_goes_on_where_the_last_read_of_its_xorb_ended_takes_in_a_run() -> None:
     """Where every store read is a request, a read of a whole term whose chunks start where the last read's
-    load of the same xorb ended takes in the chunks after them, up to a run, that no run or load has (the next
-    small files, in the order they were packed).  Anywhere else, for a read of part of a term (a larger file,
-    which has its own prefetch), and on a local store, a read loads just its chunks; a prefetch neither reads
-    ahead nor moves the mark."""
+    load of the same xorb ended takes in the chunks after them that no run or load has (the next small files,
+    in the order they were packed).  Anywhere else, for a read of part of a term (a larger file, which has its
+    own prefetch), and on a local store, a read loads just its chunks; a prefetch neither reads ahead nor moves
+    the mark."""
     store = cast(Store, SimpleNamespace(local=False, chunk_limit=lambda _x, _s, limit: limit))
     runs = RunStore(1 << 20)
     remote = Loader(store, runs, shared=lambda _: False, run_bytes=1000, fetch_width=8)
     layout = layout_of([100] * 50)
     xorb, other = b"x" * 32, b"y" * 32
-    assert remote.cut(xorb, layout, 5, 6, read=True, ahead=True) == [(5, 6)]  # the xorb's first read: its chunk
-    assert remote.cut(xorb, layout, 6, 7, read=True, ahead=True) == [(6, 16)]  # goes on: a run of 1000 bytes
-    assert remote.cut(xorb, layout, 30, 31, read=True, ahead=True) == [(30, 31)]  # a jump: its chunk only
-    assert remote.cut(other, layout, 31, 32, read=True, ahead=True) == [(31, 32)]  # (each xorb has its own mark)
+
+    def read(loader: Loader, x: bytes, lo: int, hi: int, ahead: bool = True) -> list[tuple[int, int]]:
+        return loader.cut(x, layout, lo, hi, read=True, ahead=ahead)
+
+    assert read(remote, xorb, 5, 6) == [(5, 6)]  # the xorb's first read: its chunk
+    assert read(remote, xorb, 6, 7) == [(6, 16)]  # goes on: up to a run of 1000 bytes
+    assert read(remote, xorb, 30, 31) == [(30, 31)]  # a jump: its chunk only
+    assert read(remote, other, 31, 32) == [(31, 32)]  # (each xorb has its own mark)
     assert remote.cut(xorb, layout, 40, 42, read=False) == [(40, 42)]  # a prefetch: no read-ahead...
     held = Run(xorb, 35, 36, 3500, memoryview(bytearray(100)))
     runs.put(xorb, 35, 36, ([held], {}))
     runs.release([held])
-    assert remote.cut(xorb, layout, 31, 32, read=True, ahead=True) == [(31, 35)]  # ...nor a mark; a run bounds it
-    assert remote.cut(xorb, layout, 48, 49, read=True, ahead=True) == [(48, 49)]
-    assert remote.cut(xorb, layout, 49, 50, read=True, ahead=True) == [(49, 50)]  # the xorb's last chunk
-    assert remote.cut(other, layout, 32, 33, read=True) == [(32, 33)]  # a part of a term: its chunks only...
-    assert remote.cut(other, layout, 33, 34, read=True, ahead=True) == [(33, 43)]  # ...but it moves the mark
+    assert read(remote, xorb, 31, 32) == [(31, 35)]  # ...nor a mark; a held run bounds the read-ahead
+    assert read(remote, xorb, 48, 49) == [(48, 49)]
+    assert read(remote, xorb, 49, 50) == [(49, 50)]  # the xorb's last chunk: nothing after it
+    assert read(remote, other, 32, 33, ahead=False) == [(32, 33)]  # part of a term: its chunks only...
+    assert read(remote, other, 33, 34) == [(33, 43)]  # ...but it moves the mark
+    assert remote.statistics()[1].read_ahead == 9 + 3 + 9
     local = Loader(store, RunStore(1 << 20), shared=lambda _: False, run_bytes=1000)
-    assert local.cut(xorb, layout, 5, 6, read=True, ahead=True) == [(5, 6)]
-    assert local.cut(xorb, layout, 6, 7, read=True, ahead=True) == [(6, 7)]
+    assert read(local, xorb, 5, 6) == [(5, 6)]
+    assert read(local, xorb, 6, 7) == [(6, 7)]
+
+
+def test_read_ahead_starts_small_and_doubles_up_to_a_run_within_a_disk_cache_entry() -> None:
+    """The first read-ahead in a xorb takes ``READ_AHEAD_FIRST`` bytes, each read that goes on twice as many,
+    up to a run, kept across a read that does not go on.  A disk-cache entry bounds it as it bounds a run
+    (``Store.chunk_limit``)."""
+    entry_end = 150  # (as if a disk-cache entry ended before chunk 150)
+    store = cast(Store, SimpleNamespace(local=False, chunk_limit=lambda _x, s, limit: min(limit, max(s + 1, entry_end)
+                                        if s < entry_end else limit)))  # fmt: skip
+    loader = Loader(store, RunStore(1 << 30), shared=lambda _: False, run_bytes=4 * MiB, fetch_width=8)
+    chunk = 64 * KiB
+    xorb = b"x" * 32
+    layout = replace(layout_of([chunk] * 300), xorb_hash=xorb)  # (the disk cache is asked of a named xorb)
+    got, lo = [], 0
+    for _ in range(8):
+        (piece,) = loader.cut(xorb, layout, lo, lo + 1, read=True, ahead=True)
+        got.append(piece[1] - piece[0])
+        lo = piece[1]
+    first = READ_AHEAD_FIRST // chunk
+    assert got == [1, first, 2 * first, 4 * first, 8 * first, 16 * first, 150 - 125, 64], got
+    assert loader.cut(xorb, layout, 230, 231, read=True, ahead=True) == [(230, 231)]  # a jump: its chunk only...
+    assert loader.cut(xorb, layout, 231, 232, read=True, ahead=True) == [(231, 295)]  # ...and the width is kept
+    fresh = b"z" * 32
+    assert loader.cut(fresh, layout, 0, 1, read=True, ahead=True) == [(0, 1)]
+    assert loader.cut(fresh, layout, 1, 2, read=True, ahead=True) == [(1, 1 + first)]  # (each xorb its own)
+
+
+def test_the_loader_remembers_the_last_read_of_a_bounded_number_of_xorbs() -> None:
+    store = cast(Store, SimpleNamespace(local=False, chunk_limit=lambda _x, _s, limit: limit))
+    loader = Loader(store, RunStore(1 << 20), shared=lambda _: False, run_bytes=1000, fetch_width=8)
+    layout = layout_of([100] * 10)
+    for k in range(READ_AHEAD_XORBS + 5):
+        loader.cut(k.to_bytes(32, "big"), layout, 0, 1, read=True, ahead=True)
+    assert len(loader._read_ends) <= READ_AHEAD_XORBS
 
 
 def test_where_the_chunks_no_run_or_load_has_end() -> None:

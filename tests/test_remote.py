@@ -582,12 +582,13 @@ def test_range_reads_fill_parts_straight_from_the_socket_and_fall_back_for_other
 
     used: list[str] = []
 
-    def spy(name: str) -> Callable[..., None]:
+    def spy(name: str) -> Callable[..., int]:
         real = getattr(objects, name)
 
-        def call(*args: object) -> None:
+        def call(*args: object) -> int:
             used.append(name)
-            real(*args)
+            got: int = real(*args)
+            return got
 
         return call
 
@@ -598,11 +599,15 @@ def test_range_reads_fill_parts_straight_from_the_socket_and_fall_back_for_other
     name = xorb.relative_to(packed.top).as_posix()
     options = RemoteOptions(deadline=10, request_timeout=5, connect_timeout=2)
     source = ObstoreSource(web.url, options)
+    sockets = []
     for seed, (start, end) in enumerate([(0, 9), (100, 1_000_100), (5, len(data))]):
         buffer, parts = _many_parts(end - start, seed)
         source.read_range_into(name, start, end, parts)
         assert bytes(buffer) == data[start:end], (start, end)
+        assert source._http is not None
+        sockets += [conn.sock for conn in source._http._idle]
     assert used == ["_scatter_body"] * 3 and source.counters.requests == 3, (used, source.counters)
+    assert len(sockets) == 3 and len(set(sockets)) == 1, sockets  # one connection served all three
 
     _OddAnswers.data = data
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OddAnswers)

@@ -74,6 +74,7 @@ class StoreCounters:
     reads: int = 0  # reads of xorb chunk bytes
     bytes: int = 0  # their size
     layouts: int = 0  # xorb footers loaded
+    read_ahead: int = 0  # chunks after a small file's own that its read took in (a remote store: ``Loader.cut``)
 
 
 @dataclass
@@ -115,7 +116,7 @@ class ErrorCounters:
 class RemoteCounters:
     """Requests to a remote store, and its on-disk cache (zero for a local store)."""
 
-    # The request counters (``requests`` to ``wait_s``) are added to from several threads: under this lock.
+    # The request counters (``REQUESTS``) are added to from several threads: under this lock.
     lock: ClassVar[threading.Lock] = threading.Lock()
 
     requests: int = 0  # sent, retries included

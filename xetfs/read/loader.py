@@ -13,6 +13,18 @@ ones, and any when every slot is in use, into the daemon's memory.
 ``Loader.layout`` reads and checks a xorb's layout, and ``Loader.run_stop``
 says where a run ends.
 
+Reading ahead in a xorb (``Loader.cut``): where every store read is a
+request (a remote store), a read of every chunk of its file's term (a small
+file read whole) whose chunks start where the last read's load of the same
+xorb ended takes in the chunks after them that no run or load has:
+``READ_AHEAD_FIRST`` decoded bytes, twice as many each time a read goes on,
+up to one store read.  Small files read in the order they were packed then
+cost a request every few hundred files, not one each, while a read that
+goes on by chance waits for little more than its own chunks.  The width is
+kept across reads that do not go on: files packed a little out of order, or
+two kinds of files packed apart and read in turn, do not start it again.  A
+larger file, read in parts, has its own prefetch.
+
 Blocking store reads in the daemon go through ``io``, which may run them
 inline (fastest) or in a worker thread with a time bound.  Runs on one trio
 thread.
@@ -30,7 +42,15 @@ import trio
 
 from xetfs.base import hashes
 from xetfs.base.errors import StoreTimeoutError, XetfsError
-from xetfs.base.settings import MAX_RUN_BYTES, RUN_BYTES, RUN_TAIL_SHARE, STORE_READ_THREADS, WORKER_FETCHES
+from xetfs.base.settings import (
+    MAX_RUN_BYTES,
+    READ_AHEAD_FIRST,
+    READ_AHEAD_XORBS,
+    RUN_BYTES,
+    RUN_TAIL_SHARE,
+    STORE_READ_THREADS,
+    WORKER_FETCHES,
+)
 from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, chunk_specs, decode_chunks, decode_runs_into
@@ -108,7 +128,8 @@ class Loader:
         # (``DecodePool.job_timeout``) is spent on its own fetch, not waiting behind others.
         self._remote_jobs = trio.CapacityLimiter(pool.worker_count * WORKER_FETCHES) if pool is not None else None
         self._remote = remote or RemoteCounters()
-        self._read_ends: dict[bytes, int] = {}  # by xorb: the chunk after the last one a read's load took (``cut``)
+        # By xorb: the chunk after the last one a read's load took, and how far that read read ahead (``cut``).
+        self._read_ends: dict[bytes, tuple[int, int]] = {}
         self._decode = DecodeCounters()
         self._store = StoreCounters()
 
@@ -170,24 +191,24 @@ class Loader:
         self, xorb_hash: bytes, layout: XorbLayout, lo: int, hi: int, *, read: bool, ahead: bool = False
     ) -> list[tuple[int, int]]:
         """Chunks ``[lo, hi)``, which no run or load has, as store reads (``run_stop``): ``(first, stop)`` each.
-
-        Reading ahead in a xorb: where every store read is a request, a read
-        (not a prefetch) of every chunk of its file's term (``ahead``: a small
-        file read whole, say) whose chunks start where the last read's load of
-        the same xorb ended takes in the chunks after it, up to a whole run,
-        that no run or load has.  Small files read in the order they were
-        packed then cost a request every few hundred files, not one each; a
-        larger file, read in parts, has its own prefetch.
-        """
-        if ahead and read and self._fetches is not None and self._read_ends.get(xorb_hash) == lo:
-            hi = max(hi, self._runs.vacant_until(xorb_hash, hi, self.run_stop(layout, lo, layout.num_chunks)))
+        Where every store read is a request, a read (not a prefetch) of a whole term (``ahead``) may read
+        ahead in its xorb (the module's docstring says when, and how far)."""
+        if read and self._fetches is not None:
+            mark, width = self._read_ends.get(xorb_hash, (-1, 0))
+            if ahead and mark == lo:
+                width = min(2 * width, self._run_bytes) if width else READ_AHEAD_FIRST
+                reach = min(layout.num_chunks, max(hi + 1, layout.chunk_at(layout.unpacked_start(lo) + width)))
+                to = self._runs.vacant_until(xorb_hash, hi, self.run_stop(layout, lo, reach))
+                self._store.read_ahead += max(0, to - hi)
+                hi = max(hi, to)
+            if len(self._read_ends) >= READ_AHEAD_XORBS and xorb_hash not in self._read_ends:
+                self._read_ends.clear()
+            self._read_ends[xorb_hash] = (hi, width)
         pieces = []
         while lo < hi:
             end = self.run_stop(layout, lo, hi)
             pieces.append((lo, end))
             lo = end
-        if read and pieces:
-            self._read_ends[xorb_hash] = pieces[-1][1]
         return pieces
 
     async def load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:

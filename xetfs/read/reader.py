@@ -300,7 +300,7 @@ class Reader:
 
         async def load(lo: int, hi: int) -> Loaded:
             loaded = await self._loader.load(xorb_hash, layout, lo, hi)
-            self._tally(file_hash, loaded)
+            self._tally(file_hash, loaded, layout, first, stop)
             return loaded
 
         return await self.runs.get(xorb_hash, first, stop, cut, load, prefetch=prefetch)
@@ -318,17 +318,18 @@ class Reader:
         loaded = self._loader.load_now(piece.xorb_hash, layout, first, stop)
         if loaded is None:
             return None
-        self._tally(entry.file_hash, loaded)
+        self._tally(entry.file_hash, loaded, layout, first, stop)
         return self.runs.put(piece.xorb_hash, first, stop, loaded)
 
-    def _tally(self, file_hash: bytes, loaded: Loaded) -> None:
-        """Count what a read of the file ``file_hash`` loaded (the file whose read loads a chunk is the one
-        it is counted for)."""
-        runs, _ = loaded
+    def _tally(self, file_hash: bytes, loaded: Loaded, layout: XorbLayout, first: int, stop: int) -> None:
+        """Count what a read of the file ``file_hash`` loaded of chunks ``[first, stop)`` (the file whose read
+        loads a chunk is the one it is counted for; chunks it read ahead are other files')."""
         tally = self._files.get(file_hash) or self._files.setdefault(file_hash, FileCounters())
-        for run in runs:
-            tally.chunks += run.stop - run.first
-            tally.bytes += len(run.data)
+        for run in loaded[0]:
+            a, b = max(first, run.first), min(stop, run.stop)
+            if a < b:
+                tally.chunks += b - a
+                tally.bytes += layout.range_size(a, b)
 
     def _count_error(self, exc: XetfsError) -> None:
         errors = self._errors

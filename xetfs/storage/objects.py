@@ -247,7 +247,10 @@ class ObstoreSource:
 
         From a plain HTTP(S) server, the body goes straight from the socket
         into the parts (``http.client``, kept-alive connections): no copy in
-        between, and about half the CPU of the general client.
+        between, and about half the CPU of the general client.  Without TLS,
+        on a connection kept alive, a body of the exact length is read with
+        ``recvmsg_into``: one system call for as many parts as the socket has
+        bytes for (``_scatter_body``).
         """
         if self._http is None:
             scatter(self.read_range(name, start, end), parts)
@@ -437,19 +440,18 @@ class _HttpRanges:
             if response.status == 200 or 300 <= response.status < 400:
                 raise _NotRanges(f"answered a range request with {response.status}")
             raise _Transient(f"server answered with status code: {response.status}")
-        progress = [0]
         try:
             if _scatter_ok(conn, response, end - start):
-                _scatter_body(conn.sock, response, parts, progress)
-                response.close()  # every byte of the body was read: the connection can serve another request
+                got = _scatter_body(conn.sock, response, parts)
+                response.close()  # (http.client saw none of the body go by; the length is checked below)
             else:
-                _read_body(response, parts, progress)
-        except (OSError, http.client.HTTPException) as exc:
+                got = _read_body(response, parts)
+        except _Transient:
             conn.close()
-            raise _Transient(f"body failed after about {progress[0]} bytes: {exc}") from None
-        if progress[0] != end - start or (not response.isclosed() and response.read(1)):
+            raise
+        if got != end - start or (not response.isclosed() and response.read(1)):
             conn.close()
-            raise _Transient(f"short body: {progress[0]} of {end - start} bytes")
+            raise _Transient(f"short body: {got} of {end - start} bytes")
         self._give_back(conn)
         return waited
 
@@ -489,49 +491,59 @@ def _scatter_ok(conn: http.client.HTTPConnection, response: http.client.HTTPResp
     )
 
 
-def _scatter_body(sock: socket.socket, response: http.client.HTTPResponse, parts: Sequence[memoryview],
-                  progress: list[int]) -> None:  # fmt: skip
+def _scatter_body(sock: socket.socket, response: http.client.HTTPResponse, parts: Sequence[memoryview]) -> int:
     """Fill ``parts`` from the body: what ``http.client`` has buffered, then ``recvmsg_into`` from the socket.
 
     One system call fills as many parts as the socket has bytes for, where
-    ``response.readinto`` would take a few Python calls for every part.
-    ``progress[0]`` counts the bytes placed; the socket's timeout bounds
-    each wait.  Stops early at the end of the stream.
+    ``response.readinto`` would take a few Python calls for every part.  The
+    bytes placed; fewer than the parts hold if the stream ended first.  The
+    socket's timeout bounds each wait.
     """
     views = [p for p in parts if len(p)]
-    i = 0
-    buffered = len(response.fp.peek())  # (one read of the socket if the buffer is empty)
-    while buffered and i < len(views):
-        take = min(len(views[i]), buffered)
-        response.fp.readinto(views[i][:take])
-        buffered -= take
-        progress[0] += take
-        if take == len(views[i]):
-            i += 1
-        else:
-            views[i] = views[i][take:]
-    while i < len(views):
-        n = sock.recvmsg_into(views[i : i + IOV_MAX])[0]
-        if not n:
-            return
-        progress[0] += n
-        while n >= len(views[i]):
-            n -= len(views[i])
-            i += 1
-            if i == len(views):
-                return
-        views[i] = views[i][n:]
+    i = got = 0
+    try:
+        buffered = len(response.fp.peek())  # (one read of the socket if the buffer is empty)
+        while buffered and i < len(views):
+            take = min(len(views[i]), buffered)
+            response.fp.readinto(views[i][:take])
+            buffered -= take
+            got += take
+            if take == len(views[i]):
+                i += 1
+            else:
+                views[i] = views[i][take:]
+        while i < len(views):
+            n = sock.recvmsg_into(views[i : i + IOV_MAX])[0]
+            if not n:
+                return got
+            got += n
+            while n >= len(views[i]):
+                n -= len(views[i])
+                i += 1
+                if i == len(views):
+                    return got
+            views[i] = views[i][n:]
+    except OSError as exc:
+        raise _Transient(f"body failed after {got} bytes: {exc}") from None
+    return got
 
 
-def _read_body(response: http.client.HTTPResponse, parts: Sequence[memoryview], progress: list[int]) -> None:
-    """Fill ``parts`` from the body through ``http.client`` (TLS, chunked or unsized answers)."""
-    for part in parts:
-        done = 0
-        while done < len(part) and (n := response.readinto(part[done:])):
-            done += n
-        progress[0] += done
-        if done < len(part):
-            return
+def _read_body(response: http.client.HTTPResponse, parts: Sequence[memoryview]) -> int:
+    """Fill ``parts`` from the body through ``http.client`` (TLS, chunked or unsized answers): the bytes placed."""
+    import http.client
+
+    got = 0
+    try:
+        for part in parts:
+            done = 0
+            while done < len(part) and (n := response.readinto(part[done:])):
+                done += n
+            got += done
+            if done < len(part):
+                break
+    except (OSError, http.client.HTTPException) as exc:
+        raise _Transient(f"body failed after about {got} bytes: {exc}") from None
+    return got
 
 
 def _status(message: str) -> int | None:

@@ -209,7 +209,7 @@ def t_xetfs(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
 
 
 def t_remote(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
-    from helpers import servers  # (the tests' helpers: benchkit.sections.remote, loaded first, puts them on the path)
+    from helpers import servers  # (the tests' helpers: the bench puts them on the path)
 
     from benchkit.sections.remote import NO_DISK_CACHE
     from xetfs.storage.remote import publish
