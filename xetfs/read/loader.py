@@ -19,7 +19,7 @@ file read whole) whose chunks start where the last read's load of the same
 xorb ended takes in the chunks after them that no run or load has:
 ``READ_AHEAD_FIRST`` decoded bytes, twice as many each time a read goes on,
 up to one store read.  Small files read in the order they were packed then
-cost a request every few hundred files, not one each, while a read that
+cost a request every few dozen files, not one each, while a read that
 goes on by chance waits for little more than its own chunks.  The width is
 kept across reads that do not go on: files packed a little out of order, or
 two kinds of files packed apart and read in turn, do not start it again.  A
