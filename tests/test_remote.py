@@ -24,6 +24,7 @@ import trio
 from helpers import oracle, servers
 from helpers.mounting import mounted, wait_until
 from helpers.oracle import CliRunner, hf_xet_env
+from helpers.writer import StoreBuilder
 
 from xetfs.base.errors import StoreError
 from xetfs.base.settings import TAIL_BYTES
@@ -244,6 +245,34 @@ def test_restart_serves_from_cache_with_server_down(packed: Packed, tmp_path: Pa
         assert reason.startswith(f"{url}/xet/xorbs/"), line
         assert f"{url}/{LISTING_NAME}" not in reason, line
         assert "server marked down" in reason or "server unreachable" in reason, line
+
+
+def test_a_footer_longer_than_the_tail_is_fetched_once_and_kept_for_a_restart_with_the_server_down(
+    tmp_path: Path,
+) -> None:
+    """A xorb of thousands of small chunks has a footer longer than the tail the first request fetches: the
+    rest of it comes with one more request, for the bytes the tail lacks (not the footer again), and the whole
+    footer is kept in the disk cache, so that a mount with the server down still serves the cached chunks."""
+    from xetfs.base import hashes
+    from xetfs.storage.remote import publish
+
+    builder = StoreBuilder(tmp_path / "store")
+    data = oracle.random_bytes(6000 * 16, 21)
+    file_hash = builder.add_file(data, chunk_size=16)  # 6,000 chunks: a footer of well over 128 KiB
+    builder.finish()
+    publish(builder.root)
+    (xorb,) = builder.xorb_paths.values()
+    size = xorb.stat().st_size
+    cache, port = str(tmp_path / "cache"), servers.free_port()
+    name = f".xetfs/by-hash/{hashes.to_hex(file_hash)}"
+    with servers.nginx(builder.root, port=port) as web:
+        with mounted(web.url, "--cache-dir", cache) as m:
+            assert (m / name).read_bytes() == data
+            assert m.stats()["remote"]["disk_misses"] > 0
+        sent, requests = web.bytes_sent(under=xorb.name)
+    assert size > 2 * TAIL_BYTES and sent <= size, (sent, size, requests)  # each byte of the xorb at most once
+    with mounted(web.url, "--cache-dir", cache, "--io-timeout", "5", allow_errors=True) as m:  # nginx is gone
+        assert (m / name).read_bytes() == data
 
 
 def test_a_request_refused_while_the_server_is_down_says_why() -> None:

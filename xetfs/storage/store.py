@@ -281,10 +281,12 @@ class Store:
     def load_layout(self, xorb_hash: bytes) -> XorbLayout:
         """Read and check a xorb's layout (``layout_from``).
 
-        A remote xorb's tail is fetched with one request.  Where a disk cache
-        is on, its footer is kept there (a restart with the server down still
-        finds the layout), and so are the chunks the tail holds whole, so that
-        a read of them later fetches nothing again.
+        A remote xorb's tail is fetched with one request (a second one for
+        the rest of a footer longer than ``TAIL_BYTES``: a xorb of thousands
+        of small chunks).  Where a disk cache is on, its footer is kept there
+        (a restart with the server down still finds the layout), and so are
+        the chunks the tail holds whole, so that a read of them later fetches
+        nothing again.
         """
         name, size = self._xorb(xorb_hash)
         if self.source.local_path(name) is not None:
@@ -294,8 +296,15 @@ class Store:
             if layout is not None:
                 return layout
         tail_at = max(0, size - TAIL_BYTES)
-        tail = self.read_xorb(xorb_hash, tail_at, size) if size else b""
-        layout = layout_from(lambda s, e: self._from_tail(xorb_hash, tail, tail_at, s, e), size, xorb_hash)
+        tail: Buffer = self.read_xorb(xorb_hash, tail_at, size) if size else b""
+
+        def read(start: int, end: int) -> Buffer:
+            nonlocal tail, tail_at
+            if start < tail_at < end:  # a footer longer than the tail: fetch the rest of it, once, and hold it
+                tail, tail_at = bytes(self.read_xorb(xorb_hash, start, tail_at)) + bytes(tail), start
+            return self._from_tail(xorb_hash, tail, tail_at, start, end)
+
+        layout = layout_from(read, size, xorb_hash)
         if self.chunks is not None:
             data_end = layout.phys_ends[-1] if layout.num_chunks else 0
             if data_end >= tail_at and data_end < size:
