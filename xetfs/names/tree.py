@@ -23,9 +23,10 @@ Contract:
 * A file's modification time is the latest ``mtime`` its manifest names
   give it, or None (the mount shows the store's).
 * Inodes are dense and deterministic, so they survive a remount of the same
-  store and manifest: the fixed inodes below, then the files in raw
-  file-hash order (independent of the manifest), then the manifest's
-  directories in sorted path order.
+  store and manifest: the fixed inodes below, then the files in the order
+  they were packed (by the xorb and chunk where each starts, then its hash;
+  independent of the manifest), then the manifest's directories in sorted
+  path order.
 * Names are bytes (the UTF-8 form of the manifest's text); each directory
   keeps them sorted, so ``lookup`` is a bisection and listings come in
   name order.  Per file the model holds its names and one link count: about
@@ -40,7 +41,6 @@ from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
-from operator import attrgetter
 
 from xetfs.base import hashes
 from xetfs.base.messages import plural
@@ -253,7 +253,7 @@ class TreeBuilder:
     """
 
     def __init__(self, index: Index) -> None:
-        self.entries = sorted(index, key=attrgetter("file_hash"))
+        self.entries = sorted(index, key=lambda e: _pack_order(index, e))
         self.nlinks = array("I", [0]) * len(self.entries)
         self.mtimes = array("q", [_NO_MTIME]) * len(self.entries)
         self.by_hash, self.by_sha256 = _hash_names(self.entries)
@@ -292,6 +292,15 @@ class TreeBuilder:
         }
         _freeze_tree(named, dirs, first_inode=FIRST_FILE_INODE + len(self.entries) + len(self._extras))
         return Tree(self.entries, self.nlinks, dirs, self.mtimes, self._extras), self.log.lines()
+
+
+def _pack_order(index: Index, entry: FileEntry) -> tuple[bytes, int, bytes]:
+    """Where a file's first chunk lies (its xorb, the chunk), then its hash: files numbered in this order
+    are read in the order they were packed by tools that read a directory in inode order (``cp -r``), so
+    that a remote store's read-ahead serves the next small files (``Loader.cut``)."""
+    if not entry.num_terms:
+        return b"", 0, entry.file_hash
+    return index.xorbs[entry.xorb_ids[0]], entry.starts[0], entry.file_hash
 
 
 def _hash_names(entries: list[FileEntry]) -> tuple[dict[bytes, int], dict[bytes, int]]:
