@@ -39,7 +39,7 @@ from __future__ import annotations
 import enum
 from array import array
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from xetfs.base import hashes
@@ -253,7 +253,7 @@ class TreeBuilder:
     """
 
     def __init__(self, index: Index) -> None:
-        self.entries = sorted(index, key=lambda e: _pack_order(index, e))
+        self.entries = sorted(index, key=_pack_order(index))
         self.nlinks = array("I", [0]) * len(self.entries)
         self.mtimes = array("q", [_NO_MTIME]) * len(self.entries)
         self.by_hash, self.by_sha256 = _hash_names(self.entries)
@@ -294,13 +294,16 @@ class TreeBuilder:
         return Tree(self.entries, self.nlinks, dirs, self.mtimes, self._extras), self.log.lines()
 
 
-def _pack_order(index: Index, entry: FileEntry) -> tuple[bytes, int, bytes]:
-    """Where a file's first chunk lies (its xorb, the chunk), then its hash: files numbered in this order
-    are read in the order they were packed by tools that read a directory in inode order (``cp -r``), so
-    that a remote store's read-ahead serves the next small files (``Loader.cut``)."""
-    if not entry.num_terms:
-        return b"", 0, entry.file_hash
-    return index.xorbs[entry.xorb_ids[0]], entry.starts[0], entry.file_hash
+def _pack_order(index: Index) -> Callable[[FileEntry], tuple[bytes, int, bytes]]:
+    """The key that orders files by where their first chunk lies (its xorb, the chunk), then their hash: files
+    numbered in this order are read in the order they were packed by tools that read a directory in inode
+    order (``cp -r``), so that a remote store's read-ahead serves the next small files (``Loader.cut``)."""
+    xorbs = index.xorbs
+
+    def key(e: FileEntry) -> tuple[bytes, int, bytes]:
+        return (xorbs[e.xorb_ids[0]], e.starts[0], e.file_hash) if e.ends else (b"", 0, e.file_hash)
+
+    return key
 
 
 def _hash_names(entries: list[FileEntry]) -> tuple[dict[bytes, int], dict[bytes, int]]:
