@@ -21,7 +21,8 @@ machine and the same data.  Sections (``--only``), each in
   remote     a store over nginx: curl (the wire), two HTTP clients, remote, disk-cache and local mounts
   remote-load  the load model over nginx and from the store directory (also run by remote)
   hub        a Hugging Face cache: import (pack --hub-cache), then load by repo id via a mount
-  small-files  sha256sum of 3,000 small files (xetfs, over nginx too, the ceiling, plain files; cold and again);
+  small-files  sha256sum of 3,000 small files (xetfs, over nginx too, the ceiling, plain files; cold and again),
+               cp -r of them (local and over nginx);
                ls -lR, find and stat over 100,000 files; the daemon's memory per file
   first-read   a read started right after `xetfs mount` returns: first byte, first 100 MB, whole file
   serve      hf_hub_download through `xetfs serve`, beside hf_xet local:// and curl from nginx

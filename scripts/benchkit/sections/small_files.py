@@ -14,6 +14,9 @@
     without a disk cache (``remote``), cold and again, beside the mount of
     the store directory.
   Every sha256sum output must equal the plain files' one.
+* cp -r: a copy of the whole directory out of a fresh mount (coreutils
+  ``cp`` reads a directory in inode order), of the store directory and
+  over nginx; every copied file is checked against the original.
 * tree: ``ls -lR``, ``find`` and ``stat`` of every file of a synthetic
   store of ``--tree-files`` files (100,000; the ``mount`` section's
   generator), each on a fresh mount.  ``stat`` gets the names from a list
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Sequence
@@ -83,6 +87,12 @@ CPU_REMOTE_COLD = Row("cpu_sf_remote_cold", "CPU s: xetfs over nginx cold (daemo
 REQ_REMOTE_COLD = Row("req_sf_remote_cold", "requests to nginx for xorbs: xetfs over nginx cold", "",
                       xetfs=True)  # fmt: skip
 BUSY_REMOTE_COLD = busy_row("sf_remote_cold", "xetfs over nginx cold", REMOTE_COLD, (CPU_REMOTE_COLD,))
+CP_LOCAL = Row("sf_cp_local", "cp -r of the directory: xetfs, fresh mount", "s", xetfs=True)
+CP_REMOTE = Row("sf_cp_remote", "cp -r of the directory: xetfs over nginx, fresh mount, no disk cache", "s",
+                xetfs=True)  # fmt: skip
+R_CP = Row("r_sf_cp", "cp -r: xetfs over nginx / xetfs", "x", Target("<=", 1.3, "<= 1.3"),
+           derive=ratio(CP_REMOTE, CP_LOCAL), xetfs=True)  # fmt: skip
+REQ_CP_REMOTE = Row("req_sf_cp_remote", "requests to nginx for xorbs: cp -r over nginx", "", xetfs=True)
 
 TREE_LS = Row("sf_tree_ls", "tree: ls -lR, fresh mount", "s", xetfs=True)
 TREE_FIND = Row("sf_tree_find", "tree: find, fresh mount", "s", xetfs=True)
@@ -100,6 +110,7 @@ ROWS = (PLAIN, CEIL_COLD, CEIL_AGAIN, COLD, AGAIN, R_COLD, R_AGAIN, R_PLAIN, R_C
         CPU_PLAIN, CPU_CEIL_COLD, CPU_CEIL_AGAIN, CPU_COLD, CPU_AGAIN, CPU_COLD_DAEMON, CPU_CEIL_COLD_DAEMON,
         BUSY_PLAIN, BUSY_CEIL_COLD, BUSY_CEIL_AGAIN, BUSY_COLD, BUSY_AGAIN, RSS_SMALL,
         REMOTE_COLD, REMOTE_AGAIN, R_REMOTE_COLD, R_REMOTE_AGAIN, CPU_REMOTE_COLD, REQ_REMOTE_COLD, BUSY_REMOTE_COLD,
+        CP_LOCAL, CP_REMOTE, R_CP, REQ_CP_REMOTE,
         TREE_LS, TREE_FIND, TREE_STAT, CPU_TREE_LS, CPU_TREE_FIND, CPU_TREE_STAT,
         BUSY_TREE_LS, BUSY_TREE_FIND, BUSY_TREE_STAT, TREE_RSS, TREE_PER_FILE)  # fmt: skip
 
@@ -131,6 +142,7 @@ def tasks(r: Runner, selected: set[str]) -> list[Task]:
         out += [
             Task("small-xetfs", COLUMN, v.name, _bind(t_xetfs, r, small, v.name)),
             Task("small-remote", COLUMN, v.name, _bind(t_remote, r, small, v.name)),
+            Task("small-cp", COLUMN, v.name, _bind(t_cp, r, small, v.name)),
             Task("small-tree", COLUMN, v.name, _bind(t_tree, r, tree, v.name)),
         ]
     return out
@@ -208,15 +220,21 @@ def t_xetfs(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
     r.r.add(RSS_SMALL, COLUMN, rnd, hwm / MiB if hwm else None, variant)
 
 
+def publish_once(r: Runner, small: PackedDir) -> None:
+    """Write the listing a store served over HTTP needs (once a run)."""
+    from xetfs.storage.remote import publish
+
+    if not r.extra.get("small_published"):
+        publish(small.store)
+        r.extra["small_published"] = True
+
+
 def t_remote(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
     from helpers import servers  # (the tests' helpers: the bench puts them on the path)
 
     from benchkit.sections.remote import NO_DISK_CACHE
-    from xetfs.storage.remote import publish
 
-    if not r.extra.get("small_published"):
-        publish(small.store)  # (the listing a store served over HTTP needs)
-        r.extra["small_published"] = True
+    publish_once(r, small)
     cat_to_null(small.xorbs)  # (nginx reads them from the page cache, as the local mount does)
     with (
         servers.nginx(small.store) as web,
@@ -226,12 +244,45 @@ def t_remote(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
         go()
         mark = web.log_mark()
         cold, cpu_cold, _ = sha256sum(r, small, x.mountpoint, x)
-        _, requests = web.bytes_sent(since=mark, under="/xorbs/")
+        _, requests = web.bytes_sent(since=mark, under="/xorbs/xorbs/")
         again, _, _ = sha256sum(r, small, x.mountpoint, x)
     r.r.add(REMOTE_COLD, COLUMN, rnd, cold, variant)
     r.r.add(REMOTE_AGAIN, COLUMN, rnd, again, variant)
     r.r.add(CPU_REMOTE_COLD, COLUMN, rnd, cpu_cold, variant)
     r.r.add(REQ_REMOTE_COLD, COLUMN, rnd, requests, variant)
+
+
+def copy_out(r: Runner, small: PackedDir, where: Path) -> float:
+    """Wall seconds of ``cp -r`` of the mounted directory ``where``; every copied file must be the original."""
+    dest = r.work_dir("small-cp") / "copy"
+    took, _ = run_tool(["cp", "-r", str(where), str(dest)], dest.parent, 600)
+    expected = r.extra.get("small_sums") or sha256sum_expected(small.names, small.files)
+    r.extra["small_sums"] = expected
+    if sha256sum_expected(small.names, dest) != expected:
+        raise BenchError(f"cp -r of {where} copied other bytes than the original files hold")
+    shutil.rmtree(dest)
+    return took
+
+
+def t_cp(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
+    from helpers import servers  # (the tests' helpers: the bench puts them on the path)
+
+    from benchkit.sections.remote import NO_DISK_CACHE
+
+    publish_once(r, small)
+    cat_to_null(small.xorbs)
+    with r.primed(now=False) as go, r.mounts.xetfs(small.store, variant=r.variant(variant)) as x:
+        go()
+        r.r.add(CP_LOCAL, COLUMN, rnd, copy_out(r, small, x.mountpoint), variant)
+    with (
+        servers.nginx(small.store) as web,
+        r.primed(now=False) as go,
+        r.mounts.xetfs(web.url, *NO_DISK_CACHE, variant=r.variant(variant)) as x,
+    ):
+        go()
+        mark = web.log_mark()
+        r.r.add(CP_REMOTE, COLUMN, rnd, copy_out(r, small, x.mountpoint), variant)
+        r.r.add(REQ_CP_REMOTE, COLUMN, rnd, web.bytes_sent(since=mark, under="/xorbs/xorbs/")[1], variant)
 
 
 def tree_names(r: Runner, store: Path, variant: str) -> bytes:
