@@ -59,10 +59,8 @@ def _files() -> dict[str, bytes]:
     }
 
 
-@pytest.fixture(scope="module")
-def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
-    tmp = tmp_path_factory.mktemp("remote")
-    files = _files()
+def _pack(tmp: Path, files: dict[str, bytes]) -> Packed:
+    """``files`` written under ``tmp/src`` and packed by ``xetfs pack`` (hf_xet) into ``tmp/store``."""
     src = tmp / "src"
     for name, data in files.items():
         (src / name).parent.mkdir(parents=True, exist_ok=True)
@@ -75,6 +73,11 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
     hashes = {e["path"]: e["xetHash"] for e in manifest if e["type"] == "file"}
     assert (top / LISTING_NAME).is_file()
     return Packed(top, files, hashes)
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> Packed:
+    return _pack(tmp_path_factory.mktemp("remote"), _files())
 
 
 @pytest.fixture(scope="module")
@@ -658,19 +661,9 @@ def test_range_reads_fill_parts_straight_from_the_socket_and_fall_back_for_other
 @pytest.fixture(scope="module")
 def small_files(tmp_path_factory: pytest.TempPathFactory) -> Packed:
     """A directory of 240 small files (200 B to 8 KB, about one chunk each), packed by hf_xet."""
-    tmp = tmp_path_factory.mktemp("small")
     rng = random.Random(11)
     files = {f"f{i:04d}.bin": oracle.random_bytes(rng.randint(200, 8000), 100 + i) for i in range(240)}
-    src = tmp / "src"
-    src.mkdir()
-    for name, data in files.items():
-        (src / name).write_bytes(data)
-    top = tmp / "store"
-    proc = subprocess.run([sys.executable, "-m", "xetfs", "pack", "--no-progress", str(src), str(top)],
-                          capture_output=True, env=hf_xet_env(tmp / "hf_xet"), check=False)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr.decode()
-    manifest = json.loads((top / "xetfs-manifest.json").read_bytes())
-    return Packed(top, files, {e["path"]: e["xetHash"] for e in manifest if e["type"] == "file"})
+    return _pack(tmp_path_factory.mktemp("small"), files)
 
 
 def _pack_order(packed: Packed) -> list[str]:

@@ -31,12 +31,13 @@ wall time.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from benchkit.sections import Section
 from benchkit.util import BenchError, MiB, cat_to_null, proc_status
 
 COLUMN = ""
+XORBS = "/xorbs/xorbs/"  # where nginx's access log names xorbs (not shards)
 TREE_SHARDS = 100
 
 PLAIN = Row("sf_plain", "sha256sum: plain files, page cache", "s")
@@ -171,15 +173,20 @@ def run_tool(argv: Sequence[str], cwd: Path, timeout: float, stdin: bytes | None
     return took, proc.stdout
 
 
+def expected_sums(r: Runner, small: PackedDir) -> bytes:
+    """What ``sha256sum`` prints for the original files (computed once a run)."""
+    expected = r.extra.get("small_sums")
+    if expected is None:
+        expected = r.extra["small_sums"] = sha256sum_expected(small.names, small.files)
+    return bytes(expected)
+
+
 def sha256sum(r: Runner, small: PackedDir, where: Path, daemon: Daemon | None) -> tuple[float, float, float]:
     """``sha256sum`` of every file in ``where``: wall seconds, CPU seconds of everything, and of the daemon
     (with its workers) alone.  The output must be the files' true sums."""
     with r.cpu(daemon) as cpu:
         took, out = run_tool(["sha256sum", "--", *small.names], where, 600)
-    expected = r.extra.get("small_sums")
-    if expected is None:
-        expected = r.extra["small_sums"] = sha256sum_expected(small.names, small.files)
-    if out != expected:
+    if out != expected_sums(r, small):
         raise BenchError(f"sha256sum in {where} printed other sums than the original files have")
     return took, cpu.daemon + cpu.workers + cpu.reader, cpu.daemon + cpu.workers
 
@@ -220,21 +227,18 @@ def t_xetfs(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
     r.r.add(RSS_SMALL, COLUMN, rnd, hwm / MiB if hwm else None, variant)
 
 
-def publish_once(r: Runner, small: PackedDir) -> None:
-    """Write the listing a store served over HTTP needs (once a run)."""
+@contextlib.contextmanager
+def over_nginx(r: Runner, small: PackedDir, variant: str) -> Iterator[tuple[Any, Daemon]]:
+    """nginx serving the small-files store (listing written once a run), and a fresh mount of it without a
+    disk cache, primed and ready: ``(server, daemon)``."""
+    from helpers import servers  # (the tests' helpers: the bench puts them on the path)
+
+    from benchkit.sections.remote import NO_DISK_CACHE
     from xetfs.storage.remote import publish
 
     if not r.extra.get("small_published"):
         publish(small.store)
         r.extra["small_published"] = True
-
-
-def t_remote(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
-    from helpers import servers  # (the tests' helpers: the bench puts them on the path)
-
-    from benchkit.sections.remote import NO_DISK_CACHE
-
-    publish_once(r, small)
     cat_to_null(small.xorbs)  # (nginx reads them from the page cache, as the local mount does)
     with (
         servers.nginx(small.store) as web,
@@ -242,9 +246,14 @@ def t_remote(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
         r.mounts.xetfs(web.url, *NO_DISK_CACHE, variant=r.variant(variant)) as x,
     ):
         go()
+        yield web, x
+
+
+def t_remote(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
+    with over_nginx(r, small, variant) as (web, x):
         mark = web.log_mark()
         cold, cpu_cold, _ = sha256sum(r, small, x.mountpoint, x)
-        _, requests = web.bytes_sent(since=mark, under="/xorbs/xorbs/")
+        _, requests = web.bytes_sent(since=mark, under=XORBS)
         again, _, _ = sha256sum(r, small, x.mountpoint, x)
     r.r.add(REMOTE_COLD, COLUMN, rnd, cold, variant)
     r.r.add(REMOTE_AGAIN, COLUMN, rnd, again, variant)
@@ -256,33 +265,21 @@ def copy_out(r: Runner, small: PackedDir, where: Path) -> float:
     """Wall seconds of ``cp -r`` of the mounted directory ``where``; every copied file must be the original."""
     dest = r.work_dir("small-cp") / "copy"
     took, _ = run_tool(["cp", "-r", str(where), str(dest)], dest.parent, 600)
-    expected = r.extra.get("small_sums") or sha256sum_expected(small.names, small.files)
-    r.extra["small_sums"] = expected
-    if sha256sum_expected(small.names, dest) != expected:
+    if sha256sum_expected(small.names, dest) != expected_sums(r, small):
         raise BenchError(f"cp -r of {where} copied other bytes than the original files hold")
     shutil.rmtree(dest)
     return took
 
 
 def t_cp(r: Runner, small: PackedDir, rnd: int, variant: str) -> None:
-    from helpers import servers  # (the tests' helpers: the bench puts them on the path)
-
-    from benchkit.sections.remote import NO_DISK_CACHE
-
-    publish_once(r, small)
     cat_to_null(small.xorbs)
     with r.primed(now=False) as go, r.mounts.xetfs(small.store, variant=r.variant(variant)) as x:
         go()
         r.r.add(CP_LOCAL, COLUMN, rnd, copy_out(r, small, x.mountpoint), variant)
-    with (
-        servers.nginx(small.store) as web,
-        r.primed(now=False) as go,
-        r.mounts.xetfs(web.url, *NO_DISK_CACHE, variant=r.variant(variant)) as x,
-    ):
-        go()
+    with over_nginx(r, small, variant) as (web, x):
         mark = web.log_mark()
         r.r.add(CP_REMOTE, COLUMN, rnd, copy_out(r, small, x.mountpoint), variant)
-        r.r.add(REQ_CP_REMOTE, COLUMN, rnd, web.bytes_sent(since=mark, under="/xorbs/xorbs/")[1], variant)
+        r.r.add(REQ_CP_REMOTE, COLUMN, rnd, web.bytes_sent(since=mark, under=XORBS)[1], variant)
 
 
 def tree_names(r: Runner, store: Path, variant: str) -> bytes:
