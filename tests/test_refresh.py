@@ -152,3 +152,18 @@ def test_refresh_every_loads_a_new_pack_by_itself(imported: Imported) -> None:
 
         wait_until(lambda: (folder / "refs" / "main").read_text() == commit, 20, "the periodic refresh")
         assert (folder / "snapshots" / commit / "extra.txt").read_text() == "added in revision 4\n"
+
+
+@fuse
+def test_a_ref_read_through_a_handle_opened_before_a_refresh_leaves_no_stale_bytes(imported: Imported) -> None:
+    """A handle opened before the refresh still reads the old ref, and that read fills the kernel's page
+    cache after the refresh asked it to forget the file: a later open must not be served those bytes."""
+    with mounted(imported.store) as m:
+        ref = m.path / "models--acme--tiny-bert" / "refs" / "main"
+        old_main = imported.spec.model_commits[-1]
+        with open(ref, "rb") as before:
+            commit = _new_revision(imported)
+            done = _refresh(m)
+            assert done.returncode == 0, done.stderr
+            assert before.read() == old_main.encode()  # an open file keeps reading what it read
+        assert ref.read_text() == commit
