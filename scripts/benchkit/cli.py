@@ -91,7 +91,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--mount-opt", action="append", default=[], metavar="ARG",
                    help="extra argument for every `xetfs mount` (repeatable), e.g. --mount-opt=--no-prefetch",
                    )  # fmt: skip
-    p.add_argument("--peer-out-dir", default="/dev/shm", help="where hf_xet writes its output (default /dev/shm)")
+    p.add_argument("--peer-out-dir", default="/dev/shm",
+                   help="where hf_xet's downloads and the bench's copies are written (default /dev/shm: in memory, "
+                        "so that those rows time reading, not a disk's writeback)")  # fmt: skip
     p.add_argument("--json", nargs="?", const="-", metavar="PATH",
                    help="also write the results as JSON to PATH ('-': JSON on stdout, table on stderr)")  # fmt: skip
     p.add_argument("--seed", type=int, default=1, help="seed for the random offsets")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import random
+import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -129,6 +131,18 @@ class Runner:
 
     def work_dir(self, prefix: str) -> Path:
         return self.mounts._new_dir(prefix)
+
+    @contextlib.contextmanager
+    def memory_dir(self, what: str) -> Iterator[Path]:
+        """An empty directory under ``--peer-out-dir`` (memory, by default) for a tool's output, removed
+        afterwards: rows that write a copy or a download time the reading, not a disk's writeback."""
+        d = Path(self.args.peer_out_dir) / f"xetfs-bench-{os.getpid()}-{what}"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
     def run(self, tasks: list[Task]) -> None:
         rounds = list(range(-self.args.warmup, self.args.repeat))

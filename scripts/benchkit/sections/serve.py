@@ -23,14 +23,11 @@ hf_xet, or curl).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,23 +135,11 @@ def packed(r: Runner, ds: Dataset) -> PackedDir:
     return store
 
 
-@contextlib.contextmanager
-def client_dirs(r: Runner, what: str) -> Iterator[Path]:
-    """An empty directory under --peer-out-dir for a client's cache or output, removed afterwards."""
-    d = Path(r.args.peer_out_dir) / f"xetfs-bench-{os.getpid()}-{what}"
-    shutil.rmtree(d, ignore_errors=True)
-    d.mkdir(parents=True)
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def t_serve(r: Runner, ds: Dataset, rnd: int, plain: bool) -> None:
     store = packed(r, ds)
     cat_to_null(store.xorbs)
     # At its default log level, as users run it (the test helper's info level logs every request).
-    with servers.xetfs_serve(store.store, "--log-level", "warning") as web, client_dirs(r, "hub") as cache:
+    with servers.xetfs_serve(store.store, "--log-level", "warning") as web, r.memory_dir("hub") as cache:
         if web.proc is None:
             raise BenchError("xetfs serve has no process to account CPU to")
         env = dict(os.environ, HF_ENDPOINT=web.url, HF_HUB_CACHE=str(cache / "hub"), HF_HOME=str(cache / "home"),
@@ -194,7 +179,7 @@ def t_peer(r: Runner, ds: Dataset, rnd: int, _flag: bool) -> None:
 def t_curl(r: Runner, ds: Dataset, rnd: int, _flag: bool) -> None:
     store = packed(r, ds)
     cat_to_null([store.files / NAME])
-    with servers.nginx(store.files) as web, client_dirs(r, "curl") as out:
+    with servers.nginx(store.files) as web, r.memory_dir("curl") as out:
         if web.proc is None:
             raise BenchError("nginx has no process to account CPU to")
         target = out / NAME
