@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 from helpers import oracle
+from helpers.amplification import loaded
 from helpers.mounting import Mount, memory, mounted, wait_until
 from helpers.oracle import ChunkLoc, CliRunner, OracleFile, OracleStore
 
@@ -121,8 +122,7 @@ def settled(mount: Mount) -> dict[str, Any]:
         now = mount.stats()
         same = all(now[k] == last[0][k] for k in keys)
         last[0] = now
-        loaded = now["cache"]["misses"] + now["prefetch"]["chunks"] == now["decode"]["chunks"]
-        return same and loaded and now["cache"]["loading"] == 0
+        return same and loaded(now) == now["decode"]["chunks"] and now["cache"]["loading"] == 0
 
     wait_until(quiet, SETTLE_DEADLINE, "the counters to settle", mount.proc, mount.log_path)
     return last[0]

@@ -86,11 +86,10 @@ def test_where_each_read_is_a_request_a_run_takes_in_a_small_remainder() -> None
 
 
 def test_a_read_that_goes_on_where_the_last_read_of_its_xorb_ended_takes_in_a_run() -> None:
-    """Where every store read is a request, a read of a whole term whose chunks start where the last read's
-    load of the same xorb ended takes in the chunks after them that no run or load has (the next small files,
-    in the order they were packed).  Anywhere else, for a read of part of a term (a larger file, which has its
-    own prefetch), and on a local store, a read loads just its chunks; a prefetch neither reads ahead nor moves
-    the mark."""
+    """A read of a whole term whose chunks start where the last read's load of the same xorb ended takes in
+    the chunks after them that no run or load has (the next small files, in the order they were packed), on a
+    remote store as on a local one.  Anywhere else, and for a read of part of a term (a larger file, which has
+    its own prefetch), a read loads just its chunks; a prefetch neither reads ahead nor moves the mark."""
     store = cast(Store, SimpleNamespace(local=False, chunk_limit=lambda _x, _s, limit: limit))
     runs = RunStore(1 << 20)
     remote = Loader(store, runs, shared=lambda _: False, run_bytes=1000, fetch_width=8)
@@ -115,8 +114,10 @@ def test_a_read_that_goes_on_where_the_last_read_of_its_xorb_ended_takes_in_a_ru
     assert read(remote, other, 33, 34) == [(33, 43)]  # ...but it moves the mark
     assert remote.statistics()[1].read_ahead == 9 + 3 + 9
     local = Loader(store, RunStore(1 << 20), shared=lambda _: False, run_bytes=1000)
+    assert not local.goes_on(xorb, 5)
     assert read(local, xorb, 5, 6) == [(5, 6)]
-    assert read(local, xorb, 6, 7) == [(6, 7)]
+    assert local.goes_on(xorb, 6) and not local.goes_on(xorb, 7) and not local.goes_on(other, 6)
+    assert read(local, xorb, 6, 7) == [(6, 16)]
 
 
 def test_read_ahead_starts_small_and_doubles_up_to_a_run_within_a_disk_cache_entry() -> None:

@@ -256,8 +256,10 @@ def test_a_small_read_of_a_local_store_is_loaded_at_once(
     (``Loader.load_now``): ``RunStore.get``, its loads and their events are not used; counted as ever."""
     rng = random.Random(21)
     b = StoreBuilder(tmp_path)
-    first, second = _content(rng, 3000), _content(rng, 3000)
-    fh1, fh2 = b.add_file(first, chunk_size=1000), b.add_file(second, chunk_size=1000)
+    first, second, third = (_content(rng, 3000) for _ in range(3))
+    fh1 = b.add_file(first, chunk_size=1000)
+    b.add_file(second, chunk_size=1000)
+    fh3 = b.add_file(third, chunk_size=1000)
     b.finish()
     with opened(tmp_path) as (idx, reader):
         assert read(idx, reader, fh1) == first  # loads the layout: through ``get``
@@ -269,13 +271,39 @@ def test_a_small_read_of_a_local_store_is_loaded_at_once(
             return real_get(*args, **kwargs)
 
         monkeypatch.setattr(reader.runs, "get", get)
-        assert read(idx, reader, fh2, 500, 2000) == second[500:2500]
+        assert read(idx, reader, fh3, 500, 2000) == third[500:2500]  # (not where fh1's read ended)
         assert len(gets) == (0 if decoding == "daemon" else 1)  # (the workers fixture sends every run to one)
         s = reader.statistics()
-        assert (s.cache.misses, s.cache.hits, s.store.reads) == (6, 0, 2)
-        assert reader.file_statistics(fh2).chunks == 3
-        assert read(idx, reader, fh2) == second  # every chunk held
+        assert (s.cache.misses, s.cache.hits, s.store.reads, s.store.read_ahead) == (6, 0, 2, 0)
+        assert reader.file_statistics(fh3).chunks == 3
+        assert read(idx, reader, fh3) == third  # every chunk held
         assert reader.statistics().store.reads == 2
+
+
+def test_small_files_read_in_the_order_they_were_packed_read_ahead_on_a_local_store(tmp_path: Path) -> None:
+    """A small file read whole where the last read of its xorb ended (the next file, in pack order) is not
+    decoded at once by itself: its read takes in the chunks after it too, one run for the files that follow,
+    which are then held (``Loader.cut``).  Each file's stats count its own chunks."""
+    rng = random.Random(22)
+    b = StoreBuilder(tmp_path)
+    contents = [_content(rng, 3000) for _ in range(6)]
+    files = [b.add_file(c, chunk_size=1000) for c in contents]
+    b.finish()
+    with opened(tmp_path) as (idx, reader):
+        assert read(idx, reader, files[0]) == contents[0]
+        assert read(idx, reader, files[1]) == contents[1]  # goes on: chunks 3 to 18, one store read
+        s = reader.statistics()
+        assert (s.store.reads, s.store.read_ahead) == (2, 12), s.store
+        for fh, content in zip(files[2:], contents[2:], strict=True):
+            assert read(idx, reader, fh) == content
+            assert reader.file_statistics(fh).chunks == 0  # (loaded by the read of files[1])
+        assert reader.statistics().store.reads == 2
+        assert reader.file_statistics(files[1]).chunks == 3
+    with opened(tmp_path, read_ahead=False) as (idx, reader):  # (``--no-prefetch``)
+        for fh, content in zip(files, contents, strict=True):
+            assert read(idx, reader, fh) == content
+        s = reader.statistics()
+        assert (s.store.reads, s.store.read_ahead, s.decode.chunks) == (6, 0, 18), s
 
 
 def test_each_layout_lookup_counts_once(tmp_path: Path) -> None:

@@ -709,6 +709,24 @@ def test_small_files_read_in_the_order_they_were_packed_take_few_requests_and_sh
             assert sent <= needed * 1.02 + TAIL_BYTES * xorbs, (name, sent, needed)  # (chunk headers, footers)
 
 
+def test_small_files_read_in_the_order_they_were_packed_read_ahead_on_a_local_store_too(small_files: Packed) -> None:
+    """On the store directory, the same read-ahead turns the files' one store read each (a decode by the
+    daemon, on the way to the reader) into a run every few dozen files, decoded by a worker."""
+    order = _pack_order(small_files)
+    for name in ("packed", "shuffled"):
+        with mounted(small_files.top) as m:
+            m.wait_for_workers()
+            for n in order if name == "packed" else random.Random(3).sample(order, len(order)):
+                assert (m / n).read_bytes() == small_files.files[n], (name, n)
+            stats = m.stats()
+        store, decode = stats["store"], stats["decode"]
+        if name == "packed":
+            assert store["reads"] <= len(order) // 10 and store["read_ahead"] > len(order) // 2, store
+            assert decode["in_workers"] >= decode["chunks"] // 2, decode
+        else:
+            assert store["reads"] >= len(order) * 9 // 10, store
+
+
 def test_retries_give_correct_bytes(packed: Packed, web: servers.Server) -> None:
     with servers.fault_proxy(web) as (proxy, faults):
         faults.queue.extend(["503", "429", "reset", "truncate", "slow", "500", "reset", "truncate", "503"] * 2)

@@ -15,6 +15,12 @@ MOST = 1.05
 SETTLE_DEADLINE = 10.0
 
 
+def loaded(stats: dict[str, Any]) -> int:
+    """The chunks that reads, prefetch and reads ahead in a xorb asked to be loaded: once every load is done
+    and none failed, the chunks decoded (``decode.chunks``)."""
+    return int(stats["cache"]["misses"] + stats["prefetch"]["chunks"] + stats["store"]["read_ahead"])
+
+
 def chunk_set(store: OracleStore, name: str, reads: list[tuple[int, int]] | None = None) -> set[tuple[str, int]]:
     """The distinct chunks a file's reads touch (all of the file by default)."""
     locs = oracle.file_chunks(store, store[name].hash)
@@ -29,15 +35,15 @@ def settled(m: Mount) -> dict[str, Any]:
 
     def quiet() -> bool:
         now = m.stats()
-        same = all(now[k] == last[0][k] for k in ("cache", "decode", "prefetch"))
+        same = all(now[k] == last[0][k] for k in ("cache", "decode", "prefetch", "store"))
         last[0] = now
-        return same and now["cache"]["misses"] + now["prefetch"]["chunks"] == now["decode"]["chunks"]
+        return same and loaded(now) == now["decode"]["chunks"]
 
     try:
         wait_until(quiet, SETTLE_DEADLINE, "the counters to settle", m.proc, m.log_path)
     except Exception as exc:
         raise AssertionError(
-            f"{exc}\nlast counters: {json.dumps({k: last[0][k] for k in ('cache', 'decode', 'prefetch')})}"
+            f"{exc}\nlast counters: {json.dumps({k: last[0][k] for k in ('cache', 'decode', 'prefetch', 'store')})}"
         ) from None
     return last[0]
 

@@ -39,8 +39,8 @@ RUN_TAIL_SHARE = 8
 REMOTE_RUN_BYTES = 4 * MiB  # decoded bytes (about 64 chunks) per request to a remote store
 REMOTE_FETCH_WIDTH = 8  # requests in flight to a remote store
 TAIL_BYTES = 128 * KiB  # a remote xorb's footer is read with one request for this much of its end
-# Where each store read is a request, small files read whole in the order they were packed read ahead in their
-# xorb: first this many decoded bytes, twice as many with every read that goes on, up to a run.
+# Small files read whole in the order they were packed read ahead in their xorb: first this many decoded bytes,
+# twice as many with every read that goes on, up to a run (``read.loader``).
 READ_AHEAD_FIRST = 256 * KiB
 READ_AHEAD_XORBS = 4096  # xorbs whose last read the loader remembers (then it forgets them all)
 MAX_OPEN_FILES = 64  # xorb files kept open, by the daemon and by each worker

@@ -74,7 +74,7 @@ class StoreCounters:
     reads: int = 0  # reads of xorb chunk bytes
     bytes: int = 0  # their size
     layouts: int = 0  # xorb footers loaded
-    read_ahead: int = 0  # chunks after a small file's own that its read asked for too (remote: ``Loader.cut``)
+    read_ahead: int = 0  # chunks after a small file's own that its read asked for too (``Loader.cut``)
 
 
 @dataclass

@@ -85,7 +85,8 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-ahead", type=parse_size, default=settings.READ_AHEAD,
                    help=f"kernel read-ahead for the mount (default {size_text(settings.READ_AHEAD)}; "
                         "needs root)")  # fmt: skip
-    p.add_argument("--no-prefetch", dest="prefetch", action="store_false", help="no readahead of chunks")
+    p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                   help="decode no chunks before a read asks for them")  # fmt: skip
 
 
 def _add_tree_options(p: argparse.ArgumentParser) -> None:

@@ -13,17 +13,19 @@ ones, and any when every slot is in use, into the daemon's memory.
 ``Loader.layout`` reads and checks a xorb's layout, and ``Loader.run_stop``
 says where a run ends.
 
-Reading ahead in a xorb (``Loader.cut``): where every store read is a
-request (a remote store), a read of every chunk of its file's term (a small
-file read whole) whose chunks start where the last read's load of the same
-xorb ended takes in the chunks after them that no run or load has:
-``READ_AHEAD_FIRST`` decoded bytes, twice as many each time a read goes on,
-up to one store read.  Small files read in the order they were packed then
-cost a request every few dozen files, not one each, while a read that
-goes on by chance waits for little more than its own chunks.  The width is
-kept across reads that do not go on: files packed a little out of order, or
-two kinds of files packed apart and read in turn, do not start it again.  A
-larger file, read in parts, has its own prefetch.
+Reading ahead in a xorb (``Loader.cut``): a read of every chunk of its
+file's term (a small file read whole) whose chunks start where the last
+read's load of the same xorb ended (``goes_on``) takes in the chunks after
+them that no run or load has: ``READ_AHEAD_FIRST`` decoded bytes, twice as
+many each time a read goes on, up to one store read.  Small files read in
+the order they were packed then cost a store read every few dozen files,
+not one each: a request fewer each on a remote store, and on a local one a
+run decoded by a worker rather than each file decoded by the daemon on its
+way to the reader (``load_now``).  A read that goes on by chance waits for
+little more than its own chunks.  The width is kept across reads that do
+not go on: files packed a little out of order, or two kinds of files
+packed apart and read in turn, do not start it again.  A larger file, read
+in parts, has its own prefetch.
 
 Blocking store reads in the daemon go through ``io``, which may run them
 inline (fastest) or in a worker thread with a time bound.  Runs on one trio
@@ -32,6 +34,7 @@ thread.
 
 from __future__ import annotations
 
+import contextlib
 from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
@@ -193,7 +196,7 @@ class Loader:
         """Chunks ``[lo, hi)``, which no run or load has, as store reads (``run_stop``): ``(first, stop)`` each.
         Where every store read is a request, a read (not a prefetch) of a whole term (``ahead``) may read
         ahead in its xorb (the module's docstring says when, and how far)."""
-        if read and self._fetches is not None:
+        if read:
             mark, width = self._read_ends.get(xorb_hash, (-1, 0))
             if ahead and mark == lo:
                 width = min(2 * width, self._run_bytes) if width else READ_AHEAD_FIRST
@@ -201,15 +204,18 @@ class Loader:
                 to = self._runs.vacant_until(xorb_hash, hi, self.run_stop(layout, lo, reach))
                 self._store.read_ahead += max(0, to - hi)
                 hi = max(hi, to)
-            if len(self._read_ends) >= READ_AHEAD_XORBS and xorb_hash not in self._read_ends:
-                self._read_ends.clear()
-            self._read_ends[xorb_hash] = (hi, width)
+            _read_end(self._read_ends, xorb_hash, hi, width)
         pieces = []
         while lo < hi:
             end = self.run_stop(layout, lo, hi)
             pieces.append((lo, end))
             lo = end
         return pieces
+
+    def goes_on(self, xorb_hash: bytes, first: int) -> bool:
+        """Whether a read from chunk ``first`` of a xorb starts where the last read's load of it ended."""
+        mark = self._read_ends.get(xorb_hash)
+        return mark is not None and mark[0] == first
 
     async def load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
         """Read, decode and verify chunks ``[first, stop)`` (one store read): in a worker if worth it, else here.
@@ -292,6 +298,7 @@ class Loader:
         data = self.store.read_local(xorb_hash, layout.phys_start(first), layout.phys_ends[stop - 1], first, stop)
         if data is None:  # a remote store: fetched, or read from the disk cache (whose entries may fail)
             return None
+        _read_end(self._read_ends, xorb_hash, stop, self._read_ends.get(xorb_hash, (-1, 0))[1])
         return _runs(xorb_hash, layout, first, self._decode_here(xorb_hash, layout, first, stop, data))
 
     async def _here(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
@@ -330,10 +337,7 @@ class Loader:
         was lost (the slots are still the caller's).  Raises ``WorkerLost`` if the slots were fenced (the
         caller decodes elsewhere).  If cancelled, the pool frees the slots once the worker is done."""
         try:
-            if src.path is None and self._remote_jobs is not None:
-                async with self._remote_jobs:
-                    decoded = await pool.decode(src, xorb_hash, jobs)
-            else:
+            async with (self._remote_jobs if src.path is None else None) or contextlib.nullcontext():
                 decoded = await pool.decode(src, xorb_hash, jobs)
         except WorkerLost as lost:
             self._decode.worker_fallbacks += 1
@@ -357,12 +361,9 @@ class Loader:
     async def _read(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:
         """The serialized chunks ``[first, stop)`` of a xorb, from ``src`` (``io``, within ``fetch_width``)."""
         phys = (layout.phys_start(first), layout.phys_ends[stop - 1])
-        if self._fetches is None:
+        async with self._fetches or contextlib.nullcontext():
             data: Buffer = await self._io(self.store.read_source, xorb_hash, src, *phys, first, stop)
-            return data
-        async with self._fetches:
-            fetched: Buffer = await self._io(self.store.read_source, xorb_hash, src, *phys, first, stop)
-            return fetched
+        return data
 
     def _count(self, read_bytes: int, chunks: int, nbytes: int) -> None:
         """Count one store read that decoded ``chunks`` chunks of ``nbytes`` bytes (``_decoded``); a
@@ -391,6 +392,13 @@ class Loader:
         loaded: XorbLayout = await self._io(self.store.load_layout, xorb_hash)
         self._store.layouts += 1
         return loaded
+
+
+def _read_end(read_ends: dict[bytes, tuple[int, int]], xorb_hash: bytes, stop: int, width: int) -> None:
+    """Remember where a read's load of a xorb ended, and how far it read ahead (of ``READ_AHEAD_XORBS``)."""
+    if len(read_ends) >= READ_AHEAD_XORBS and xorb_hash not in read_ends:
+        read_ends.clear()
+    read_ends[xorb_hash] = (stop, width)
 
 
 def _runs(xorb_hash: bytes, layout: XorbLayout, first: int, chunks: Sequence[Buffer | XetfsError]) -> Loaded:

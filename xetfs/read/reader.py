@@ -85,12 +85,15 @@ class Reader:
         run_bytes: int = RUN_BYTES,
         fetch_width: int | None = None,
         remote: RemoteCounters | None = None,
+        read_ahead: bool = True,
     ) -> None:
         """``run_bytes``: decoded bytes per run without decode workers (with them, a slot);
         ``fetch_width``: store reads in flight at most (None: no bound); ``remote``: the remote
         store's counters, where reads failed by the server are counted.  A remote store's reads
-        wait on the network: several larger ones are in flight."""
+        wait on the network: several larger ones are in flight.  ``read_ahead``: small files read
+        in pack order read ahead in their xorb (``Loader.cut``)."""
         self.index = index
+        self._read_ahead = read_ahead
         self._remote = remote or RemoteCounters()
         self._extents = Extents()
         self.runs = RunStore(cache_size, pool.slots.free if pool else None, self._extents.forget)
@@ -180,7 +183,7 @@ class Reader:
             else:
                 spans = await self._spans(entry, offset, size)
             for piece, layout, first, stop in spans:
-                whole = _whole_term(piece, first, stop)
+                whole = self._read_ahead and _whole_term(piece, first, stop)
                 held.append(await self._get(layout, piece.xorb_hash, first, stop, prefetch=False,
                                             file_hash=entry.file_hash, ahead=whole))  # fmt: skip
             # From here to the return, no await: a run released below may be evicted and its slot reused.
@@ -315,6 +318,8 @@ class Reader:
             return None
         if self._loader.run_stop(layout, first, stop) < stop:  # more than one store read
             return None
+        if self._read_ahead and _whole_term(piece, first, stop) and self._loader.goes_on(piece.xorb_hash, first):
+            return None  # the next small file: read ahead (``Loader.cut``)
         loaded = self._loader.load_now(piece.xorb_hash, layout, first, stop)
         if loaded is None:
             return None
