@@ -194,8 +194,8 @@ class Loader:
         self, xorb_hash: bytes, layout: XorbLayout, lo: int, hi: int, *, read: bool, ahead: bool = False
     ) -> list[tuple[int, int]]:
         """Chunks ``[lo, hi)``, which no run or load has, as store reads (``run_stop``): ``(first, stop)`` each.
-        Where every store read is a request, a read (not a prefetch) of a whole term (``ahead``) may read
-        ahead in its xorb (the module's docstring says when, and how far)."""
+        A read (not a prefetch) of a whole term (``ahead``) may read ahead in its xorb (the module's docstring
+        says when, and how far)."""
         if read:
             mark, width = self._read_ends.get(xorb_hash, (-1, 0))
             if ahead and mark == lo:
