@@ -12,8 +12,11 @@ from types import SimpleNamespace
 from typing import cast
 
 import pytest
+import trio
+import trio.testing
 
-from xetfs.base.settings import PREFETCH_MAXIMUM, SLOW_REQUEST, SLOW_SAMPLE
+from xetfs.base.errors import StoreTimeoutError
+from xetfs.base.settings import DOWN_SECONDS, PREFETCH_MAXIMUM, SLOW_REQUEST, SLOW_SAMPLE
 from xetfs.base.stats import RemoteCounters
 from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
@@ -521,3 +524,36 @@ def test_a_store_slow_to_answer_gets_the_deep_window_and_a_near_one_the_local_wi
     local = Sessions(cast(Reader, fake), prefetch=True, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
     answered(SLOW_SAMPLE, 1.0)
     assert local.maximum() == PREFETCH_MAXIMUM  # a local store's bound is never passed
+
+
+def test_a_read_that_ran_out_of_time_fails_again_at_once_for_a_while() -> None:
+    """The kernel asks again at once for the first page of a failed read: a read that ran out of time (a
+    store that hangs) fails at once when its bytes are asked again within ``DOWN_SECONDS``; other bytes,
+    and the same ones later, are read again."""
+    asked: list[int] = []
+
+    async def read_uncached(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
+        asked.append(off)
+        if off < 4096:
+            await trio.sleep(3)  # (the store hangs until the time bound)
+            raise StoreTimeoutError("xorb 00ab chunks [0, 4): store read took more than 3 s")
+        return b"x" * size
+
+    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=RemoteCounters(),
+                           read_uncached=read_uncached)  # fmt: skip
+    sessions = Sessions(cast(Reader, fake), prefetch=False, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
+    session = sessions.open(1, file(1 << 20))
+
+    async def main() -> None:
+        with pytest.raises(StoreTimeoutError):
+            await sessions.read_rest(session, 0, 128 * 1024, False)
+        with pytest.raises(StoreTimeoutError, match="the same read"):
+            await sessions.read_rest(session, 0, 4096, False)  # the kernel's retry: no second wait
+        assert asked == [0]
+        assert await sessions.read_rest(session, 256 * 1024, 4096, False) == b"x" * 4096
+        await trio.sleep(DOWN_SECONDS)
+        with pytest.raises(StoreTimeoutError, match=r"more than 3 s$"):
+            await sessions.read_rest(session, 0, 4096, False)
+        assert asked == [0, 256 * 1024, 0]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -750,7 +750,9 @@ def test_stalled_server_gives_eio_in_time_and_umount_works(packed: Packed, web: 
             (m / "data/text.txt").read_bytes()
         took = time.monotonic() - started
         assert failed.value.errno == errno.EIO
-        assert took < 8, f"a stalled read took {took:.1f} s with --io-timeout 3"
+        # Once: the kernel asks again at once, a page at a time, and that read fails at once.
+        assert took < 5, f"a stalled read took {took:.1f} s with --io-timeout 3"
+        assert m.stats()["errors"]["timeout"] == 1, m.stats()["errors"]
         # Stuck requests do not stop the mount from answering, or from unmounting.
         stuck = subprocess.Popen(["cat", str(m / "walk.f32")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:

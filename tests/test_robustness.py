@@ -424,10 +424,11 @@ def test_stuck_store_read_times_out_with_eio(nested: Nested, cache: str) -> None
                 e = stats["errors"]
                 assert e["format"] == e["missing"] == e["integrity"] == 0, e
                 timeouts = [line for line in log_lines(inner, "ERROR") if second in line]
-                if direct:  # one pread, one FUSE request: exactly one timeout, one log line
-                    assert e["timeout"] == 1 and len(timeouts) == 1 and "2 s" in timeouts[0], (e, timeouts)
-                else:  # the kernel may retry a failed readahead with a single page
-                    assert 1 <= e["timeout"] <= 2 and len(timeouts) == e["timeout"], (e, timeouts)
+                assert e["timeout"] == 1 and "2 s" in timeouts[0], (e, timeouts)  # one store read timed out
+                if direct:  # one pread, one FUSE request: one log line
+                    assert len(timeouts) == 1, timeouts
+                else:  # the kernel may ask again at once for a single page: that fails at once
+                    assert len(timeouts) <= 2 and all("the same read" in t for t in timeouts[1:]), timeouts
                 # Data already read still comes back while the store is stuck.
                 again, _ = call_with_deadline((inner / first).read_bytes, 5, "a re-read of cached data")
                 assert again == data1
