@@ -114,10 +114,18 @@ def test_a_read_that_goes_on_where_the_last_read_of_its_xorb_ended_takes_in_a_ru
     assert read(remote, other, 33, 34) == [(33, 43)]  # ...but it moves the mark
     assert remote.statistics()[1].read_ahead == 9 + 3 + 9
     local = Loader(store, RunStore(1 << 20), shared=lambda _: False, run_bytes=1000)
-    assert not local.goes_on(xorb, 5)
+    assert not local.goes_on(xorb, layout, 5, 6)
     assert read(local, xorb, 5, 6) == [(5, 6)]
-    assert local.goes_on(xorb, 6) and not local.goes_on(xorb, 7) and not local.goes_on(other, 6)
-    assert read(local, xorb, 6, 7) == [(6, 16)]
+    assert local.goes_on(xorb, layout, 6, 7) and not local.goes_on(xorb, layout, 7, 8)
+    assert not local.goes_on(other, layout, 6, 7)
+    assert read(local, xorb, 6, 7) == [(6, 7), (7, 16)]  # (a local store reads ahead apart: see below)
+    assert read(local, xorb, 16, 17) == [(16, 17), (17, 26)]
+    tail = Run(xorb, 48, 50, 4800, memoryview(bytearray(200)))
+    local._runs.put(xorb, 48, 50, ([tail], {}))
+    local._runs.release([tail])
+    assert local.goes_on(xorb, layout, 26, 27)
+    assert not local.goes_on(xorb, layout, 26, 48)  # nothing after it to read: the chunks are held
+    assert not local.goes_on(xorb, layout, 26, 50)  # (nor after the xorb's last chunk)
 
 
 def test_read_ahead_starts_small_and_doubles_up_to_a_run_within_a_disk_cache_entry() -> None:

@@ -59,7 +59,7 @@ def opened(root: Path, **options: object) -> Iterator[tuple[Index, Reader]]:
     try:
         shards = [parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()]
         idx = index.build(shards)
-        reader = Reader(idx, store, pool=_pool, **options)  # type: ignore[arg-type]
+        reader = Reader(idx, store, **{"pool": _pool, **options})  # type: ignore[arg-type]
         try:
             yield idx, reader
         finally:
@@ -291,13 +291,13 @@ def test_small_files_read_in_the_order_they_were_packed_read_ahead_on_a_local_st
     b.finish()
     with opened(tmp_path) as (idx, reader):
         assert read(idx, reader, files[0]) == contents[0]
-        assert read(idx, reader, files[1]) == contents[1]  # goes on: chunks 3 to 18, one store read
+        assert read(idx, reader, files[1]) == contents[1]  # goes on: chunks 3 to 6, and 6 to 18 apart
         s = reader.statistics()
-        assert (s.store.reads, s.store.read_ahead) == (2, 12), s.store
+        assert (s.store.reads, s.store.read_ahead) == (3, 12), s.store
         for fh, content in zip(files[2:], contents[2:], strict=True):
             assert read(idx, reader, fh) == content
             assert reader.file_statistics(fh).chunks == 0  # (loaded by the read of files[1])
-        assert reader.statistics().store.reads == 2
+        assert reader.statistics().store.reads == 3
         assert reader.file_statistics(files[1]).chunks == 3
     with opened(tmp_path, read_ahead=False) as (idx, reader):  # (``--no-prefetch``)
         for fh, content in zip(files, contents, strict=True):
@@ -516,6 +516,44 @@ def _three_files_in_one_xorb(
     gh = b.add_file_from_terms([(x, start, stop) for start, stop in g])
     b.finish()
     return content, f, k, h, gh, x
+
+
+def test_a_store_read_that_fails_in_what_a_read_reads_ahead_fails_only_the_files_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bad sector in the next file's bytes: the file whose read read ahead is served (the chunks it reads
+    ahead are a store read of their own), and the next file's read fails with the store's error."""
+    rng = random.Random(24)
+    b = StoreBuilder(tmp_path)
+    contents = [_content(rng, 3000) for _ in range(4)]
+    files = [b.add_file(c, chunk_size=1000) for c in contents]
+    b.finish()
+    with opened(tmp_path, pool=None) as (idx, reader):  # (the daemon's store reads: a worker reads the file itself)
+        store = reader.store
+        real_source, real_local = store.read_source, store.read_local
+
+        def bad_sector(xorb_hash: bytes, start: int, end: int, stop: int) -> None:
+            if stop > 6:  # (files[2] and after)
+                raise ObjectReadError(f"xorb {hashes.to_hex(xorb_hash)} bytes [{start}, {end}): I/O error")
+
+        def read_source(xorb_hash: bytes, src: Any, start: int, end: int, first: int, stop: int) -> Any:
+            bad_sector(xorb_hash, start, end, stop)
+            return real_source(xorb_hash, src, start, end, first, stop)
+
+        def read_local(xorb_hash: bytes, start: int, end: int, first: int, stop: int) -> Any:
+            bad_sector(xorb_hash, start, end, stop)
+            return real_local(xorb_hash, start, end, first, stop)
+
+        monkeypatch.setattr(store, "read_source", read_source)
+        monkeypatch.setattr(store, "read_local", read_local)
+        assert read(idx, reader, files[0]) == contents[0]
+        assert read(idx, reader, files[1]) == contents[1]  # reads ahead into files[2] and [3]
+        assert reader.statistics().store.read_ahead > 0
+        with pytest.raises(ObjectReadError, match="I/O error"):
+            read(idx, reader, files[2])
+        monkeypatch.setattr(store, "read_source", real_source)
+        monkeypatch.setattr(store, "read_local", real_local)
+        assert read(idx, reader, files[3]) == contents[3]  # (nothing bad was kept)
 
 
 def test_runs_read_through_are_evicted_first(tmp_path: Path) -> None:

@@ -355,10 +355,10 @@ class XetFS(_ReadOnly):
             self._stats_handles.add(fh)
             return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
         if node.kind is Kind.DATA:  # bytes held by the tree (a Hub ref): served like the stats snapshot
-            # A refresh may move a ref.  A handle opened before it still reads the old bytes, and that read
-            # refills the page cache after the refresh emptied it: so no open keeps what is cached.
+            # A refresh may move a ref, and a handle opened before it still reads the old bytes: through the
+            # page cache, that read would give them to handles opened after it.
             self._snapshots[fh] = node.data
-            return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=False)
+            return pyfuse3.FileInfo(fh=fh, direct_io=True, keep_cache=False)
         if node.entry is None:
             raise pyfuse3.FUSEError(errno.EIO)
         self._handles[fh] = self.sessions.open(inode, node.entry)

@@ -38,7 +38,7 @@ import contextlib
 from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
-from itertools import repeat
+from itertools import pairwise, repeat
 from typing import Any, TypeVar
 
 import trio
@@ -196,26 +196,29 @@ class Loader:
         """Chunks ``[lo, hi)``, which no run or load has, as store reads (``run_stop``): ``(first, stop)`` each.
         A read (not a prefetch) of a whole term (``ahead``) may read ahead in its xorb (the module's docstring
         says when, and how far)."""
+        own = hi
         if read:
-            mark, width = self._read_ends.get(xorb_hash, (-1, 0))
-            if ahead and mark == lo:
+            width = self._read_ends.get(xorb_hash, (-1, 0))[1]
+            if ahead and self.goes_on(xorb_hash, layout, lo, hi):
                 width = min(2 * width, self._run_bytes) if width else READ_AHEAD_FIRST
                 reach = min(layout.num_chunks, max(hi + 1, layout.chunk_at(layout.unpacked_start(lo) + width)))
                 to = self._runs.vacant_until(xorb_hash, hi, self.run_stop(layout, lo, reach))
                 self._store.read_ahead += max(0, to - hi)
                 hi = max(hi, to)
             _read_end(self._read_ends, xorb_hash, hi, width)
-        pieces = []
-        while lo < hi:
-            end = self.run_stop(layout, lo, hi)
-            pieces.append((lo, end))
-            lo = end
+        pieces = []  # where a store read is no request, what is read ahead is one apart: its faults are not the read's
+        for a, b in pairwise((lo, own, hi) if self._fetches is None else (lo, hi)):
+            while a < b:
+                pieces.append((a, end := self.run_stop(layout, a, b)))
+                a = end
         return pieces
 
-    def goes_on(self, xorb_hash: bytes, first: int) -> bool:
-        """Whether a read from chunk ``first`` of a xorb starts where the last read's load of it ended."""
+    def goes_on(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> bool:
+        """Whether a read of chunks ``[first, stop)`` starts where the last read's load of the xorb ended, with
+        chunks after it that no run or load has: then it reads ahead (``cut``)."""
         mark = self._read_ends.get(xorb_hash)
-        return mark is not None and mark[0] == first
+        after = min(stop + 1, layout.num_chunks)
+        return mark is not None and mark[0] == first and self._runs.vacant_until(xorb_hash, stop, after) > stop
 
     async def load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
         """Read, decode and verify chunks ``[first, stop)`` (one store read): in a worker if worth it, else here.
@@ -291,7 +294,8 @@ class Loader:
         worker, in a local file read inline (a local store on a local disk).  None where it would wait:
         run ``load`` then.
 
-        A small file's read needs only this: none of ``load``'s tasks, events and coroutines.
+        A small file's read needs only this: none of ``load``'s tasks, events and coroutines.  Where it ends
+        is the xorb's mark for reading ahead (``goes_on``).
         """
         if not self._inline or (self._pool is not None and layout.range_size(first, stop) >= self._pool.min_job_bytes):
             return None
@@ -337,7 +341,7 @@ class Loader:
         was lost (the slots are still the caller's).  Raises ``WorkerLost`` if the slots were fenced (the
         caller decodes elsewhere).  If cancelled, the pool frees the slots once the worker is done."""
         try:
-            async with (self._remote_jobs if src.path is None else None) or contextlib.nullcontext():
+            async with _within(self._remote_jobs if src.path is None else None):
                 decoded = await pool.decode(src, xorb_hash, jobs)
         except WorkerLost as lost:
             self._decode.worker_fallbacks += 1
@@ -361,7 +365,7 @@ class Loader:
     async def _read(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Buffer:
         """The serialized chunks ``[first, stop)`` of a xorb, from ``src`` (``io``, within ``fetch_width``)."""
         phys = (layout.phys_start(first), layout.phys_ends[stop - 1])
-        async with self._fetches or contextlib.nullcontext():
+        async with _within(self._fetches):
             data: Buffer = await self._io(self.store.read_source, xorb_hash, src, *phys, first, stop)
         return data
 
@@ -392,6 +396,11 @@ class Loader:
         loaded: XorbLayout = await self._io(self.store.load_layout, xorb_hash)
         self._store.layouts += 1
         return loaded
+
+
+def _within(limiter: trio.CapacityLimiter | None) -> contextlib.AbstractAsyncContextManager[Any]:
+    """``async with`` it: within the limiter, or with no limit when there is none."""
+    return limiter if limiter is not None else contextlib.nullcontext()
 
 
 def _read_end(read_ends: dict[bytes, tuple[int, int]], xorb_hash: bytes, stop: int, width: int) -> None:

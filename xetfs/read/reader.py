@@ -33,7 +33,7 @@ from xetfs.base.errors import (
     StoreTimeoutError,
     XetfsError,
 )
-from xetfs.base.settings import BAD_LAYOUT_SECONDS, CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES
+from xetfs.base.settings import BAD_LAYOUT_SECONDS, CACHE_SIZE, LAYOUT_CACHE_SIZE, MIN_CACHE_FOR_PREFETCH, RUN_BYTES
 from xetfs.base.stats import (
     CacheCounters,
     DecodeCounters,
@@ -93,7 +93,7 @@ class Reader:
         wait on the network: several larger ones are in flight.  ``read_ahead``: small files read
         in pack order read ahead in their xorb (``Loader.cut``)."""
         self.index = index
-        self._read_ahead = read_ahead
+        self._read_ahead = read_ahead and cache_size >= MIN_CACHE_FOR_PREFETCH  # (as prefetch: runs must stay)
         self._remote = remote or RemoteCounters()
         self._extents = Extents()
         self.runs = RunStore(cache_size, pool.slots.free if pool else None, self._extents.forget)
@@ -318,7 +318,11 @@ class Reader:
             return None
         if self._loader.run_stop(layout, first, stop) < stop:  # more than one store read
             return None
-        if self._read_ahead and _whole_term(piece, first, stop) and self._loader.goes_on(piece.xorb_hash, first):
+        if (
+            self._read_ahead
+            and _whole_term(piece, first, stop)
+            and self._loader.goes_on(piece.xorb_hash, layout, first, stop)
+        ):
             return None  # the next small file: read ahead (``Loader.cut``)
         loaded = self._loader.load_now(piece.xorb_hash, layout, first, stop)
         if loaded is None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -296,15 +295,13 @@ def t_plain(r: Runner, ds: Dataset, rnd: int, _v: str) -> None:
 
 @contextlib.contextmanager
 def peer_output(r: Runner, ds: Dataset) -> Iterator[tuple[Path, Path]]:
-    """A work directory for hf_xet and the path of its output (under --peer-out-dir); both removed afterwards."""
+    """A work directory for hf_xet and the path of its output (in ``Runner.memory_dir``); both removed afterwards."""
     cat_to_null(ds.xorbs)
     work = r.work_dir("peer")
-    out = Path(r.args.peer_out_dir) / f"xetfs-bench-{os.getpid()}-{ds.kind}.out"
     try:
-        yield work, out
+        with r.memory_dir(f"peer-{ds.kind}") as out:
+            yield work, out / "download.out"
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            out.unlink()
         shutil.rmtree(work, ignore_errors=True)
 
 
