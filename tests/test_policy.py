@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from xetfs.base.errors import StoreTimeoutError
+from xetfs.base.errors import StoreError, StoreTimeoutError
 from xetfs.base.settings import DOWN_SECONDS, PREFETCH_MAXIMUM, SLOW_REQUEST, SLOW_SAMPLE
 from xetfs.base.stats import RemoteCounters
 from xetfs.read.policy import Session
@@ -526,10 +526,10 @@ def test_a_store_slow_to_answer_gets_the_deep_window_and_a_near_one_the_local_wi
     assert local.maximum() == PREFETCH_MAXIMUM  # a local store's bound is never passed
 
 
-def test_a_read_that_ran_out_of_time_fails_again_at_once_for_a_while() -> None:
-    """The kernel asks again at once for the first page of a failed read: a read that ran out of time (a
-    store that hangs) fails at once when its bytes are asked again within ``DOWN_SECONDS``; other bytes,
-    and the same ones later, are read again."""
+def test_a_read_the_store_failed_fails_again_at_once_for_a_while() -> None:
+    """The kernel asks again at once for the first page of a failed read: a read the store failed (it hung,
+    here) fails at once, with an error of the same kind, when its bytes are asked again within
+    ``DOWN_SECONDS``; other bytes, and the same ones later, are read again."""
     asked: list[int] = []
 
     async def read_uncached(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
@@ -537,6 +537,8 @@ def test_a_read_that_ran_out_of_time_fails_again_at_once_for_a_while() -> None:
         if off < 4096:
             await trio.sleep(3)  # (the store hangs until the time bound)
             raise StoreTimeoutError("xorb 00ab chunks [0, 4): store read took more than 3 s")
+        if off >= 512 * 1024:
+            raise StoreError("http://127.0.0.1:9/xet/xorbs/xorbs/00ab: server unreachable")
         return b"x" * size
 
     fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=RemoteCounters(),
@@ -555,5 +557,10 @@ def test_a_read_that_ran_out_of_time_fails_again_at_once_for_a_while() -> None:
         with pytest.raises(StoreTimeoutError, match=r"more than 3 s$"):
             await sessions.read_rest(session, 0, 4096, False)
         assert asked == [0, 256 * 1024, 0]
+        with pytest.raises(StoreError):
+            await sessions.read_rest(session, 512 * 1024, 128 * 1024, False)
+        with pytest.raises(StoreError, match=r"unreachable \(the same read"):
+            await sessions.read_rest(session, 512 * 1024, 4096, False)
+        assert asked == [0, 256 * 1024, 0, 512 * 1024]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

@@ -15,9 +15,11 @@ every front end:
   others);
 * read-through: a sequential reader's bytes stay in the kernel's page cache
   (``keep_cache``), so its runs may be evicted first once read;
-* a read that ran out of time (a store that hangs) fails again at once for
-  ``DOWN_SECONDS`` when it is asked again: the kernel asks again at once, a
-  page at a time, and would otherwise wait out ``--io-timeout`` twice.
+* a read the store failed (it hung until ``--io-timeout``, could not be
+  reached, or refused) fails again at once for ``DOWN_SECONDS`` when its
+  bytes are asked again: the kernel asks again at once, a page at a time, and
+  would otherwise wait out a hung store twice, and count and log the failure
+  twice.
 
 A read is two calls, so that reads of held bytes (the commonest request)
 cost no coroutine: ``read_now`` answers at once or says the read must wait,
@@ -30,7 +32,7 @@ import logging
 
 import trio
 
-from xetfs.base.errors import StoreTimeoutError
+from xetfs.base.errors import StoreError, StoreTimeoutError
 from xetfs.base.settings import (
     DOWN_SECONDS,
     MIN_CACHE_FOR_PREFETCH,
@@ -149,13 +151,14 @@ class Sessions:
 
     async def read_rest(self, session: Session, off: int, size: int, through: bool) -> bytes | memoryview:
         """``read_now`` for bytes it did not have: raises what ``Reader.read`` raises."""
-        failed = session.timed_out
+        failed = session.store_failed
         if failed is not None and failed[0] <= off < failed[1] and trio.current_time() - failed[2] < DOWN_SECONDS:
-            raise StoreTimeoutError(f"{failed[3]} (the same read, {trio.current_time() - failed[2]:.1f} s ago)")
+            exc = failed[3]
+            raise type(exc)(f"{exc} (the same read, {trio.current_time() - failed[2]:.1f} s ago)")
         try:
             return await self.reader.read_uncached(session.entry, off, size, read_through=through)
-        except StoreTimeoutError as exc:
-            session.timed_out = (off, off + size, trio.current_time(), exc)
+        except (StoreError, StoreTimeoutError) as exc:
+            session.store_failed = (off, off + size, trio.current_time(), exc)
             raise
 
     async def _prefetch(self, session: Session, offset: int, length: int) -> None:
