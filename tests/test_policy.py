@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from xetfs.base.errors import StoreError, StoreTimeoutError
-from xetfs.base.settings import DOWN_SECONDS, PREFETCH_MAXIMUM, SLOW_REQUEST, SLOW_SAMPLE
+from xetfs.base.settings import DOWN_SECONDS, FAILED_READS_KEPT, PREFETCH_MAXIMUM, SLOW_REQUEST, SLOW_SAMPLE
 from xetfs.base.stats import RemoteCounters
 from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
@@ -562,5 +562,39 @@ def test_a_read_the_store_failed_fails_again_at_once_for_a_while() -> None:
         with pytest.raises(StoreError, match=r"unreachable \(the same read"):
             await sessions.read_rest(session, 512 * 1024, 4096, False)
         assert asked == [0, 256 * 1024, 0, 512 * 1024]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_reads_the_store_failed_together_each_fail_again_at_once() -> None:
+    """The kernel has several reads of a file in flight (the reader's and its read-ahead); a hung store
+    fails them together, in any order: the retry of each fails at once, not only the last one's."""
+    asked: list[int] = []
+
+    async def read_uncached(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
+        asked.append(off)
+        await trio.sleep(3 if off == 0 else 2 + off / MiB / 100)  # (in order of offset, the read at 0 last)
+        raise StoreTimeoutError(f"bytes [{off}, {off + size}): store read took more than 3 s")
+
+    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=RemoteCounters(),
+                           read_uncached=read_uncached)  # fmt: skip
+    sessions = Sessions(cast(Reader, fake), prefetch=False, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
+    session = sessions.open(1, file(1 << 30))
+    offsets = [k * MiB for k in range(FAILED_READS_KEPT + 4)]  # (the last FAILED_READS_KEPT to fail are kept)
+
+    async def fails(off: int) -> None:
+        with pytest.raises(StoreTimeoutError):
+            await sessions.read_rest(session, off, MiB, False)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for off in offsets:
+                nursery.start_soon(fails, off)
+        for off in (0, offsets[-1] + 4096, offsets[5]):
+            with pytest.raises(StoreTimeoutError, match="the same read"):
+                await sessions.read_rest(session, off, 4096, False)
+        assert sorted(asked) == offsets
+        with pytest.raises(StoreTimeoutError, match=r"more than 3 s$"):
+            await sessions.read_rest(session, offsets[4], 4096, False)  # (one of the first to fail: forgotten)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

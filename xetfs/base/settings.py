@@ -102,6 +102,7 @@ MALLOC_MMAP_THRESHOLD = 8 * MiB  # buffers up to this size come from the heap, n
 REQUEST_TIMEOUT = 10.0  # one request, when no --io-timeout says otherwise
 CONNECT_TIMEOUT = 5.0
 DOWN_SECONDS = 2.0  # a store that failed is not asked again for this long
+FAILED_READS_KEPT = 16  # per file: reads the store failed, failed again at once for DOWN_SECONDS when asked again
 FIRST_BACKOFF = 0.05
 MAX_BACKOFF = 1.0
 

@@ -129,9 +129,9 @@ class Session:
     # Whether the file's first read took its last byte (None before it); given by the caller for a file read
     # before, by a session since closed (a reader may open the file for its footer, then again for the rest).
     tail_first: bool | None = None
-    # The last read the store failed (hung, unreachable, refused): file bytes [start, stop), when it failed
+    # The last reads the store failed (hung, unreachable, refused): file bytes [start, stop), when each failed
     # (``trio.current_time``), and its error (``sessions.Sessions.read_rest``).
-    store_failed: tuple[int, int, float, StoreError | StoreTimeoutError] | None = None
+    store_failed: list[tuple[int, int, float, StoreError | StoreTimeoutError]] = field(default_factory=list)
 
     @property
     def fronts(self) -> Mapping[int, Stream]:

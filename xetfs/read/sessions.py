@@ -35,6 +35,7 @@ import trio
 from xetfs.base.errors import StoreError, StoreTimeoutError
 from xetfs.base.settings import (
     DOWN_SECONDS,
+    FAILED_READS_KEPT,
     MIN_CACHE_FOR_PREFETCH,
     PREFETCH_FILES_KEPT,
     PREFETCH_MAXIMUM,
@@ -151,14 +152,17 @@ class Sessions:
 
     async def read_rest(self, session: Session, off: int, size: int, through: bool) -> bytes | memoryview:
         """``read_now`` for bytes it did not have: raises what ``Reader.read`` raises."""
-        failed = session.store_failed
-        if failed is not None and failed[0] <= off < failed[1] and trio.current_time() - failed[2] < DOWN_SECONDS:
-            exc = failed[3]
-            raise type(exc)(f"{exc} (the same read, {trio.current_time() - failed[2]:.1f} s ago)")
+        now = trio.current_time()
+        for start, stop, when, failed in session.store_failed:
+            if start <= off < stop and now - when < DOWN_SECONDS:
+                raise type(failed)(f"{failed} (the same read, {now - when:.1f} s ago)")
         try:
             return await self.reader.read_uncached(session.entry, off, size, read_through=through)
         except (StoreError, StoreTimeoutError) as exc:
-            session.store_failed = (off, off + size, trio.current_time(), exc)
+            # (The kernel's reads of a file fail together: the ones it had in flight, ahead of the reader.)
+            now = trio.current_time()
+            recent = [f for f in session.store_failed[-FAILED_READS_KEPT + 1 :] if now - f[2] < DOWN_SECONDS]
+            session.store_failed = [*recent, (off, off + size, now, exc)]
             raise
 
     async def _prefetch(self, session: Session, offset: int, length: int) -> None:
