@@ -549,7 +549,7 @@ def test_a_read_the_store_failed_fails_again_at_once_for_a_while() -> None:
     async def main() -> None:
         with pytest.raises(StoreTimeoutError):
             await sessions.read_rest(session, 0, 128 * 1024, False)
-        with pytest.raises(StoreTimeoutError, match="the same read"):
+        with pytest.raises(StoreTimeoutError, match="failed again at once"):
             await sessions.read_rest(session, 0, 4096, False)  # the kernel's retry: no second wait
         assert asked == [0]
         assert await sessions.read_rest(session, 256 * 1024, 4096, False) == b"x" * 4096
@@ -559,7 +559,7 @@ def test_a_read_the_store_failed_fails_again_at_once_for_a_while() -> None:
         assert asked == [0, 256 * 1024, 0]
         with pytest.raises(StoreError):
             await sessions.read_rest(session, 512 * 1024, 128 * 1024, False)
-        with pytest.raises(StoreError, match=r"unreachable \(the same read"):
+        with pytest.raises(StoreError, match=r"unreachable \(failed again at once"):
             await sessions.read_rest(session, 512 * 1024, 4096, False)
         assert asked == [0, 256 * 1024, 0, 512 * 1024]
 
@@ -591,10 +591,46 @@ def test_reads_the_store_failed_together_each_fail_again_at_once() -> None:
             for off in offsets:
                 nursery.start_soon(fails, off)
         for off in (0, offsets[-1] + 4096, offsets[5]):
-            with pytest.raises(StoreTimeoutError, match="the same read"):
+            with pytest.raises(StoreTimeoutError, match="failed again at once"):
                 await sessions.read_rest(session, off, 4096, False)
         assert sorted(asked) == offsets
         with pytest.raises(StoreTimeoutError, match=r"more than 3 s$"):
             await sessions.read_rest(session, offsets[4], 4096, False)  # (one of the first to fail: forgotten)
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_only_the_bytes_that_failed_fail_again() -> None:
+    """A read across two xorbs, one on a hung store: its retry of a page of the other xorb is read again
+    (the reader names the bytes that failed, ``XetfsError.file_range``), and a file's failures end with it."""
+    asked: list[int] = []
+
+    async def read_uncached(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
+        asked.append(off)
+        if off < MiB:
+            exc = StoreTimeoutError("xorb 00ab chunks [0, 16): store read took more than 3 s")
+            exc.file_range = (0, 512 * 1024)  # (the span in the first xorb; the rest is in another)
+            raise exc
+        return b"x" * size
+
+    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=RemoteCounters(),
+                           read_uncached=read_uncached)  # fmt: skip
+    sessions = Sessions(cast(Reader, fake), prefetch=False, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
+    session = sessions.open(1, file(1 << 30))
+
+    async def main() -> None:
+        with pytest.raises(StoreTimeoutError):
+            await sessions.read_rest(session, 0, MiB, False)
+        with pytest.raises(StoreTimeoutError, match="failed again at once"):
+            await sessions.read_rest(session, 4096, 4096, False)
+        with pytest.raises(StoreTimeoutError, match=r"more than 3 s$"):
+            await sessions.read_rest(session, 512 * 1024, 4096, False)  # (in the other xorb: asked again)
+        assert asked == [0, 512 * 1024]
+        sessions.close(session)
+        again = sessions.open(1, file(1 << 30))
+        with pytest.raises(StoreTimeoutError, match=r"more than 3 s$"):
+            await sessions.read_rest(again, 4096, 4096, False)  # (a new open: its reads are its own)
+        assert asked == [0, 512 * 1024, 4096]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+

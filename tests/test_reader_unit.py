@@ -22,6 +22,7 @@ from helpers.writer import FileSpec, StoreBuilder, TermSpec
 
 from xetfs.base import hashes
 from xetfs.base.errors import IntegrityError, MissingObjectError, ObjectReadError, XorbFormatError
+from xetfs.base.settings import MiB
 from xetfs.format.shard import parse_shard
 from xetfs.read import loader as loader_module
 from xetfs.read.pool import DecodePool, slots_for
@@ -299,11 +300,12 @@ def test_small_files_read_in_the_order_they_were_packed_read_ahead_on_a_local_st
             assert reader.file_statistics(fh).chunks == 0  # (loaded by the read of files[1])
         assert reader.statistics().store.reads == 3
         assert reader.file_statistics(files[1]).chunks == 3
-    with opened(tmp_path, read_ahead=False) as (idx, reader):  # (``--no-prefetch``)
-        for fh, content in zip(files, contents, strict=True):
-            assert read(idx, reader, fh) == content
-        s = reader.statistics()
-        assert (s.store.reads, s.store.read_ahead, s.decode.chunks) == (6, 0, 18), s
+    for options in ({"read_ahead": False}, {"cache_size": 32 * MiB}):  # (``--no-prefetch``, a cache under 64 MiB)
+        with opened(tmp_path, **options) as (idx, reader):
+            for fh, content in zip(files, contents, strict=True):
+                assert read(idx, reader, fh) == content
+            s = reader.statistics()
+            assert (s.store.reads, s.store.read_ahead, s.decode.chunks) == (6, 0, 18), (options, s)
 
 
 def test_each_layout_lookup_counts_once(tmp_path: Path) -> None:

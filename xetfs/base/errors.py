@@ -13,6 +13,10 @@ from __future__ import annotations
 class XetfsError(Exception):
     """Base class of every error xetfs raises deliberately."""
 
+    # The file bytes ``[start, stop)`` a read could not get because of it, where the reader knows them (a read
+    # may span several xorbs, and fail for one): None otherwise.
+    file_range: tuple[int, int] | None = None
+
 
 class FormatError(XetfsError):
     """Bytes that do not follow the Xet format."""

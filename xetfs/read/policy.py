@@ -68,7 +68,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from xetfs.base.errors import StoreError, StoreTimeoutError
 from xetfs.base.settings import (
     PREFETCH_INITIAL,
     PREFETCH_JUMP_SHARE,
@@ -129,9 +128,6 @@ class Session:
     # Whether the file's first read took its last byte (None before it); given by the caller for a file read
     # before, by a session since closed (a reader may open the file for its footer, then again for the rest).
     tail_first: bool | None = None
-    # The last reads the store failed (hung, unreachable, refused): file bytes [start, stop), when each failed
-    # (``trio.current_time``), and its error (``sessions.Sessions.read_rest``).
-    store_failed: list[tuple[int, int, float, StoreError | StoreTimeoutError]] = field(default_factory=list)
 
     @property
     def fronts(self) -> Mapping[int, Stream]:

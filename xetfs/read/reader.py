@@ -184,12 +184,17 @@ class Reader:
                 spans = await self._spans(entry, offset, size)
             for piece, layout, first, stop in spans:
                 whole = self._read_ahead and _whole_term(piece, first, stop)
-                held.append(await self._get(layout, piece.xorb_hash, first, stop, prefetch=False,
-                                            file_hash=entry.file_hash, ahead=whole))  # fmt: skip
+                try:
+                    held.append(await self._get(layout, piece.xorb_hash, first, stop, prefetch=False,
+                                                file_hash=entry.file_hash, ahead=whole))  # fmt: skip
+                except XetfsError as exc:
+                    at = entry.term_start(piece.term) + piece.offset
+                    exc.file_range = (at, at + piece.length)
+                    raise
             # From here to the return, no await: a run released below may be evicted and its slot reused.
             return self._join(entry, spans, held, read_through)
         except XetfsError as exc:
-            self._count_error(exc)
+            _count_error(self._errors, self._remote, exc)
             raise
         finally:
             for runs in held:
@@ -340,21 +345,6 @@ class Reader:
                 tally.chunks += b - a
                 tally.bytes += layout.range_size(a, b)
 
-    def _count_error(self, exc: XetfsError) -> None:
-        errors = self._errors
-        if isinstance(exc, IntegrityError):
-            errors.integrity += 1
-        elif isinstance(exc, MissingObjectError):
-            errors.missing += 1
-        elif isinstance(exc, StoreTimeoutError):
-            errors.timeout += 1
-        elif isinstance(exc, ObjectReadError):
-            errors.io += 1
-        elif isinstance(exc, StoreError):
-            self._remote.failed_reads += 1  # the server could not be reached, or refused
-        else:
-            errors.format += 1
-
     async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, XorbLayout]:
         """Layouts for ``keys``.  A xorb whose layout failed its check fails again at once for
         ``BAD_LAYOUT_SECONDS``: the kernel and readers retry failed reads, and checking a xorb
@@ -370,6 +360,22 @@ class Reader:
                 self._bad_layouts[xorb_hash] = exc
                 raise
         return out
+
+
+def _count_error(errors: ErrorCounters, remote: RemoteCounters, exc: XetfsError) -> None:
+    """Count a failed read by its error's kind."""
+    if isinstance(exc, IntegrityError):
+        errors.integrity += 1
+    elif isinstance(exc, MissingObjectError):
+        errors.missing += 1
+    elif isinstance(exc, StoreTimeoutError):
+        errors.timeout += 1
+    elif isinstance(exc, ObjectReadError):
+        errors.io += 1
+    elif isinstance(exc, StoreError):
+        remote.failed_reads += 1  # the server could not be reached, or refused
+    else:
+        errors.format += 1
 
 
 def _layout_size(layout: XorbLayout) -> int:

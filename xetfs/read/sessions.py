@@ -16,10 +16,10 @@ every front end:
 * read-through: a sequential reader's bytes stay in the kernel's page cache
   (``keep_cache``), so its runs may be evicted first once read;
 * a read the store failed (it hung until ``--io-timeout``, could not be
-  reached, or refused) fails again at once for ``DOWN_SECONDS`` when its
-  bytes are asked again: the kernel asks again at once, a page at a time, and
-  would otherwise wait out a hung store twice, and count and log the failure
-  twice.
+  reached, or refused) fails again at once for ``DOWN_SECONDS`` when the
+  bytes that failed are asked again: the kernel asks again at once for the
+  page at the reader's position, and would otherwise wait out a hung store
+  twice, and count the failure twice.
 
 A read is two calls, so that reads of held bytes (the commonest request)
 cost no coroutine: ``read_now`` answers at once or says the read must wait,
@@ -29,10 +29,11 @@ and ``read_rest`` finishes it.  Runs on the reader's trio thread.
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import trio
 
-from xetfs.base.errors import StoreError, StoreTimeoutError
+from xetfs.base.errors import StoreError, StoreTimeoutError, XetfsError
 from xetfs.base.settings import (
     DOWN_SECONDS,
     FAILED_READS_KEPT,
@@ -69,6 +70,9 @@ class Sessions:
             log.info("prefetch off: the cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
         self.room = 2 * PREFETCH_TASKS * prefetch_max  # prefetch windows being decoded, over all files, at most
         self._sessions: dict[int, Session] = {}
+        # By open file: the last reads the store failed (``read_rest``): file bytes [start, stop), when
+        # (``trio.current_time``), and the error's kind and message.
+        self._failed: dict[Session, deque[tuple[int, int, float, type[XetfsError], str]]] = {}
         self._tail_first: dict[int, bool] = {}  # per file read before: whether its first read took its tail
         self._nursery: trio.Nursery | None = None
         self._tasks = 0  # prefetch tasks a file may have running (none until ``start``)
@@ -98,6 +102,7 @@ class Sessions:
         session.opens -= 1
         if session.opens == 0:
             del self._sessions[session.key]
+            self._failed.pop(session, None)
             self._remember(session.key, session.tail_first)
 
     def maximum(self) -> int:
@@ -152,17 +157,16 @@ class Sessions:
 
     async def read_rest(self, session: Session, off: int, size: int, through: bool) -> bytes | memoryview:
         """``read_now`` for bytes it did not have: raises what ``Reader.read`` raises."""
-        now = trio.current_time()
-        for start, stop, when, failed in session.store_failed:
-            if start <= off < stop and now - when < DOWN_SECONDS:
-                raise type(failed)(f"{failed} (the same read, {now - when:.1f} s ago)")
+        failed = self._failed.get(session)
+        if failed:
+            _fail_again(failed, off)
         try:
             return await self.reader.read_uncached(session.entry, off, size, read_through=through)
         except (StoreError, StoreTimeoutError) as exc:
+            start, stop = exc.file_range or (off, off + size)  # (the bytes of the xorb that failed, if known)
             # (The kernel's reads of a file fail together: the ones it had in flight, ahead of the reader.)
-            now = trio.current_time()
-            recent = [f for f in session.store_failed[-FAILED_READS_KEPT + 1 :] if now - f[2] < DOWN_SECONDS]
-            session.store_failed = [*recent, (off, off + size, now, exc)]
+            failed = self._failed.setdefault(session, deque(maxlen=FAILED_READS_KEPT))
+            failed.append((start, stop, trio.current_time(), type(exc), str(exc)))
             raise
 
     async def _prefetch(self, session: Session, offset: int, length: int) -> None:
@@ -173,3 +177,13 @@ class Sessions:
         finally:
             session.prefetch_tasks -= 1
             self._prefetch_bytes -= length
+
+
+def _fail_again(failed: deque[tuple[int, int, float, type[XetfsError], str]], off: int) -> None:
+    """Raise again the error of a read from ``off`` that the store failed less than ``DOWN_SECONDS`` ago."""
+    now = trio.current_time()
+    while failed and now - failed[0][2] >= DOWN_SECONDS:
+        failed.popleft()
+    for start, stop, _, kind, message in failed:
+        if start <= off < stop:
+            raise kind(f"{message} (failed again at once: it failed less than {DOWN_SECONDS:g} s ago)")
