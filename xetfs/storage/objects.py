@@ -318,10 +318,10 @@ class ObstoreSource:
                         raise StoreError(f"{self._where(what)}: access refused (HTTP {status})") from None
                     if status is not None and 400 <= status < 500 and status not in (408, 429):
                         raise StoreError(f"{self._where(what)}: {message}") from None
-                    if _unreachable(full):
-                        message = f"{message} (no connection: {_connect_reason(full)})"
-                        self._mark_down(f"after {what} failed: no connection ({_connect_reason(full)})")
-                        raise StoreError(f"{self._where(what)}: server unreachable: {message}") from None
+                    if _unreachable(full):  # (the client's own words would repeat the URL, and time the attempt)
+                        reason = _connect_reason(full)
+                        self._mark_down(f"after {what} failed: no connection ({reason})")
+                        raise StoreError(f"{self._where(what)}: server unreachable: no connection ({reason})") from None
                     left = deadline - time.monotonic()
                     if left <= backoff:
                         raise StoreTimeoutError(
