@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import cast
 
@@ -526,6 +527,15 @@ def test_a_store_slow_to_answer_gets_the_deep_window_and_a_near_one_the_local_wi
     assert local.maximum() == PREFETCH_MAXIMUM  # a local store's bound is never passed
 
 
+def _sessions_over(read_uncached: Callable[..., Awaitable[bytes]], size: int) -> tuple[Sessions, Session]:
+    """Sessions over a reader whose reads the store answers with ``read_uncached``, and a file of ``size`` bytes
+    opened in them."""
+    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=RemoteCounters(),
+                           read_uncached=read_uncached)  # fmt: skip
+    sessions = Sessions(cast(Reader, fake), prefetch=False, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
+    return sessions, sessions.open(1, file(size))
+
+
 def test_a_read_the_store_failed_fails_again_at_once_for_a_while() -> None:
     """The kernel asks again at once for the first page of a failed read: a read the store failed (it hung,
     here) fails at once, with an error of the same kind, when its bytes are asked again within
@@ -541,10 +551,7 @@ def test_a_read_the_store_failed_fails_again_at_once_for_a_while() -> None:
             raise StoreError("http://127.0.0.1:9/xet/xorbs/xorbs/00ab: server unreachable")
         return b"x" * size
 
-    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=RemoteCounters(),
-                           read_uncached=read_uncached)  # fmt: skip
-    sessions = Sessions(cast(Reader, fake), prefetch=False, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
-    session = sessions.open(1, file(1 << 20))
+    sessions, session = _sessions_over(read_uncached, 1 << 20)
 
     async def main() -> None:
         with pytest.raises(StoreTimeoutError):
@@ -576,10 +583,7 @@ def test_reads_the_store_failed_together_each_fail_again_at_once() -> None:
         await trio.sleep(3 if off == 0 else 2 + off / MiB / 100)  # (in order of offset, the read at 0 last)
         raise StoreTimeoutError(f"bytes [{off}, {off + size}): store read took more than 3 s")
 
-    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=RemoteCounters(),
-                           read_uncached=read_uncached)  # fmt: skip
-    sessions = Sessions(cast(Reader, fake), prefetch=False, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
-    session = sessions.open(1, file(1 << 30))
+    sessions, session = _sessions_over(read_uncached, 1 << 30)
     offsets = [k * MiB for k in range(FAILED_READS_KEPT + 4)]  # (the last FAILED_READS_KEPT to fail are kept)
 
     async def fails(off: int) -> None:
@@ -613,10 +617,7 @@ def test_only_the_bytes_that_failed_fail_again() -> None:
             raise exc
         return b"x" * size
 
-    fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=RemoteCounters(),
-                           read_uncached=read_uncached)  # fmt: skip
-    sessions = Sessions(cast(Reader, fake), prefetch=False, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
-    session = sessions.open(1, file(1 << 30))
+    sessions, session = _sessions_over(read_uncached, 1 << 30)
 
     async def main() -> None:
         with pytest.raises(StoreTimeoutError):
@@ -633,4 +634,3 @@ def test_only_the_bytes_that_failed_fail_again() -> None:
         assert asked == [0, 512 * 1024, 4096]
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-

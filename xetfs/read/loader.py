@@ -302,7 +302,7 @@ class Loader:
         data = self.store.read_local(xorb_hash, layout.phys_start(first), layout.phys_ends[stop - 1], first, stop)
         if data is None:  # a remote store: fetched, or read from the disk cache (whose entries may fail)
             return None
-        _read_end(self._read_ends, xorb_hash, stop, self._read_ends.get(xorb_hash, (-1, 0))[1])
+        _read_end(self._read_ends, xorb_hash, stop)
         return _runs(xorb_hash, layout, first, self._decode_here(xorb_hash, layout, first, stop, data))
 
     async def _here(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
@@ -403,8 +403,11 @@ def _within(limiter: trio.CapacityLimiter | None) -> contextlib.AbstractAsyncCon
     return limiter if limiter is not None else contextlib.nullcontext()
 
 
-def _read_end(read_ends: dict[bytes, tuple[int, int]], xorb_hash: bytes, stop: int, width: int) -> None:
-    """Remember where a read's load of a xorb ended, and how far it read ahead (of ``READ_AHEAD_XORBS``)."""
+def _read_end(read_ends: dict[bytes, tuple[int, int]], xorb_hash: bytes, stop: int, width: int | None = None) -> None:
+    """Remember where a read's load of a xorb ended, and how far it read ahead (None: as far as the last read
+    of the xorb), of ``READ_AHEAD_XORBS`` xorbs at most."""
+    if width is None:
+        width = read_ends.get(xorb_hash, (-1, 0))[1]
     if len(read_ends) >= READ_AHEAD_XORBS and xorb_hash not in read_ends:
         read_ends.clear()
     read_ends[xorb_hash] = (stop, width)
