@@ -10,6 +10,7 @@ machine), every round measures:
 * cold      a fresh ``xetfs mount http://...`` with the disk cache off: ``dd bs=1M`` of the file
 * fill      the same with an empty disk cache (the cost of writing it)
 * warm      then a fresh mount whose disk cache holds every byte: reads from the cache, not the wire
+            (its files read into the page cache first, as the local store's xorbs are)
 * local     a fresh mount of the store directory itself
 
 ``remote-load`` (run with ``remote`` too) loads the safetensors model of the
@@ -346,6 +347,7 @@ def t_fill_warm(r: Runner, ds: Dataset, rnd: int, variant: str) -> None:
     try:
         with served(r, ds) as web:
             fill = _read(r, ds, "fill", web, variant, "--cache-dir", str(cache))
+            cat_to_null(sorted(p for p in cache.rglob("*") if p.is_file()))  # (in the page cache, as the local store)
             warm = _read(r, ds, "warm", web, variant, "--cache-dir", str(cache))
     finally:
         shutil.rmtree(cache, ignore_errors=True)
