@@ -93,8 +93,8 @@ MIN_CACHE_FOR_PREFETCH = 64 * MiB  # with a smaller --cache-size, nothing is pre
 # -- the disk cache of remote stores --------------------------------------------------------
 DISK_CACHE_LOW_WATER = 0.9  # eviction deletes the oldest entries until the cache is below this share of its bound
 STALE_TMP_SECONDS = 3600.0  # a temporary file older than this is a crashed writer's
-DIRECT_IO_ALIGN = 4 * KiB  # entries are written with O_DIRECT in multiples of this (any disk's logical block divides it)
-BOUNCE_BUFFERS_KEPT = 2  # per process: aligned buffers for those writes kept for the next ones (at most MAX_RUN_BYTES each)
+DIRECT_IO_ALIGN = 4 * KiB  # entries are written with O_DIRECT in multiples of this (a disk's logical block divides it)
+BOUNCE_BUFFERS_KEPT = 2  # per process: aligned buffers of MAX_RUN_BYTES for those writes, kept for the next ones
 
 # -- memory of the daemon and its workers (glibc malloc) ----------------------------------------
 MALLOC_TRIM_THRESHOLD = 64 * MiB  # freed memory up to this much is kept, not handed back to the kernel

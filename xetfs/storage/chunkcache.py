@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xetfs.base import hashes
-from xetfs.base.settings import BOUNCE_BUFFERS_KEPT, DIRECT_IO_ALIGN, IOV_MAX, MAX_RUN_BYTES, MiB
+from xetfs.base.settings import BOUNCE_BUFFERS_KEPT, DIRECT_IO_ALIGN, IOV_MAX, MAX_RUN_BYTES
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.storage.diskcache import DiskCache
@@ -265,7 +265,7 @@ class _Bounce:
             fits = [buf for buf in self._spare if len(buf) >= size]  # (largest first)
             if fits:
                 self._spare.remove(fits[-1])
-        buf = fits[-1] if fits else mmap.mmap(-1, max(size, MiB))
+        buf = fits[-1] if fits else mmap.mmap(-1, max(size, MAX_RUN_BYTES))  # (pages are touched as used)
         view = memoryview(buf)
         try:
             yield view
