@@ -9,9 +9,6 @@ is counted at the server, with nginx and real mounts, in test_remote_sources.py.
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import os
 import random
 from pathlib import Path
 
@@ -24,8 +21,8 @@ from xetfs.base import hashes
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.shard import parse_shard
 from xetfs.read.reader import Reader
-from xetfs.storage import chunkcache, index
-from xetfs.storage.chunkcache import ChunkCache, write_entry
+from xetfs.storage import index
+from xetfs.storage.chunkcache import ChunkCache
 from xetfs.storage.dirsource import DirSource
 from xetfs.storage.diskcache import DiskCache
 from xetfs.storage.objects import RemoteOptions
@@ -53,83 +50,6 @@ def test_entries_are_found_by_the_chunks_they_hold_and_cut_ranges(tmp_path: Path
     assert again.find(X, 31, 33) is None and again.disk.counters.disk_corrupt == 1
     counters = again.disk.counters
     assert counters.disk_hits == 1 and counters.disk_misses == 1
-
-
-def _parts(total: int, cuts: int, seed: int) -> tuple[bytes, list[bytes]]:
-    rng = random.Random(seed)
-    data = rng.randbytes(total)
-    at = sorted(rng.sample(range(1, total), min(cuts, total - 1))) if total > 1 else []
-    return data, [data[a:b] for a, b in zip([0, *at], [*at, total], strict=True)]
-
-
-@pytest.mark.parametrize(("total", "cuts"), [(0, 0), (1, 0), (4095, 3), (4096, 1), (4097, 5), (3 * 65536 + 17, 9),
-                                             (5 << 20, 2), (40_000, 1500)])  # fmt: skip
-def test_an_entry_is_written_whole_its_blocks_with_o_direct(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, total: int, cuts: int
-) -> None:
-    monkeypatch.setattr(chunkcache._bounce, "direct", True)
-    direct_bytes: list[int] = []
-    real_writev = os.writev
-
-    def writev(fd: int, buffers: list[memoryview]) -> int:
-        n = real_writev(fd, buffers)
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
-            direct_bytes.append(n)
-        return n
-
-    monkeypatch.setattr(os, "writev", writev)
-    data, parts = _parts(total, cuts, total)
-    path = tmp_path / "chunks" / "x" / "0-1"
-    assert write_entry(str(path), parts, tmp_path) == total
-    assert path.read_bytes() == data and [p.name for p in tmp_path.iterdir()] == ["chunks"]  # (no temporary left)
-    if chunkcache._bounce.direct:  # (this file system took O_DIRECT)
-        assert sum(direct_bytes) == total // 4096 * 4096
-
-
-def test_a_file_system_without_o_direct_gets_ordinary_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chunkcache._bounce, "direct", True)
-    real_open = os.open
-
-    def refuse(path: str, flags: int, mode: int = 0o777) -> int:
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, mode)
-
-    monkeypatch.setattr(os, "open", refuse)
-    data, parts = _parts(70_000, 4, 1)
-    assert write_entry(str(tmp_path / "e"), parts, tmp_path) == len(data)
-    assert (tmp_path / "e").read_bytes() == data
-
-
-def test_a_direct_write_refused_midway_is_written_again_as_usual_and_not_tried_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(chunkcache._bounce, "direct", True)
-    real_writev = os.writev
-
-    def writev(fd: int, buffers: list[memoryview]) -> int:
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
-            os.write(fd, buffers[0][:4096])  # (a block went: it must not stay)
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_writev(fd, buffers)
-
-    monkeypatch.setattr(os, "writev", writev)
-    data, parts = _parts(3 * 4096 + 5, 2, 2)
-    assert write_entry(str(tmp_path / "e"), parts, tmp_path) == len(data)
-    assert (tmp_path / "e").read_bytes() == data and not chunkcache._bounce.direct
-    assert write_entry(str(tmp_path / "f"), parts, tmp_path) == len(data)
-    assert (tmp_path / "f").read_bytes() == data
-
-
-def test_a_full_disk_fails_the_entry_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def full(fd: int, data: bytes) -> int:
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(os, "write", full)
-    monkeypatch.setattr(os, "writev", full)
-    got = write_entry(str(tmp_path / "c" / "e"), [b"x" * 9000], tmp_path)
-    assert isinstance(got, OSError) and got.errno == errno.ENOSPC
-    assert not (tmp_path / "c" / "e").exists() and [p.name for p in tmp_path.iterdir()] == ["c"]
 
 
 def test_entries_count_against_the_bound_and_eviction_forgets_them(tmp_path: Path) -> None:

@@ -93,8 +93,12 @@ MIN_CACHE_FOR_PREFETCH = 64 * MiB  # with a smaller --cache-size, nothing is pre
 # -- the disk cache of remote stores --------------------------------------------------------
 DISK_CACHE_LOW_WATER = 0.9  # eviction deletes the oldest entries until the cache is below this share of its bound
 STALE_TMP_SECONDS = 3600.0  # a temporary file older than this is a crashed writer's
-DIRECT_IO_ALIGN = 4 * KiB  # entries are written with O_DIRECT in multiples of this (a disk's logical block divides it)
-BOUNCE_BUFFERS_KEPT = 2  # per process: aligned buffers of MAX_RUN_BYTES for those writes, kept for the next ones
+# A decode worker writes entries with O_DIRECT (``storage.entryfile``), in blocks of DIRECT_IO_ALIGN, until
+# DIRECT_IO_SLOW_WRITES in a row ran slower than DIRECT_IO_MIN_RATE (bytes a second): a slower disk than that
+# would hold back the reads whose bytes it keeps, and the page cache absorbs their writes instead.
+DIRECT_IO_ALIGN = 4 * KiB
+DIRECT_IO_MIN_RATE = 256 * MiB
+DIRECT_IO_SLOW_WRITES = 3
 
 # -- memory of the daemon and its workers (glibc malloc) ----------------------------------------
 MALLOC_TRIM_THRESHOLD = 64 * MiB  # freed memory up to this much is kept, not handed back to the kernel

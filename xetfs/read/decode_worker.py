@@ -263,9 +263,9 @@ class Worker:
         the bytes kept, or why they could not be (errno, message)."""
         if not src.cache_to or self.cache_tmp is None:
             return 0
-        from xetfs.storage.chunkcache import write_entry
+        from xetfs.storage.entryfile import write_entry
 
-        written = write_entry(src.cache_to, parts, self.cache_tmp)
+        written = write_entry(src.cache_to, parts, self.cache_tmp, direct=True)
         return written if isinstance(written, int) else (written.errno or 0, written.strerror or str(written))
 
     def _decode_local(

@@ -11,11 +11,8 @@ a local xorb file: the same ``pread``, from another offset.
   anyway, and only by them: no second hash.  A chunk that fails its check
   drops the entry, and the range is fetched again (``Loader``).
 * An entry is written once, after its chunks were verified, to a temporary
-  file renamed into place, so a reader sees a whole entry or none.  It is
-  written with ``O_DIRECT`` where the file system takes it: its bytes go to
-  the disk without entering the page cache, which holds the decoded file
-  already (page-cache memory for bytes nobody reads soon was most of what
-  filling the cache cost).  Ranges
+  file renamed into place, so a reader sees a whole entry or none
+  (``entryfile``: a decode worker's writes bypass the page cache).  Ranges
   are cut along the entries a xorb has (``limit``), so no chunk is fetched
   into two entries.
 * The bytes of all entries count against the bound of the ``DiskCache``
@@ -29,21 +26,18 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import errno
-import fcntl
 import logging
-import mmap
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from xetfs.base import hashes
-from xetfs.base.settings import BOUNCE_BUFFERS_KEPT, DIRECT_IO_ALIGN, IOV_MAX, MAX_RUN_BYTES
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.storage.diskcache import DiskCache
+from xetfs.storage.entryfile import write_entry
 
 log = logging.getLogger(__name__)
 
@@ -173,125 +167,3 @@ class ChunkCache:
 
     def _path(self, xorb_hash: bytes, first: int, stop: int) -> Path:
         return self.directory / hashes.to_hex(xorb_hash) / f"{first}-{stop}"
-
-
-def write_entry(path: str, parts: Sequence[Buffer], tmp_dir: Path) -> int | OSError:
-    """Write ``parts``, one after the other, to ``path`` atomically (a temporary file in ``tmp_dir``,
-    renamed); its size, or the error that stopped it.  For the daemon and the decode workers alike: a
-    worker that read chunks in place passes their headers and payloads as they lie.
-
-    The whole blocks go with ``O_DIRECT``, gathered into an aligned buffer; the last partial block, or
-    everything where the file system refuses ``O_DIRECT`` (tmpfs), is an ordinary write."""
-    target = Path(path)
-    tmp = tmp_dir / f"{os.getpid()}-{threading.get_ident()}-{target.parent.name[:16]}-{target.name}"
-    views = [memoryview(part).cast("B") for part in parts]
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd = _create(tmp)
-        try:
-            done = _write_direct(fd, views)
-            _write_all(fd, list(_after(views, done)))
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        return exc
-    return sum(len(view) for view in views)
-
-
-def _create(tmp: Path) -> int:
-    """A new file for writing, with ``O_DIRECT`` if its file system takes it."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
-    if _bounce.direct:
-        try:
-            return os.open(tmp, flags | os.O_DIRECT, 0o666)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-    return os.open(tmp, flags, 0o666)
-
-
-def _write_direct(fd: int, views: list[memoryview]) -> int:
-    """Write the whole blocks of ``views`` to ``fd`` if it was opened with ``O_DIRECT``, then turn that
-    off for the rest: the bytes written (0 when a write was refused: the file is empty again)."""
-    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    if not flags & os.O_DIRECT:
-        return 0
-    size = sum(len(view) for view in views) // DIRECT_IO_ALIGN * DIRECT_IO_ALIGN
-    try:
-        if size:
-            with _bounce.taken(size) as buffer:
-                pos = 0
-                for view in views:
-                    n = min(len(view), size - pos)
-                    buffer[pos : pos + n] = view[:n]
-                    pos += n
-                    if pos == size:
-                        break
-                _write_all(fd, [buffer[:size]])
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:  # (an alignment this file system does not take: write it as usual)
-            raise
-        _bounce.direct = False
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        size = 0
-    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_DIRECT)
-    return size
-
-
-def _after(views: list[memoryview], skip: int) -> Iterator[memoryview]:
-    """``views`` without their first ``skip`` bytes."""
-    for view in views:
-        if skip < len(view):
-            yield view[skip:]
-        skip = max(0, skip - len(view))
-
-
-class _Bounce:
-    """The page-aligned buffers ``O_DIRECT`` writes gather their bytes in, reused (a fresh buffer's pages
-    cost as much to touch as the page cache they save), a few per process; and whether to try at all."""
-
-    def __init__(self) -> None:
-        self.direct = True  # False once a write with O_DIRECT was refused
-        self._spare: list[mmap.mmap] = []
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def taken(self, size: int) -> Iterator[memoryview]:
-        with self._lock:
-            fits = [buf for buf in self._spare if len(buf) >= size]  # (largest first)
-            if fits:
-                self._spare.remove(fits[-1])
-        buf = fits[-1] if fits else mmap.mmap(-1, max(size, MAX_RUN_BYTES))  # (pages are touched as used)
-        view = memoryview(buf)
-        try:
-            yield view
-        finally:
-            view.release()
-            if len(buf) <= MAX_RUN_BYTES:
-                with self._lock:  # the largest are kept; the others go with their last reference
-                    self._spare = sorted([*self._spare, buf], key=len, reverse=True)[:BOUNCE_BUFFERS_KEPT]
-
-
-_bounce = _Bounce()
-
-
-def _write_all(fd: int, views: list[memoryview]) -> None:
-    """Write ``views`` to ``fd``, one after the other: ``writev`` a batch at a time, and after a short
-    write (should a file system make one) the rest one by one."""
-    for at in range(0, len(views), IOV_MAX):
-        batch = views[at : at + IOV_MAX]
-        written = os.writev(fd, batch)
-        for view in batch:
-            if written >= len(view):
-                written -= len(view)
-                continue
-            rest, written = view[written:], 0
-            while rest:
-                n = os.write(fd, rest)
-                if n <= 0:
-                    raise OSError(errno.EIO, "the file system took no bytes")
-                rest = rest[n:]
