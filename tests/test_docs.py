@@ -36,10 +36,24 @@ README_LIMIT = 16 * 1024
 # -- generated pages -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["usage.md", "stats.md", "performance.md"])
+@pytest.mark.parametrize("name", ["docs/usage.md", "docs/stats.md", "docs/performance.md", "README.md"])
 def test_generated_pages_are_current(name: str) -> None:
-    path = REPO / "docs" / name
-    assert path.read_text() == gendocs.pages()[path], f"docs/{name} is stale: run scripts/gendocs.py"
+    path = REPO / name
+    assert path.read_text() == gendocs.pages()[path], f"{name} is stale: run scripts/gendocs.py"
+
+
+def test_the_readme_figures_come_from_the_bench_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for bench in (REPO / "docs").glob("bench-*.json"):
+        run = json.loads(bench.read_text())
+        for row in run["rows"]:
+            if row["key"] == "r_remote_local" and not row["variant"] and row["column"] == "random":
+                row["median"] = 0.123456
+        (tmp_path / bench.name).write_text(json.dumps(run))
+    monkeypatch.setattr(gendocs, "DOCS", tmp_path)
+    figures = gendocs.readme_figures()
+    assert "| over nginx, speed / a local mount's (text, random) | " in figures and ", 0.12 |" in figures
+    remote = json.loads((REPO / "docs" / "bench-remote.json").read_text())["meta"]
+    assert f"measured at {remote['xetfs_commit']}" in figures and "--only remote " in figures
 
 
 def test_check_mode_names_a_stale_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -52,6 +66,8 @@ def test_check_mode_names_a_stale_page(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(gendocs, "REPO", tmp_path)
     monkeypatch.setattr(gendocs, "DOCS", docs)
     monkeypatch.setattr(gendocs, "BENCH_JSON", docs / "bench.json")
+    monkeypatch.setattr(gendocs, "README", tmp_path / "README.md")
+    (tmp_path / "README.md").write_text(README.read_text())
     assert gendocs.main(["--check"]) == 0
     (docs / "usage.md").write_text((docs / "usage.md").read_text().replace("--cache-size", "--cache-sise"))
     assert gendocs.main(["--check"]) == 1
