@@ -9,6 +9,7 @@ is counted at the server, with nginx and real mounts, in test_remote_sources.py.
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -62,6 +63,44 @@ def test_entries_count_against_the_bound_and_eviction_forgets_them(tmp_path: Pat
     assert on_disk <= 10_000
     assert cache.find(X, 0, 10) is None  # the oldest went first, and the index knows it
     assert cache.find(X, 70, 80) is not None
+
+
+def test_eviction_takes_chunk_ranges_before_the_objects_a_mount_needs(tmp_path: Path) -> None:
+    disk = DiskCache(tmp_path, 10_000)
+    for i in range(3):  # the oldest entries: a listing, a manifest, a shard (touched only when a mount starts)
+        disk.put(f"meta{i}", bytes([i]) * 500)
+        os.utime(disk.entry_path(f"meta{i}"), (1000 + i, 1000 + i))
+    cache = ChunkCache(disk)
+    for i in range(8):
+        cache.put(X, 10 * i, 10 * i + 10, bytes([i]) * 1500)
+    assert disk.counters.disk_evictions > 0 and disk.counters.disk_bytes <= 10_000
+    assert all(disk.get(f"meta{i}") == bytes([i]) * 500 for i in range(3))
+    assert ChunkCache(disk).find(X, 70, 80) is not None and ChunkCache(disk).find(X, 0, 10) is None
+
+
+def test_disk_bytes_count_what_the_cache_holds(tmp_path: Path) -> None:
+    def on_disk() -> int:
+        return sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file() and p.parent != tmp_path / "tmp")
+
+    disk = DiskCache(tmp_path, 1 << 20)
+    cache = ChunkCache(disk)
+    for _ in range(3):  # every mount fetches the listing afresh and keeps it again
+        disk.put("listing", b"x" * 700)
+    cache.put(X, 0, 10, b"a" * 4000)
+    cache.put(X, 0, 10, b"a" * 4000)  # (two workers wrote the same range)
+    assert disk.counters.disk_bytes == on_disk()
+    entry = cache.find(X, 0, 10)
+    assert entry is not None
+    cache.drop(X, entry, "a chunk failed its check")
+    assert disk.counters.disk_bytes == on_disk()
+    cache.put(X, 0, 10, b"a" * 4000)  # fetched again
+    assert disk.counters.disk_bytes == on_disk() == DiskCache(tmp_path, 1 << 20).counters.disk_bytes
+
+
+def test_a_bound_larger_than_the_file_system_is_said_at_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    DiskCache(tmp_path, 1 << 60)
+    (record,) = [r for r in caplog.records if "more than its file system holds" in r.getMessage()]
+    assert record.levelname == "WARNING" and str(tmp_path) in record.getMessage()
 
 
 def test_an_old_format_cache_is_removed_with_one_message(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -311,7 +311,7 @@ def test_a_skipped_shard_is_reported_where_the_user_mounts(multi_store: OracleSt
     lines = proc.stderr.decode().splitlines()
     assert len(lines) == 2, lines
     assert lines[0].startswith(f"xetfs: warning: skipping shard {victim.name}: "), lines
-    assert lines[1] == f"xetfs: mounted {store.path} at {mnt} with 1 warning about the store (log: {log})"
+    assert lines[1] == f"xetfs: mounted {store.path} at {mnt} with 1 warning (log: {log})"
     assert victim.name in log.read_text()
 
 

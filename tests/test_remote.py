@@ -251,6 +251,22 @@ def test_restart_serves_from_cache_with_server_down(packed: Packed, tmp_path: Pa
         assert "server marked down" in reason or "server unreachable" in reason, line
 
 
+def test_a_cache_that_evicted_still_starts_a_mount_with_the_server_down(packed: Packed, tmp_path: Path) -> None:
+    """Eviction takes chunk ranges before the listing, the manifest, the shards and the footers: a node whose
+    reads outgrew its disk cache still mounts with the server down, and serves what the cache holds."""
+    cache = str(tmp_path / "cache")
+    bound = ("--cache-dir", cache, "--disk-cache-size", "3M")
+    port = servers.free_port()
+    order = ("model/weights.bin", "data/text.txt", "walk.f32", "model/config.json")  # the last read stays cached
+    with servers.nginx(packed.top, port=port) as server, mounted(server.url, *bound) as m:
+        for name in order:
+            assert (m / name).read_bytes() == packed.files[name]
+        assert m.stats()["remote"]["disk_evictions"] > 0
+        url = server.url
+    with mounted(url, *bound, "--io-timeout", "20", allow_errors=True) as m:
+        assert (m / "model/config.json").read_bytes() == packed.files["model/config.json"]
+
+
 def test_a_footer_longer_than_the_tail_is_fetched_once_and_kept_for_a_restart_with_the_server_down(
     tmp_path: Path,
 ) -> None:

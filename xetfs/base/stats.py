@@ -126,7 +126,7 @@ class RemoteCounters:
     in_flight: int = 0  # calls waiting for the server now
     ranges: int = 0  # range requests answered
     wait_s: float = 0.0  # seconds those waited for their answers to start, summed (through obstore: to their end)
-    disk_hits: int = 0  # entries found in the disk cache
+    disk_hits: int = 0  # entries found in the disk cache (this mount's own too: a xorb's tail, kept with its footer)
     disk_misses: int = 0  # entries the disk cache did not have (fetched from the server)
     disk_bytes: int = 0  # held in the disk cache, as this mount last counted it
     disk_evictions: int = 0  # entries this mount deleted to keep the disk cache within its bound

@@ -228,7 +228,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     warnings, n = spawn_daemon(daemon_argv(args, config), config.mountpoint, log_file, dump_config(config))
     for warning in warnings:
         print_warning(warning)
-    count = f" with {plural(n, 'warning')} about the store" if n else ""
+    count = f" with {plural(n, 'warning')}" if n else ""
     shown = public_url(str(config.store)) if is_url(str(config.store)) else config.store
     print(f"xetfs: mounted {shown} at {config.mountpoint}{count} (log: {log_file})", file=sys.stderr)
     return 0

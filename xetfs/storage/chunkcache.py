@@ -103,9 +103,11 @@ class ChunkCache:
             return
         with self._lock:
             entries = self._known.setdefault(xorb_hash, [])
-            if (first, stop) not in entries:
+            known = (first, stop) in entries
+            if not known:
                 bisect.insort(entries, (first, stop))
-        self.disk.account(written)
+        if not known:  # (else it replaced an entry of the same chunks: the same bytes)
+            self.disk.account(written)
 
     def drop(self, xorb_hash: bytes, entry: CachedRange, reason: str) -> None:
         """Delete an entry that failed its check, or forget one that is gone (another mount evicted it);
@@ -119,8 +121,7 @@ class ChunkCache:
             return
         log.warning("disk cache: chunks [%d, %d) of xorb %s: %s; dropped, fetching them again", entry.first,
                     entry.stop, hashes.to_hex(xorb_hash), reason)  # fmt: skip
-        with contextlib.suppress(OSError):
-            os.unlink(entry.path)
+        self.disk.delete(entry.path)
         self.disk.count(corrupt=1)
 
     def keep_tail(self, layout: XorbLayout, tail_at: int, tail: Buffer, head: Callable[[int, int], Buffer]) -> None:

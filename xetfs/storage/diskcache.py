@@ -17,9 +17,12 @@ For both:
   reader sees a whole entry or none;
 * a hit touches the entry's mtime, and eviction (under an ``flock`` of the
   cache, so two mounts do not evict at once) deletes the oldest entries
-  until the cache is back below 90 % of its size; each mount counts the
-  whole cache again whenever it wrote a twentieth of its size, so the
-  bound holds for all the mounts that share it;
+  until the cache is back below 90 % of its size: chunk ranges first, and
+  ``meta/`` entries only when no chunk range is left, since a mount needs
+  them to start, and to find its cached chunks, when the server is down
+  (and they are a small share of a cache); each mount counts the whole
+  cache again whenever it wrote a twentieth of its size, so the bound holds
+  for all the mounts that share it;
 * a write that fails (a full disk) is dropped and counted, and the oldest
   tenth of the cache is deleted to make room; the fetched bytes are still
   served.
@@ -87,7 +90,8 @@ class DiskCache:
             raise StoreError(f"disk cache {directory}: cannot create it: {exc.strerror}") from None
         self._remove_old_format()
         self._clean_tmp()
-        self._total = sum(size for _, size, _ in self._scan())
+        self._check_room()
+        self._total = sum(size for _, size, _, _ in self._scan())
         self.counters.disk_bytes = self._total
 
     # -- entries -----------------------------------------------------------
@@ -104,8 +108,7 @@ class DiskCache:
         data = self._check(blob, key)
         if data is None:
             log.warning("disk cache: entry %s failed its check; dropped, fetching again", path.name)
-            with contextlib.suppress(OSError):
-                path.unlink()
+            self.delete(path)
             self.count(misses=1, corrupt=1)
             return None
         with contextlib.suppress(OSError):
@@ -120,6 +123,7 @@ class DiskCache:
         header = _HEADER.pack(_MAGIC, len(data), _key_hash(key), blake3.blake3(data).digest())
         path = self._path(key)
         tmp = self.tmp / f"{os.getpid()}-{threading.get_ident()}-{path.name}"
+        replaced = size_of(path)  # (a listing or a manifest is fetched afresh and kept again by every mount)
         try:
             path.parent.mkdir(exist_ok=True)
             with open(tmp, "wb") as f:
@@ -131,24 +135,34 @@ class DiskCache:
                 tmp.unlink()
             self.write_failed(exc)
             return
-        self.account(len(header) + len(data))
+        self.account(len(header) + len(data) - replaced)
 
     def write_failed(self, exc: OSError) -> None:
         """An entry could not be written: count it, say so once, and make room if the disk is full."""
         with self._lock:
             self.counters.disk_write_errors += 1
             warned, self._warned = self._warned, True
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         if not warned:
-            log.warning("disk cache %s: cannot write entries (%s); serving without caching", self.directory,
-                        exc.strerror)  # fmt: skip
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            self.evict(shrink=True)  # a full disk: make room for the next ones (not for EACCES or EROFS)
+            then = "deleting the oldest entries to make room" if full else "counting the next in disk_write_errors"
+            log.warning("disk cache %s: an entry could not be written (%s), its bytes were served anyway; %s",
+                        self.directory, exc.strerror, then)  # fmt: skip
+        if full:
+            self.evict(shrink=True)  # make room for the next ones (not for EACCES or EROFS)
+
+    def delete(self, path: Path | str) -> None:
+        """Delete the entry ``path`` (one that failed its check), and count its bytes out."""
+        size = size_of(path)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+            self.account(-size)
 
     def account(self, size: int) -> None:
-        """An entry of ``size`` bytes was written (by this process or a decode worker of its own)."""
+        """The cache grew by ``size`` bytes (an entry written by this process or a decode worker of its own;
+        less, or negative, for one that replaced or deleted another)."""
         with self._lock:
             self._total += size
-            self._since_scan += size
+            self._since_scan += max(0, size)
             self.counters.disk_bytes = self._total
             # Other mounts write too: count the whole cache again after a twentieth of it was written here.
             due = self._total > self.capacity or self._since_scan > self.capacity // 20
@@ -172,11 +186,11 @@ class DiskCache:
             except OSError as exc:  # (ENOLCK: a filesystem without locks) eviction waits for the next write
                 log.debug("disk cache %s: cannot lock it to evict: %s", self.directory, exc.strerror)
                 return
-            entries = sorted(self._scan(), key=lambda e: e[2])
-            total = sum(size for _, size, _ in entries)
+            entries = sorted(self._scan(), key=lambda e: (e[3], e[2]))  # chunk ranges first, each kind oldest first
+            total = sum(size for _, size, _, _ in entries)
             target = min(self.capacity, total if shrink else self.capacity) * DISK_CACHE_LOW_WATER
             evicted = 0
-            for path, size, _ in entries:
+            for path, size, _, _ in entries:
                 if total <= target:
                     break
                 with contextlib.suppress(FileNotFoundError):
@@ -212,8 +226,9 @@ class DiskCache:
             return None
         return data if blake3.blake3(data).digest() == data_hash else None
 
-    def _scan(self) -> list[tuple[Path, int, float]]:
-        """``(path, size, mtime)`` of every entry (each lies in a subdirectory of ``meta/`` or ``chunks/``)."""
+    def _scan(self) -> list[tuple[Path, int, float, bool]]:
+        """``(path, size, mtime, in meta/)`` of every entry (each lies in a subdirectory of ``meta/`` or
+        ``chunks/``)."""
         out = []
         for top in (self._entries, self._chunks):
             with contextlib.suppress(OSError):
@@ -222,7 +237,7 @@ class DiskCache:
                         for entry in os.scandir(sub.path):
                             with contextlib.suppress(OSError):
                                 st = entry.stat()
-                                out.append((Path(entry.path), st.st_size, st.st_mtime))
+                                out.append((Path(entry.path), st.st_size, st.st_mtime, top is self._entries))
         return out
 
     def _remove_old_format(self) -> None:
@@ -231,6 +246,18 @@ class DiskCache:
             shutil.rmtree(old, ignore_errors=True)
             log.warning("disk cache %s: removed the entries of an older format (v1/); they are fetched again",
                         self.directory)  # fmt: skip
+
+    def _check_room(self) -> None:
+        """Warn when the bound is more than the cache's file system holds: the disk fills before it."""
+        try:
+            st = os.statvfs(self.directory)
+        except OSError:
+            return
+        size = st.f_blocks * st.f_frsize
+        if 0 < size < self.capacity:
+            log.warning("disk cache %s: its bound (--disk-cache-size, %d MiB) is more than its file system holds "
+                        "(%d MiB): when the disk fills, the oldest entries are deleted", self.directory,
+                        self.capacity >> 20, size >> 20)  # fmt: skip
 
     def _clean_tmp(self) -> None:
         now = time.time()
@@ -245,6 +272,14 @@ class DiskCache:
             self.counters.disk_hits += hits
             self.counters.disk_misses += misses
             self.counters.disk_corrupt += corrupt
+
+
+def size_of(path: Path | str) -> int:
+    """The size of the file ``path``; 0 if there is none."""
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _key_hash(key: str) -> bytes:
