@@ -227,7 +227,7 @@ def performance_page(current: str) -> str:
 # Each row of the README's table: what, xetfs, against; ``{json:key:column:format}`` is the median of that row
 # of ``docs/bench-<json>.json`` (``{json:key:a,b:format}``: both columns, comma-separated).
 FIGURES = (
-    ("safetensors load (232 MiB, every tensor), fresh mount",
+    ("safetensors load (every tensor; the model of `--size`), fresh mount",
      "{first-byte:load_xetfs:model:.2f} s, {first-byte:cpu_load_all:model:.2f} CPU s/GiB",
      "hf_xet download, then load: {first-byte:load_peer:model:.2f} s, {first-byte:cpu_load_peer:model:.2f} CPU "
      "s/GiB (xetfs {first-byte:r_load_peer:model:.2f}×)"),
@@ -238,7 +238,7 @@ FIGURES = (
     ("over nginx, CPU per GiB / a local mount's (text, random)", "{remote:r_cpu_remote_local:text,random:.2f}",
      "from a full disk cache: {remote:r_cpu_remote_warm:text,random:.2f}; filling it, over none: "
      "{remote:r_cpu_remote_fill:text,random:.2f}"),
-    ("`xetfs serve`, `hf_hub_download` of 1 GiB (random, text), GB/s", "{serve:serve:random,text:.2f}",
+    ("`xetfs serve`, `hf_hub_download` of a `--size` file (random, text), GB/s", "{serve:serve:random,text:.2f}",
      "hf_xet reading the store itself (`local://`): {serve:r_serve_peer:random,text:.2f} of its speed"),
 )  # fmt: skip
 _FIELD = re.compile(r"\{([\w-]+):(\w+):([\w,]+):([^}]+)\}")
@@ -265,12 +265,18 @@ def readme_figures() -> str:
     lines = ["| | xetfs | against |", "|---|---|---|", *(f"| {' | '.join(row)} |" for row in cells), ""]
     for name, run in runs.items():
         m = run["meta"]
-        base = f" --baseline {m['baseline']['base']}" if m.get("baseline") else ""
-        only = ",".join(sorted(sections[name]))
-        command = (f".venv/bin/python scripts/bench.py --size {_size(m['size'])} --repeat {m['repeat']} --warmup "
-                   f"{m['warmup']} --kinds {','.join(m['kinds'])} --only {only}{base}")  # fmt: skip
-        lines += [f"From `docs/bench-{name}.json`, measured at {m['xetfs_commit']}:", "", "```sh", command, "```", ""]
+        lines += [f"From `docs/bench-{name}.json`, measured at {m['xetfs_commit']} on {m['cpus']} CPUs:", "",
+                  "```sh", bench_command(run, sections[name]), "```", ""]  # fmt: skip
     return "\n".join(lines).strip()
+
+
+def bench_command(run: dict[str, Any], sections: set[str]) -> str:
+    """The command that measures ``sections`` of ``run`` again (its baseline left out: no figure is from it)."""
+    m = run["meta"]
+    if m.get("quick") or m.get("mount_opt"):
+        raise SystemExit(f"bench JSON of {m['xetfs_commit']}: --quick or --mount-opt runs do not make README figures")
+    return (f".venv/bin/python scripts/bench.py --size {_size(m['size'])} --repeat {m['repeat']} --warmup "
+            f"{m['warmup']} --kinds {','.join(m['kinds'])} --only {','.join(sorted(sections))}")  # fmt: skip
 
 
 def readme_page(current: str) -> str:

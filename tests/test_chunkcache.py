@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
 from xetfs.base import hashes
+from xetfs.base.settings import META_EVICTION_GRACE
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.shard import parse_shard
 from xetfs.read.reader import Reader
@@ -65,17 +67,41 @@ def test_entries_count_against_the_bound_and_eviction_forgets_them(tmp_path: Pat
     assert cache.find(X, 70, 80) is not None
 
 
-def test_eviction_takes_chunk_ranges_before_the_objects_a_mount_needs(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("days", "kept"), [(1, True), (31, False)])
+def test_eviction_takes_chunk_ranges_before_the_objects_a_mount_needs(tmp_path: Path, days: int, kept: bool) -> None:
+    """A listing, a manifest and a shard, touched only when a mount starts (``days`` ago), outlast chunk
+    ranges used since; unless they are a month older than those (a store not mounted again)."""
     disk = DiskCache(tmp_path, 10_000)
-    for i in range(3):  # the oldest entries: a listing, a manifest, a shard (touched only when a mount starts)
+    then = time.time() - days * 86400
+    for i in range(3):
         disk.put(f"meta{i}", bytes([i]) * 500)
-        os.utime(disk.entry_path(f"meta{i}"), (1000 + i, 1000 + i))
+        os.utime(disk.entry_path(f"meta{i}"), (then + i, then + i))
     cache = ChunkCache(disk)
     for i in range(8):
         cache.put(X, 10 * i, 10 * i + 10, bytes([i]) * 1500)
     assert disk.counters.disk_evictions > 0 and disk.counters.disk_bytes <= 10_000
-    assert all(disk.get(f"meta{i}") == bytes([i]) * 500 for i in range(3))
+    assert [disk.get(f"meta{i}") == bytes([i]) * 500 for i in range(3)] == [kept] * 3
     assert ChunkCache(disk).find(X, 70, 80) is not None and ChunkCache(disk).find(X, 0, 10) is None
+
+
+def test_a_cache_too_small_for_what_a_mount_needs_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    disk = DiskCache(tmp_path, 5_000)
+    for i in range(6):  # shards of 1,000 bytes: 6,000 bytes, over 90 % of the bound
+        disk.put(f"shard{i}", bytes([i]) * 1000)
+    said = [r for r in caplog.records if "a mount with the server down may not start" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING", caplog.text
+
+
+def test_disk_bytes_never_go_below_zero_when_two_mounts_share_a_cache(tmp_path: Path) -> None:
+    a, b = DiskCache(tmp_path, 1 << 20), DiskCache(tmp_path, 1 << 20)
+    ChunkCache(a).put(X, 0, 10, b"a" * 5000)  # (b counted the cache before this entry was written)
+    chunks = ChunkCache(b)
+    entry = chunks.find(X, 0, 10)
+    assert entry is not None
+    chunks.drop(X, entry, "a chunk failed its check")
+    assert b.counters.disk_bytes == 0
 
 
 def test_disk_bytes_count_what_the_cache_holds(tmp_path: Path) -> None:
@@ -212,3 +238,8 @@ def test_a_damaged_entry_is_dropped_and_only_its_range_fetched_again(
     layout = Store.open(b.root).load_layout(hashes.from_hex(bad.parent.name))
     assert [(s, e) for _, s, e in source.fetched] == [(layout.phys_start(first), layout.phys_ends[stop - 1])]
     assert again.chunks is not None and again.chunks.disk.counters.disk_corrupt == 1
+
+
+def test_the_disk_cache_page_states_the_grace_of_meta_entries() -> None:
+    text = " ".join((Path(__file__).parents[1] / "docs" / "remote.md").read_text().split())
+    assert f"counts as used {META_EVICTION_GRACE / 86400:g} days later than it was" in text

@@ -19,7 +19,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from xetfs.base.settings import DIRECT_IO_ALIGN, DIRECT_IO_MIN_RATE, DIRECT_IO_SLOW_WRITES, MAX_RUN_BYTES, MiB
+from xetfs.base.settings import (
+    DIRECT_IO_ALIGN,
+    DIRECT_IO_MIN_RATE,
+    DIRECT_IO_RETRY,
+    DIRECT_IO_WINDOW,
+    MAX_RUN_BYTES,
+    MiB,
+)
 from xetfs.storage import entryfile
 from xetfs.storage.entryfile import write_entry
 
@@ -123,7 +130,7 @@ def test_a_file_system_without_o_direct_is_asked_once(
     monkeypatch.setattr(fcntl, "fcntl", refuse)
     data, parts = _parts(70_000, 4, 4)
     assert _written(tmp_path, "e", parts) == data and _written(tmp_path, "f", parts) == data
-    assert len(asked) == 1 and not entryfile._direct.on and direct_writes == []
+    assert len(asked) == 1 and entryfile._direct.refused and direct_writes == []
 
 
 @pytest.mark.parametrize("refusal", [errno.EINVAL, errno.EOPNOTSUPP, errno.EIO])
@@ -141,7 +148,7 @@ def test_a_direct_write_refused_midway_is_written_again_as_usual(
 
     monkeypatch.setattr(os, "writev", writev)
     data, parts = _parts(3 * 4096 + 5, 2, 5)
-    assert _written(o_direct, "e", parts) == data and not entryfile._direct.on
+    assert _written(o_direct, "e", parts) == data and entryfile._direct.refused
     assert _written(o_direct, "f", parts) == data
 
 
@@ -159,21 +166,43 @@ def test_a_full_disk_fails_the_entry_and_leaves_nothing(
     assert entryfile._direct.on  # (a full disk says nothing of O_DIRECT)
 
 
-@pytest.mark.parametrize(("seconds", "stays_on"), [(1.0, False), (0.001, True)])
-def test_a_disk_slower_than_the_network_gets_ordinary_writes(
-    o_direct: Path, monkeypatch: pytest.MonkeyPatch, direct_writes: list[int], seconds: float, stays_on: bool
+def _clocked(monkeypatch: pytest.MonkeyPatch, seconds: list[float]) -> None:
+    """Each direct write "takes" the next of ``seconds``; windows of 4 MiB, and 3 MiB as usual when slow."""
+    ticks = iter([t for took in seconds for t in (0.0, took)])
+    monkeypatch.setattr(entryfile, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    monkeypatch.setattr(entryfile, "DIRECT_IO_WINDOW", 4 * MiB)
+    monkeypatch.setattr(entryfile, "DIRECT_IO_RETRY", 3 * MiB)
+
+
+def test_a_disk_slower_than_the_network_gets_ordinary_writes_for_a_while(
+    o_direct: Path, monkeypatch: pytest.MonkeyPatch, direct_writes: list[int]
 ) -> None:
-    clock = iter(range(10_000))  # (each direct write of a MiB "takes" ``seconds``)
-    monkeypatch.setattr(entryfile, "time", SimpleNamespace(monotonic=lambda: next(clock) * seconds))
+    _clocked(monkeypatch, [0.1] * 4 + [0.001] * 5)  # 1 MiB in 0.1 s: 10 MiB/s, a window of 4 writes
     data, parts = _parts(MiB, 1, 6)
-    for k in range(DIRECT_IO_SLOW_WRITES + 1):
+    for k in range(4):
+        assert _written(o_direct, f"slow{k}", parts) == data
+    assert len(direct_writes) == 4 and not entryfile._direct.on
+    for k in range(3):  # as usual, until 3 MiB went so
+        assert _written(o_direct, f"usual{k}", parts) == data
+    assert len(direct_writes) == 4 and not entryfile._direct.on
+    for k in range(5):  # then tried again, and judged again: fast
+        assert _written(o_direct, f"again{k}", parts) == data
+    assert len(direct_writes) == 9 and entryfile._direct.on
+
+
+def test_one_slow_write_in_a_fast_window_keeps_o_direct(
+    o_direct: Path, monkeypatch: pytest.MonkeyPatch, direct_writes: list[int]
+) -> None:
+    _clocked(monkeypatch, [0.001, 0.02, 0.001, 0.001] * 2)  # (a write that waited for the interpreter)
+    data, parts = _parts(MiB, 1, 7)
+    for k in range(8):
         assert _written(o_direct, f"e{k}", parts) == data
-    assert len(direct_writes) == (DIRECT_IO_SLOW_WRITES + 1 if stays_on else DIRECT_IO_SLOW_WRITES)
-    assert entryfile._direct.on is stays_on
+    assert len(direct_writes) == 8 and entryfile._direct.on
 
 
 def test_the_disk_cache_page_states_these_settings() -> None:
     text = " ".join((Path(__file__).parents[1] / "docs" / "remote.md").read_text().split())
-    for said in (f"slower than {DIRECT_IO_MIN_RATE // MiB} MiB/s for {DIRECT_IO_SLOW_WRITES} writes in a row",
-                 f"one {MAX_RUN_BYTES // MiB} MiB buffer", f"{DIRECT_IO_ALIGN // 1024} KiB blocks"):  # fmt: skip
+    for said in (f"each {DIRECT_IO_WINDOW // MiB} MiB of them, ran slower than {DIRECT_IO_MIN_RATE // MiB} MiB/s",
+                 f"the next {DIRECT_IO_RETRY // 2**30} GiB", f"one {MAX_RUN_BYTES // MiB} MiB buffer",
+                 f"{DIRECT_IO_ALIGN // 1024} KiB blocks"):  # fmt: skip
         assert said in text, said

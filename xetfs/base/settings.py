@@ -92,13 +92,18 @@ MIN_CACHE_FOR_PREFETCH = 64 * MiB  # with a smaller --cache-size, nothing is pre
 
 # -- the disk cache of remote stores --------------------------------------------------------
 DISK_CACHE_LOW_WATER = 0.9  # eviction deletes the oldest entries until the cache is below this share of its bound
+# Eviction takes a meta/ entry (a listing, manifest, shard or footer: what a mount needs to start with the server
+# down) as if it had been used this much later than it was: chunk ranges go first, unless the entry is stale.
+META_EVICTION_GRACE = 30 * 24 * 3600.0
 STALE_TMP_SECONDS = 3600.0  # a temporary file older than this is a crashed writer's
-# A decode worker writes entries with O_DIRECT (``storage.entryfile``), in blocks of DIRECT_IO_ALIGN, until
-# DIRECT_IO_SLOW_WRITES in a row ran slower than DIRECT_IO_MIN_RATE (bytes a second): a slower disk than that
-# would hold back the reads whose bytes it keeps, and the page cache absorbs their writes instead.
+# A decode worker writes entries with O_DIRECT (``storage.entryfile``), in blocks of DIRECT_IO_ALIGN.  Its direct
+# writes are judged by DIRECT_IO_WINDOW bytes at a time: slower than DIRECT_IO_MIN_RATE (bytes a second), the disk
+# would hold back the reads whose bytes it keeps, so the next DIRECT_IO_RETRY bytes are ordinary writes (the page
+# cache absorbs them), and then O_DIRECT is tried again.
 DIRECT_IO_ALIGN = 4 * KiB
-DIRECT_IO_MIN_RATE = 256 * MiB
-DIRECT_IO_SLOW_WRITES = 3
+DIRECT_IO_MIN_RATE = 128 * MiB
+DIRECT_IO_WINDOW = 32 * MiB
+DIRECT_IO_RETRY = 1 * GiB
 
 # -- memory of the daemon and its workers (glibc malloc) ----------------------------------------
 MALLOC_TRIM_THRESHOLD = 64 * MiB  # freed memory up to this much is kept, not handed back to the kernel

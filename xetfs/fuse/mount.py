@@ -308,8 +308,8 @@ class _Collect(logging.Handler):
 def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
     """Mount and serve until unmounted or signalled; ``ExitStatus.INTERRUPTED`` after SIGINT, else ``OK``.
 
-    Reports on ``ready_fd``: one ``warning: ...`` line per warning about the
-    store (at most ``MAX_REPORTED_WARNINGS``, then one for the rest), a
+    Reports on ``ready_fd``: one ``warning: ...`` line per warning logged
+    while mounting (at most ``MAX_REPORTED_WARNINGS``, then one for the rest), a
     ``warnings: N`` line with their number, then ``ok`` or ``error: ...``.
     """
     keep_freed_memory()
@@ -426,7 +426,7 @@ def spawn_daemon(
 
     ``config`` (``daemonconfig.dump_config``) reaches the daemon on a pipe, fd
     ``M``, and ``env`` is added to its environment: secrets go there, never
-    into ``argv``.  Returns the daemon's warnings about the store to show (a long
+    into ``argv``.  Returns the daemon's warnings to show (a long
     list ends with a line for the rest) and their number.  Raises
     ``MountError`` with the daemon's own message when it fails.
     """

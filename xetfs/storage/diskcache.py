@@ -17,10 +17,12 @@ For both:
   reader sees a whole entry or none;
 * a hit touches the entry's mtime, and eviction (under an ``flock`` of the
   cache, so two mounts do not evict at once) deletes the oldest entries
-  until the cache is back below 90 % of its size: chunk ranges first, and
-  ``meta/`` entries only when no chunk range is left, since a mount needs
-  them to start, and to find its cached chunks, when the server is down
-  (and they are a small share of a cache); each mount counts the whole
+  until the cache is back below 90 % of its size; a ``meta/`` entry counts
+  as used ``META_EVICTION_GRACE`` (30 days) later than it was, so chunk
+  ranges go first: a mount needs those entries to start, and to find its
+  cached chunks, when the server is down (and they are a small share of a
+  cache), while the entries of a store not mounted for a month still go;
+  each mount counts the whole
   cache again whenever it wrote a twentieth of its size, so the bound holds
   for all the mounts that share it;
 * a write that fails (a full disk) is dropped and counted, and the oldest
@@ -54,7 +56,7 @@ from pathlib import Path
 import blake3
 
 from xetfs.base.errors import MissingObjectError, StoreError, StoreTimeoutError
-from xetfs.base.settings import DISK_CACHE_LOW_WATER, STALE_TMP_SECONDS
+from xetfs.base.settings import DISK_CACHE_LOW_WATER, META_EVICTION_GRACE, STALE_TMP_SECONDS
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.objects import ObjectSource, RemoteOptions
 
@@ -81,6 +83,7 @@ class DiskCache:
         self.generation = 0  # counts evictions: what a process knows of the entries may be stale after one
         self._lock = threading.Lock()
         self._warned = False
+        self._meta_warned = False
         self._since_scan = 0  # bytes this process wrote since it last counted the whole cache
         try:
             self._entries.mkdir(parents=True, exist_ok=True)
@@ -144,7 +147,7 @@ class DiskCache:
             warned, self._warned = self._warned, True
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         if not warned:
-            then = "deleting the oldest entries to make room" if full else "counting the next in disk_write_errors"
+            then = "deleting the least recently used to make room" if full else "counting the next in disk_write_errors"
             log.warning("disk cache %s: an entry could not be written (%s), its bytes were served anyway; %s",
                         self.directory, exc.strerror, then)  # fmt: skip
         if full:
@@ -161,7 +164,7 @@ class DiskCache:
         """The cache grew by ``size`` bytes (an entry written by this process or a decode worker of its own;
         less, or negative, for one that replaced or deleted another)."""
         with self._lock:
-            self._total += size
+            self._total = max(0, self._total + size)  # (an entry another mount wrote since the last count: not in it)
             self._since_scan += max(0, size)
             self.counters.disk_bytes = self._total
             # Other mounts write too: count the whole cache again after a twentieth of it was written here.
@@ -170,8 +173,9 @@ class DiskCache:
             self.evict()
 
     def evict(self, *, shrink: bool = False) -> None:
-        """Count the whole cache, and delete the least recently used entries until it is below 90 % of
-        its size (with ``shrink``, also below 90 % of what it holds now: the disk is full).
+        """Count the whole cache, and delete the least recently used entries (``meta/`` ones counted as used
+        ``META_EVICTION_GRACE`` later) until it is below 90 % of its size (with ``shrink``, also below 90 % of
+        what it holds now: the disk is full).
 
         Under an exclusive ``flock``: another mount that is evicting at the
         same time waits, then finds less to do.
@@ -186,9 +190,15 @@ class DiskCache:
             except OSError as exc:  # (ENOLCK: a filesystem without locks) eviction waits for the next write
                 log.debug("disk cache %s: cannot lock it to evict: %s", self.directory, exc.strerror)
                 return
-            entries = sorted(self._scan(), key=lambda e: (e[3], e[2]))  # chunk ranges first, each kind oldest first
+            entries = sorted(self._scan(), key=lambda e: e[2] + META_EVICTION_GRACE * e[3])  # least recent first
             total = sum(size for _, size, _, _ in entries)
             target = min(self.capacity, total if shrink else self.capacity) * DISK_CACHE_LOW_WATER
+            meta = sum(size for _, size, _, in_meta in entries if in_meta)
+            if meta > target and not self._meta_warned:
+                self._meta_warned = True
+                log.warning("disk cache %s: the listings, manifests, shards and footers it holds (%d MiB) are more "
+                            "than its bound leaves room for: a mount with the server down may not start; give it a "
+                            "larger --disk-cache-size", self.directory, meta >> 20)  # fmt: skip
             evicted = 0
             for path, size, _, _ in entries:
                 if total <= target:
@@ -256,7 +266,7 @@ class DiskCache:
         size = st.f_blocks * st.f_frsize
         if 0 < size < self.capacity:
             log.warning("disk cache %s: its bound (--disk-cache-size, %d MiB) is more than its file system holds "
-                        "(%d MiB): when the disk fills, the oldest entries are deleted", self.directory,
+                        "(%d MiB): when the disk fills, the least recently used entries are deleted", self.directory,
                         self.capacity >> 20, size >> 20)  # fmt: skip
 
     def _clean_tmp(self) -> None:

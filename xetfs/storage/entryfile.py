@@ -8,12 +8,14 @@ with ``O_DIRECT``, gathered into one page-aligned buffer of its own; the last
 partial block is an ordinary write.  Those bytes then take no page-cache
 memory: the page cache already holds the decoded file the reader asked for,
 and the raw bytes are for a later mount.  A direct write lasts as long as the
-disk takes, so a worker stops using them (until it exits) when the file
-system refuses one, or when ``DIRECT_IO_SLOW_WRITES`` in a row ran slower
-than ``DIRECT_IO_MIN_RATE``: on a disk slower than the network, the page
-cache must absorb a fill.  The daemon's own entries are small, and written
-on its event loop, which must never wait for a disk: they are ordinary
-writes.
+disk takes, so a worker whose direct writes, judged ``DIRECT_IO_WINDOW``
+bytes at a time, ran slower than ``DIRECT_IO_MIN_RATE`` writes the next
+``DIRECT_IO_RETRY`` bytes as usual (on a disk slower than the network, the
+page cache must absorb a fill), then tries again.  One that the file system
+refused, or that failed otherwise (but for a full disk), ends ``O_DIRECT``
+for the process.  The daemon's own entries (footers, and the runs it decodes
+itself when no worker can) are ordinary writes: it writes them on its event
+loop, where a direct write would wait for the disk.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from xetfs.base.settings import DIRECT_IO_ALIGN, DIRECT_IO_MIN_RATE, DIRECT_IO_SLOW_WRITES, IOV_MAX, MAX_RUN_BYTES, MiB
+from xetfs.base.settings import (
+    DIRECT_IO_ALIGN,
+    DIRECT_IO_MIN_RATE,
+    DIRECT_IO_RETRY,
+    DIRECT_IO_WINDOW,
+    IOV_MAX,
+    MAX_RUN_BYTES,
+)
 from xetfs.format.chunk import Buffer
 
 
@@ -62,17 +71,34 @@ class _Direct:
     much to touch as the page cache they save).  One write at a time; another meanwhile writes as usual."""
 
     def __init__(self) -> None:
-        self.on = True
+        self.refused = False  # a direct write was refused or failed: none again in this process
+        self.slow = False  # the last window of direct writes ran slower than DIRECT_IO_MIN_RATE
+        self._window = (0, 0.0)  # bytes written with O_DIRECT since the last judgement, and the seconds they took
+        self._as_usual = 0  # bytes written as usual since the disk was found slow
         self._view: memoryview | None = None
-        self._slow = 0  # direct writes in a row that ran slower than DIRECT_IO_MIN_RATE
         self._lock = threading.Lock()
+
+    @property
+    def on(self) -> bool:
+        return not (self.refused or self.slow)
 
     def write(self, fd: int, views: list[memoryview]) -> int:
         """Write the whole blocks of ``views`` to the new file ``fd`` with ``O_DIRECT``: the bytes written.
         0 when none were, and ``fd`` is at its start, its flags unchanged (some blocks may have gone)."""
         size = sum(len(view) for view in views) // DIRECT_IO_ALIGN * DIRECT_IO_ALIGN
-        if not (self.on and 0 < size <= MAX_RUN_BYTES) or not self._lock.acquire(blocking=False):
+        if self.refused or not 0 < size <= MAX_RUN_BYTES or not self._lock.acquire(blocking=False):
             return 0
+        try:
+            if self.slow:
+                if self._as_usual < DIRECT_IO_RETRY:
+                    self._as_usual += size
+                    return 0
+                self.slow, self._as_usual = False, 0  # (and judged again)
+            return self._write(fd, views, size)
+        finally:
+            self._lock.release()
+
+    def _write(self, fd: int, views: list[memoryview], size: int) -> int:
         try:
             flags = fcntl.fcntl(fd, fcntl.F_GETFL)
             fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT)  # (EINVAL: this file system has no O_DIRECT)
@@ -93,11 +119,9 @@ class _Direct:
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise  # (as an ordinary write would have been refused)
-            self.on = False  # refused (an alignment or a file system without it): the rest as usual
+            self.refused = True  # (an alignment, a file system without it, a failure): the rest as usual
             os.lseek(fd, 0, os.SEEK_SET)  # (the ordinary write covers whatever went)
             return 0
-        finally:
-            self._lock.release()
         return size
 
     def _buffer(self) -> memoryview:
@@ -106,11 +130,14 @@ class _Direct:
         return self._view
 
     def _timed(self, size: int, seconds: float) -> None:
-        if size < MiB:  # (too short to time a disk by)
+        """Judge the disk once a window of direct writes is done: their time includes this process's own
+        waits (its other threads hold the interpreter for milliseconds), which a window evens out."""
+        written, took = self._window[0] + size, self._window[1] + seconds
+        if written < DIRECT_IO_WINDOW:
+            self._window = (written, took)
             return
-        self._slow = self._slow + 1 if size < seconds * DIRECT_IO_MIN_RATE else 0
-        if self._slow >= DIRECT_IO_SLOW_WRITES:
-            self.on = False
+        self._window = (0, 0.0)
+        self.slow = written < took * DIRECT_IO_MIN_RATE
 
 
 _direct = _Direct()
