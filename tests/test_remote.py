@@ -446,8 +446,9 @@ def test_cached_source_keeps_whole_objects_and_falls_back_when_down(tmp_path: Pa
     assert cache.counters.disk_corrupt == 1
     fake.down = True
     assert cached.read("listing", limit=100, fresh=True) == b"v1"  # the server is down: the cached copy
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError) as failed:
         cached.read("other", limit=100, fresh=True)
+    assert str(failed.value).endswith(f"; the disk cache {tmp_path} has no copy of it"), failed.value
 
 
 def test_object_store_urls_and_what_they_show() -> None:

@@ -315,10 +315,10 @@ class CachedSource:
                 data = self.inner.read(name, limit=limit, fresh=True)
             except MissingObjectError:
                 raise
-            except (StoreError, StoreTimeoutError):
+            except (StoreError, StoreTimeoutError) as exc:
                 cached = self.cache.get(key)
                 if cached is None:
-                    raise
+                    raise type(exc)(f"{exc}; the disk cache {self.cache.directory} has no copy of it") from None
                 log.warning("%s/%s: server did not answer; using the copy in the disk cache", self.location, name)
                 return cached
             self.cache.put(key, data)
@@ -346,10 +346,10 @@ class CachedSource:
         key = f"{self.location}\0list\0{prefix}"
         try:
             names = self.inner.list(prefix)
-        except (StoreError, StoreTimeoutError):
+        except (StoreError, StoreTimeoutError) as exc:
             cached = self.cache.get(key)
             if cached is None:
-                raise
+                raise type(exc)(f"{exc}; the disk cache {self.cache.directory} has no listing of it") from None
             log.warning("%s: server did not answer; using the listing in the disk cache", self.location)
             return [(str(n), int(s), float(t)) for n, s, t in json.loads(cached)]
         if names is not None:
