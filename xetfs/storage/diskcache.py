@@ -326,7 +326,10 @@ class CachedSource:
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        data = self.inner.read(name, limit=limit)
+        try:
+            data = self.inner.read(name, limit=limit)
+        except (StoreError, StoreTimeoutError) as exc:
+            raise type(exc)(f"{exc}; the disk cache {self.cache.directory} has no copy of it") from None
         self.cache.put(key, data)
         return data
 
