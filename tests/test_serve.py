@@ -35,7 +35,7 @@ from helpers import hub_cache
 from helpers.mounting import wait_until
 from helpers.oracle import REPO_ROOT, hf_xet_env
 from helpers.processes import children, state
-from helpers.servers import S3_ENV, Server, free_port, moto_s3, nginx_balancer, upload_dir, xetfs_serve
+from helpers.servers import S3_ENV, Server, free_port, moto_s3, nginx, nginx_balancer, upload_dir, xetfs_serve
 
 from xetfs.base import hashes
 from xetfs.serve.signing import Signer
@@ -474,6 +474,32 @@ def test_a_later_pack_is_served_without_a_restart(packed: Packed, tmp_path: Path
         assert status == 200 and json.loads(body)["sha"] == packed.spec.model_commits[2]
         got, _ = clients(server, "get", "model", MODEL, "model.safetensors", "v1.0")
         assert got.get("sha256") == sha(packed.original(MODEL, packed.spec.model_commits[0], "model.safetensors"))
+
+
+def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(packed: Packed, tmp_path: Path) -> None:
+    """A store on a web server: a later pack moves ``main`` (no request misses anything, ``main`` is known),
+    and every server process serves the new commit once its timed look at the catalogue comes."""
+    model_dir = "models--" + MODEL.replace("/", "--")
+    cache = tmp_path / "cache"
+    shutil.copytree(packed.spec.root / model_dir, cache / model_dir, symlinks=True)
+    old, new = packed.spec.model_commits[1], packed.spec.model_commits[2]
+    (cache / model_dir / "refs" / "main").write_text(old)
+    store = tmp_path / "store"
+    pack(tmp_path, cache, store)
+
+    def main_commits() -> set[str]:  # (several requests: either process may answer)
+        return {json.loads(request(server, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] for _ in range(6)}
+
+    with (
+        nginx(store) as web,
+        xetfs_serve(web.url, "--workers", "2", "--rescan", "1", "--disk-cache-size", "0") as server,
+    ):
+        assert main_commits() == {old}
+        (cache / model_dir / "refs" / "main").write_text(new)
+        pack(tmp_path, cache, store)
+        wait_until(lambda: main_commits() == {new}, 20, "the new main from every server process")
+        got, _ = clients(server, "get", "model", MODEL, "model.safetensors", "main")
+        assert got.get("sha256") == sha(packed.original(MODEL, new, "model.safetensors"))
 
 
 def test_a_signed_xorb_url_is_served_by_a_process_that_has_not_seen_the_pack(packed: Packed, tmp_path: Path) -> None:

@@ -66,9 +66,10 @@ def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
     p.add_argument("--tree-page-size", type=int, default=settings.SERVE_TREE_PAGE, metavar="N",
                    help="entries per page of a tree listing "
                         f"(default {settings.SERVE_TREE_PAGE}, as the Hub)")  # fmt: skip
-    p.add_argument("--rescan", type=float, default=settings.SERVE_RESCAN, metavar="SECONDS",
-                   help="look for new packs in a local store at most this often, and on every miss "
-                        f"(default {settings.SERVE_RESCAN:g})")  # fmt: skip
+    p.add_argument("--rescan", type=float, metavar="SECONDS",
+                   help="look at the store again for new packs and moved branches at most this often, and on a "
+                        f"miss (default {settings.SERVE_RESCAN:g} for a directory; "
+                        f"{settings.SERVE_REMOTE_RESCAN:g} for a URL, where a look fetches its catalogue)")  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 

@@ -11,10 +11,14 @@ file reads come from ``Reader``, raw chunks from the store's
 
 ``Contents`` holds the current snapshot and replaces it when the store
 changes (a pack added shards or rewrote the catalogue), so new repos appear
-without a restart.  A local store is looked at again at most every
-``rescan`` seconds and whenever a lookup misses; a remote one only on a
-miss, at most every ``rescan`` seconds.  A snapshot is immutable, so a
-request keeps the one it started with.
+without a restart.  A store is looked at again at most every ``rescan``
+seconds (by default ``SERVE_RESCAN`` for a directory, ``SERVE_REMOTE_RESCAN``
+for a URL) and when a lookup misses (for a URL, at most every
+``SERVE_RESCAN`` seconds).  A look at a directory compares its shard names and
+catalogue file; a timed look at a URL fetches its catalogue, so that a branch
+a push moved is served; both load the store again only if those changed.  A
+miss on a URL loads it again (a push may have added any object).  A snapshot
+is immutable, so a request keeps the one it started with.
 """
 
 from __future__ import annotations
@@ -30,12 +34,12 @@ import trio
 
 from xetfs.base import hashes
 from xetfs.base.errors import XetfsError
-from xetfs.base.settings import IO_TIMEOUT, SERVE_CACHE_SIZE, SERVE_RESCAN
+from xetfs.base.settings import IO_TIMEOUT, SERVE_CACHE_SIZE, SERVE_REMOTE_RESCAN, SERVE_RESCAN
 from xetfs.format.xorb import check_run
 from xetfs.read.loader import threaded_io
 from xetfs.read.reader import Reader
 from xetfs.serve.reconstruction import Term
-from xetfs.storage.catalogue import Catalogue, find_catalogue, store_catalogue
+from xetfs.storage.catalogue import CATALOGUE_NAME, MAX_CATALOGUE_BYTES, Catalogue, find_catalogue, store_catalogue
 from xetfs.storage.index import FileEntry, Index
 from xetfs.storage.indexer import load_index
 from xetfs.storage.layout import find_root
@@ -102,12 +106,13 @@ class Contents:
         location: str,
         open_store: Callable[[str], Store],
         *,
-        rescan: float = SERVE_RESCAN,
+        rescan: float | None = None,
         io_timeout: float = IO_TIMEOUT,
     ) -> None:
         self.location = location
         self._open_store = open_store
-        self._rescan = rescan
+        self._remote = is_url(location)
+        self._rescan = rescan if rescan is not None else SERVE_REMOTE_RESCAN if self._remote else SERVE_RESCAN
         self._io_timeout = io_timeout
         self._lock = trio.Lock()
         self._signature: object = None
@@ -120,6 +125,8 @@ class Contents:
         thread in ``_make``)."""
         signature = self._local_signature()
         store = self._open_store(self.location)
+        if self._remote:
+            signature = self._remote_signature(store)
         index = load_index(store).index
         catalogue = self._catalogue(store)
         for warning in catalogue.warnings:
@@ -134,9 +141,13 @@ class Contents:
     def _catalogue(self, store: Store) -> Catalogue:
         return store_catalogue(store) or Catalogue()
 
+    def _remote_signature(self, store: Store) -> object:
+        """What changes when a push moves a branch of a remote store: its catalogue's bytes (fetched)."""
+        return store.read_meta(CATALOGUE_NAME, limit=MAX_CATALOGUE_BYTES)
+
     def _local_signature(self) -> object:
         """What changes when a pack adds to a local store: the catalogue file and the shard names."""
-        if is_url(self.location):
+        if self._remote:
             return None
         path = find_catalogue(Path(self.location))
         st = path.stat() if path is not None else None
@@ -147,14 +158,14 @@ class Contents:
         """The current snapshot, after looking at the store again when that is due (see the module docstring):
         ``missed`` says the caller did not find what it looked for."""
         now = time.time()
-        due = not 0 <= now - self._looked < self._rescan  # (a clock set back: due too)
-        if is_url(self.location):
-            due = due and missed
-        elif missed:
-            due = True
-        return await self.looked_at_since(now) if due else self._snapshot
+        since = now - self._looked
+        if not 0 <= since < self._rescan:  # (a clock set back: due too)
+            return await self.looked_at_since(now, missed=missed)
+        if missed and not (self._remote and 0 <= since < SERVE_RESCAN):
+            return await self.looked_at_since(now, missed=True)
+        return self._snapshot
 
-    async def looked_at_since(self, when: float) -> Snapshot:
+    async def looked_at_since(self, when: float, *, missed: bool = True) -> Snapshot:
         """A snapshot from a look at the store that started at ``when`` (``time.time()``) or later: the store
         is looked at again unless such a look happened already.
 
@@ -165,7 +176,7 @@ class Contents:
         """
         async with self._lock:
             if self._looked < when:
-                loaded = await trio.to_thread.run_sync(self._refresh)
+                loaded = await trio.to_thread.run_sync(self._refresh, missed)
                 if loaded is not None:
                     old, self._snapshot = self._snapshot, self._make(loaded)
                     old.store.close()  # (its open files; a read in progress holds its own descriptor)
@@ -174,11 +185,15 @@ class Contents:
                                  len(loaded.index), len(loaded.catalogue.repos))  # fmt: skip
         return self._snapshot
 
-    def _refresh(self) -> _Loaded | None:
-        """A new snapshot when the store changed (a remote one is assumed to have), else None (blocking)."""
+    def _refresh(self, missed: bool) -> _Loaded | None:
+        """A new snapshot when the store changed, else None (blocking).  A remote store that ``missed``
+        something is taken to have changed; otherwise its catalogue says."""
         started = time.time()
         try:
-            if not is_url(self.location) and self._local_signature() == self._signature:
+            if self._remote:
+                if not missed and self._remote_signature(self._snapshot.store) == self._signature:
+                    return None
+            elif self._local_signature() == self._signature:
                 return None
             return self._load()
         except (XetfsError, OSError) as exc:
