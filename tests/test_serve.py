@@ -487,18 +487,18 @@ def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(pac
     store = tmp_path / "store"
     pack(tmp_path, cache, store)
 
-    def main_commits() -> set[str]:  # (several requests: either process may answer)
-        return {json.loads(request(server, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] for _ in range(6)}
+    def main_commits(at: Server) -> set[str]:  # (several requests: either process may answer)
+        return {json.loads(request(at, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] for _ in range(6)}
 
     with (
         nginx(store) as web,
-        xetfs_serve(web.url, "--workers", "2", "--rescan", "1", "--disk-cache-size", "0") as server,
+        xetfs_serve(web.url, "--workers", "2", "--rescan", "1", "--disk-cache-size", "0") as serving,
     ):
-        assert main_commits() == {old}
+        assert main_commits(serving) == {old}
         (cache / model_dir / "refs" / "main").write_text(new)
         pack(tmp_path, cache, store)
-        wait_until(lambda: main_commits() == {new}, 20, "the new main from every server process")
-        got, _ = clients(server, "get", "model", MODEL, "model.safetensors", "main")
+        wait_until(lambda: main_commits(serving) == {new}, 20, "the new main from every server process")
+        got, _ = clients(serving, "get", "model", MODEL, "model.safetensors", "main")
         assert got.get("sha256") == sha(packed.original(MODEL, new, "model.safetensors"))
 
 
