@@ -295,6 +295,18 @@ def test_a_footer_longer_than_the_tail_is_fetched_once_and_kept_for_a_restart_wi
         assert (m / name).read_bytes() == data
 
 
+def test_a_server_that_ignores_range_requests_fails_reads_at_once_and_says_so(packed: Packed) -> None:
+    """Python's http.server answers a range request with the whole file: permanent, so a read fails at once
+    (not after --io-timeout of retries), and the log says what the server lacks."""
+    options = ("--disk-cache-size", "0", "--io-timeout", "20")
+    with servers.python_http_server(packed.top) as server, mounted(server.url, *options, allow_errors=True) as m:
+        started = time.monotonic()
+        with pytest.raises(OSError) as failed:
+            (m / "model/config.json").read_bytes()
+        assert failed.value.errno == errno.EIO and time.monotonic() - started < 5
+        assert "the server does not answer range requests (it sends whole objects)" in m.log(), m.log()
+
+
 def test_a_request_refused_while_the_server_is_down_says_why() -> None:
     """The listing's request finds no server; the xorb read after it is not sent, and says so, naming the
     request that marked the server down (not quoting that request's error as its own)."""

@@ -199,6 +199,16 @@ def xetfs_serve(store: str | Path, *args: str, port: int | None = None) -> Itera
         yield server
 
 
+@contextlib.contextmanager
+def python_http_server(root: Path) -> Iterator[Server]:
+    """Python's ``http.server`` serving ``root``: a real server that ignores ``Range`` (it sends whole files)."""
+    tmp = Path(tempfile.mkdtemp(prefix="xetfs-pyhttp-"))
+    port = free_port()
+    cmd = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(root)]
+    with _serving(cmd, tmp, port, tmp / "output", "python -m http.server") as server:
+        yield server
+
+
 S3_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing-secret-key",

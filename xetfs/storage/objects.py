@@ -306,6 +306,13 @@ class ObstoreSource:
                 except (oe.PermissionDeniedError, oe.UnauthenticatedError) as exc:
                     self._error()
                     raise StoreError(f"{self._where(what)}: access refused: {self._message(exc)}") from None
+                except oe.NotSupportedError as exc:  # (never transient: not tried again)
+                    self._error()
+                    if "range" in str(exc).lower():
+                        raise StoreError(f"{self._where(what)}: the server does not answer range requests (it "
+                                         f"sends whole objects): serve the store with one that does, such as "
+                                         f"nginx") from None  # fmt: skip
+                    raise StoreError(f"{self._where(what)}: not supported: {self._message(exc)}") from None
                 except StoreError:
                     raise
                 except Exception as exc:  # obstore's errors, and our own _Transient
