@@ -35,7 +35,17 @@ from helpers import hub_cache
 from helpers.mounting import wait_until
 from helpers.oracle import REPO_ROOT, hf_xet_env
 from helpers.processes import children, state
-from helpers.servers import S3_ENV, Server, free_port, moto_s3, nginx, nginx_balancer, upload_dir, xetfs_serve
+from helpers.servers import (
+    S3_ENV,
+    Server,
+    fault_proxy,
+    free_port,
+    moto_s3,
+    nginx,
+    nginx_balancer,
+    upload_dir,
+    xetfs_serve,
+)
 
 from xetfs.base import hashes
 from xetfs.serve.signing import Signer
@@ -500,6 +510,22 @@ def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(pac
         wait_until(lambda: main_commits(serving) == {new}, 20, "the new main from every server process")
         got, _ = clients(serving, "get", "model", MODEL, "model.safetensors", "main")
         assert got.get("sha256") == sha(packed.original(MODEL, new, "model.safetensors"))
+
+
+def test_a_timed_look_at_a_stalled_remote_catalogue_holds_back_no_request(packed: Packed) -> None:
+    """The look at a remote store's catalogue runs in the background: while the server stalls every request,
+    requests that need nothing new from it are answered at once, and the look is said once in the log."""
+    options = ("--workers", "1", "--rescan", "0.2", "--disk-cache-size", "0", "--io-timeout", "20")
+    with nginx(packed.store) as web, fault_proxy(web) as (proxy, faults), xetfs_serve(proxy.url, *options) as serving:
+        assert request(serving, "GET", f"/api/models/{MODEL}/revision/main")[0] == 200
+        faults.stall_all = True
+        end = time.monotonic() + 2  # (ten timed looks are due in this window; one starts, and stalls)
+        while time.monotonic() < end:
+            began = time.monotonic()
+            assert request(serving, "GET", f"/api/models/{MODEL}/revision/main")[0] == 200
+            assert time.monotonic() - began < 1, "a request waited for the look at the catalogue"
+        assert faults.seen.count("stall") == 1, faults.seen
+        faults.release()
 
 
 def test_a_signed_xorb_url_is_served_by_a_process_that_has_not_seen_the_pack(packed: Packed, tmp_path: Path) -> None:

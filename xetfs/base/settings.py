@@ -137,5 +137,5 @@ SERVE_CHECKS = 8  # xorb ranges read and checked at the same time, per server pr
 SERVE_WORKERS_MAX = 4  # --workers default: one server process per core, at most this many
 SERVE_WORKERS = max(1, min(len(os.sched_getaffinity(0)), SERVE_WORKERS_MAX))
 SERVE_TREE_PAGE = 1000  # entries per page of a tree listing, as the Hub
-SERVE_RESCAN = 2.0  # a local store is looked at for new packs at most this often
-SERVE_REMOTE_RESCAN = 30.0  # a remote store's catalogue is fetched again this often (a moved branch)
+SERVE_RESCAN = 2.0  # --rescan for a directory; and a URL that missed something is loaded again at most this often
+SERVE_REMOTE_RESCAN = 30.0  # --rescan for a URL: its catalogue is fetched again this often (a moved branch)

@@ -11,18 +11,22 @@ file reads come from ``Reader``, raw chunks from the store's
 
 ``Contents`` holds the current snapshot and replaces it when the store
 changes (a pack added shards or rewrote the catalogue), so new repos appear
-without a restart.  A store is looked at again at most every ``rescan``
+without a restart.  Looks are lazy: the first request after ``rescan``
 seconds (by default ``SERVE_RESCAN`` for a directory, ``SERVE_REMOTE_RESCAN``
-for a URL) and when a lookup misses (for a URL, at most every
-``SERVE_RESCAN`` seconds).  A look at a directory compares its shard names and
-catalogue file; a timed look at a URL fetches its catalogue, so that a branch
-a push moved is served; both load the store again only if those changed.  A
-miss on a URL loads it again (a push may have added any object).  A snapshot
-is immutable, so a request keeps the one it started with.
+for a URL) starts one.  A look at a directory compares its shard names and
+catalogue file, and a request waits for it (it is quick).  A look at a URL
+fetches its catalogue in the background, from the server itself, and loads
+the store again if the catalogue changed (a push moved a branch); requests go
+on meanwhile, and one that fails is said once until the server answers.  A
+request that misses something loads a directory's changes, or the whole of a
+URL's store (a push may have added any object; at most every
+``SERVE_RESCAN`` seconds), first.  A snapshot is immutable, so a request keeps
+the one it started with.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -33,13 +37,21 @@ from pathlib import Path
 import trio
 
 from xetfs.base import hashes
-from xetfs.base.errors import XetfsError
+from xetfs.base.errors import MissingObjectError, XetfsError
 from xetfs.base.settings import IO_TIMEOUT, SERVE_CACHE_SIZE, SERVE_REMOTE_RESCAN, SERVE_RESCAN
 from xetfs.format.xorb import check_run
 from xetfs.read.loader import threaded_io
 from xetfs.read.reader import Reader
 from xetfs.serve.reconstruction import Term
-from xetfs.storage.catalogue import CATALOGUE_NAME, MAX_CATALOGUE_BYTES, Catalogue, find_catalogue, store_catalogue
+from xetfs.storage.catalogue import (
+    CATALOGUE_NAME,
+    MAX_CATALOGUE_BYTES,
+    Catalogue,
+    find_catalogue,
+    parse_catalogue,
+    store_catalogue,
+)
+from xetfs.storage.diskcache import CachedSource
 from xetfs.storage.index import FileEntry, Index
 from xetfs.storage.indexer import load_index
 from xetfs.storage.layout import find_root
@@ -116,34 +128,49 @@ class Contents:
         self._io_timeout = io_timeout
         self._lock = trio.Lock()
         self._signature: object = None
-        # When the last look at the store started: time.time(), the clock signed URLs are dated by.
-        self._looked = time.time()
+        # Times are time.time(), the clock signed URLs are dated by.  ``_known``: the snapshot holds everything
+        # the store held when a look started then (a load, or a local look that found nothing changed).
+        # ``_looked``: when the last look of any kind started (a timed look at a remote catalogue included).
+        self._known = self._looked = time.time()
+        self._timed_look_running = False
+        self._unreachable = False  # the last timed look could not fetch the catalogue (said once)
         self._snapshot = self._make(self._load())
 
     def _load(self) -> _Loaded:
         """Open the store, index its shards and read its catalogue (blocking; the reader is made by the caller's
         thread in ``_make``)."""
+        started = time.time()
         signature = self._local_signature()
         store = self._open_store(self.location)
-        if self._remote:
-            signature = self._remote_signature(store)
         index = load_index(store).index
-        catalogue = self._catalogue(store)
+        if self._remote:
+            data = self._remote_catalogue(store)
+            signature = None if data is None else hashlib.blake2b(data, digest_size=32).digest()
+            catalogue = (
+                Catalogue() if data is None else parse_catalogue(data, source=f"{store.location}/{CATALOGUE_NAME}")
+            )
+        else:
+            catalogue = store_catalogue(store) or Catalogue()
         for warning in catalogue.warnings:
             log.warning("catalogue: %s", warning)
         self._signature = signature
+        self._known = max(self._known, started)
         return _Loaded(store, index, catalogue)
 
     def _make(self, loaded: _Loaded) -> Snapshot:
         reader = Reader(loaded.index, loaded.store, cache_size=SERVE_CACHE_SIZE, io=threaded_io(self._io_timeout))
         return Snapshot(loaded.store, loaded.index, loaded.catalogue, reader)
 
-    def _catalogue(self, store: Store) -> Catalogue:
-        return store_catalogue(store) or Catalogue()
-
-    def _remote_signature(self, store: Store) -> object:
-        """What changes when a push moves a branch of a remote store: its catalogue's bytes (fetched)."""
-        return store.read_meta(CATALOGUE_NAME, limit=MAX_CATALOGUE_BYTES)
+    @staticmethod
+    def _remote_catalogue(store: Store, *, server_only: bool = False) -> bytes | None:
+        """The catalogue of a remote store, fetched (None if it has none).  With ``server_only``, from the
+        server itself, never a copy in the disk cache (a timed look must not take an old copy for news)."""
+        source = store.source.inner if server_only and isinstance(store.source, CachedSource) else store.source
+        try:
+            return source.read(store.meta_path(CATALOGUE_NAME) or CATALOGUE_NAME, limit=MAX_CATALOGUE_BYTES,
+                               fresh=True)  # fmt: skip
+        except MissingObjectError:
+            return None
 
     def _local_signature(self) -> object:
         """What changes when a pack adds to a local store: the catalogue file and the shard names."""
@@ -156,51 +183,83 @@ class Contents:
 
     async def snapshot(self, *, missed: bool = False) -> Snapshot:
         """The current snapshot, after looking at the store again when that is due (see the module docstring):
-        ``missed`` says the caller did not find what it looked for."""
+        ``missed`` says the caller did not find what it looked for.  A timed look at a remote store runs in
+        the background: no request waits for its fetch."""
         now = time.time()
-        since = now - self._looked
-        if not 0 <= since < self._rescan:  # (a clock set back: due too)
-            return await self.looked_at_since(now, missed=missed)
-        if missed and not (self._remote and 0 <= since < SERVE_RESCAN):
-            return await self.looked_at_since(now, missed=True)
+        if self._remote:
+            if missed and not 0 <= now - self._known < SERVE_RESCAN:
+                return await self.looked_at_since(now)
+            if not 0 <= now - self._looked < self._rescan and not self._timed_look_running:
+                self._looked = now  # (the requests meanwhile start no other)
+                self._timed_look_running = True
+                trio.lowlevel.spawn_system_task(self._timed_look)
+            return self._snapshot
+        if missed or not 0 <= now - self._looked < self._rescan:  # (a clock set back: due too)
+            return await self.looked_at_since(now)
         return self._snapshot
 
-    async def looked_at_since(self, when: float, *, missed: bool = True) -> Snapshot:
-        """A snapshot from a look at the store that started at ``when`` (``time.time()``) or later: the store
-        is looked at again unless such a look happened already.
+    async def looked_at_since(self, when: float) -> Snapshot:
+        """A snapshot that holds everything the store held at ``when`` (``time.time()``): the store is loaded
+        again unless a load (or, for a local store, a look) started at ``when`` or later.
 
         Also for a signed xorb URL naming a xorb the snapshot does not know,
         with ``when`` the latest time it can have been signed: signed after
-        this process last looked (by another server process, after a pack),
+        this process last loaded (by another server process, after a pack),
         the xorb may be new; signed before, it is not in the store.
         """
         async with self._lock:
-            if self._looked < when:
-                loaded = await trio.to_thread.run_sync(self._refresh, missed)
-                if loaded is not None:
-                    old, self._snapshot = self._snapshot, self._make(loaded)
-                    old.store.close()  # (its open files; a read in progress holds its own descriptor)
-                    if len(loaded.index) != len(old.index) or loaded.catalogue != old.catalogue:
-                        log.info("store %s changed: %d files, %d repos", _shown(self.location),
-                                 len(loaded.index), len(loaded.catalogue.repos))  # fmt: skip
+            if self._known < when:
+                self._install(await trio.to_thread.run_sync(self._refresh))
         return self._snapshot
 
-    def _refresh(self, missed: bool) -> _Loaded | None:
-        """A new snapshot when the store changed, else None (blocking).  A remote store that ``missed``
-        something is taken to have changed; otherwise its catalogue says."""
+    async def _timed_look(self) -> None:
+        """Fetch a remote store's catalogue, and load the store again if it changed (a push moved a branch)."""
+        try:
+            if await trio.to_thread.run_sync(self._catalogue_changed, abandon_on_cancel=True):  # (not under the lock)
+                async with self._lock:
+                    self._install(await trio.to_thread.run_sync(self._refresh, abandon_on_cancel=True))
+        except Exception:  # (a system task must not raise: the server goes on with what it has)
+            log.exception("store %s: looking at its catalogue failed", _shown(self.location))
+        finally:
+            self._timed_look_running = False
+
+    def _catalogue_changed(self) -> bool:
+        try:
+            data = self._remote_catalogue(self._snapshot.store, server_only=True)
+        except (XetfsError, OSError) as exc:
+            if not self._unreachable:
+                log.warning("store %s: cannot fetch its catalogue, serving what was loaded (said once until it "
+                            "answers): %s", _shown(self.location), exc)  # fmt: skip
+            self._unreachable = True
+            return False
+        if self._unreachable:
+            log.info("store %s: its catalogue answers again", _shown(self.location))
+        self._unreachable = False
+        return (None if data is None else hashlib.blake2b(data, digest_size=32).digest()) != self._signature
+
+    def _install(self, loaded: _Loaded | None) -> None:
+        if loaded is None:
+            return
+        old, self._snapshot = self._snapshot, self._make(loaded)
+        old.store.close()  # (its open files; a read in progress holds its own descriptor)
+        if len(loaded.index) != len(old.index) or loaded.catalogue != old.catalogue:
+            log.info("store %s changed: %d files, %d repos", _shown(self.location),
+                     len(loaded.index), len(loaded.catalogue.repos))  # fmt: skip
+
+    def _refresh(self) -> _Loaded | None:
+        """A new snapshot when the store may have changed, else None (blocking): a local store is compared
+        with what was loaded; a remote one is loaded again."""
         started = time.time()
         try:
-            if self._remote:
-                if not missed and self._remote_signature(self._snapshot.store) == self._signature:
-                    return None
-            elif self._local_signature() == self._signature:
+            if not self._remote and self._local_signature() == self._signature:
+                self._known = max(self._known, started)
                 return None
             return self._load()
         except (XetfsError, OSError) as exc:
             log.warning("store %s: cannot load it again, serving what was loaded: %s", _shown(self.location), exc)
             return None
         finally:
-            self._looked = started
+            self._looked = max(self._looked, started)
 
 
 def _shown(location: str) -> str:

@@ -284,6 +284,13 @@ class DiskCache:
             self.counters.disk_corrupt += corrupt
 
 
+def _no_copy(exc: StoreError | StoreTimeoutError, directory: Path, what: str) -> StoreError | StoreTimeoutError:
+    """``exc``, saying the disk cache had no copy when the server could not be reached or timed out (a
+    refusal or a limit says enough)."""
+    offline = isinstance(exc, StoreTimeoutError) or any(w in str(exc) for w in ("unreachable", "marked down"))
+    return type(exc)(f"{exc}; the disk cache {directory} has no copy {what}") if offline else exc
+
+
 def size_of(path: Path | str) -> int:
     """The size of the file ``path``; 0 if there is none."""
     try:
@@ -318,7 +325,7 @@ class CachedSource:
             except (StoreError, StoreTimeoutError) as exc:
                 cached = self.cache.get(key)
                 if cached is None:
-                    raise type(exc)(f"{exc}; the disk cache {self.cache.directory} has no copy of it") from None
+                    raise _no_copy(exc, self.cache.directory, "of it") from None
                 log.warning("%s/%s: server did not answer; using the copy in the disk cache", self.location, name)
                 return cached
             self.cache.put(key, data)
@@ -329,7 +336,7 @@ class CachedSource:
         try:
             data = self.inner.read(name, limit=limit)
         except (StoreError, StoreTimeoutError) as exc:
-            raise type(exc)(f"{exc}; the disk cache {self.cache.directory} has no copy of it") from None
+            raise _no_copy(exc, self.cache.directory, "of it") from None
         self.cache.put(key, data)
         return data
 
@@ -352,7 +359,7 @@ class CachedSource:
         except (StoreError, StoreTimeoutError) as exc:
             cached = self.cache.get(key)
             if cached is None:
-                raise type(exc)(f"{exc}; the disk cache {self.cache.directory} has no listing of it") from None
+                raise _no_copy(exc, self.cache.directory, "of the listing") from None
             log.warning("%s: server did not answer; using the listing in the disk cache", self.location)
             return [(str(n), int(s), float(t)) for n, s, t in json.loads(cached)]
         if names is not None:

@@ -308,7 +308,7 @@ class ObstoreSource:
                     raise StoreError(f"{self._where(what)}: access refused: {self._message(exc)}") from None
                 except oe.NotSupportedError as exc:  # (never transient: not tried again)
                     self._error()
-                    if "range" in str(exc).lower():
+                    if "range request not supported" in str(exc).lower():
                         raise StoreError(f"{self._where(what)}: the server does not answer range requests (it "
                                          f"sends whole objects): serve the store with one that does, such as "
                                          f"nginx") from None  # fmt: skip
