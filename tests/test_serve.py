@@ -498,7 +498,7 @@ def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(pac
     pack(tmp_path, cache, store)
 
     def main_commits(at: Server) -> set[str]:  # (several requests: either process may answer)
-        return {json.loads(request(at, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] for _ in range(6)}
+        return {json.loads(request(at, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] for _ in range(20)}
 
     with (
         nginx(store) as web,
