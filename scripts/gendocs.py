@@ -228,9 +228,9 @@ def performance_page(current: str) -> str:
 # of ``docs/bench-<json>.json`` (``{json:key:a,b:format}``: both columns, comma-separated).
 FIGURES = (
     ("safetensors load (every tensor; the model of `--size`), fresh mount",
-     "{first-byte:load_xetfs:model:.2f} s, {first-byte:cpu_load_all:model:.2f} CPU s/GiB",
-     "hf_xet download, then load: {first-byte:load_peer:model:.2f} s, {first-byte:cpu_load_peer:model:.2f} CPU "
-     "s/GiB (xetfs {first-byte:r_load_peer:model:.2f}×)"),
+     "{load:load_xetfs:model:.2f} s, {load:cpu_load_all:model:.2f} CPU s/GiB",
+     "hf_xet download, then load: {load:load_peer:model:.2f} s, {load:cpu_load_peer:model:.2f} CPU "
+     "s/GiB (xetfs {load:r_load_peer:model:.2f}×)"),
     ("over nginx, xorb bytes fetched / bytes the file needs (text, random)",
      "{remote:sent_remote_cold:text,random:.2f}", "filling its disk cache: {remote:sent_remote_fill:text,random:.2f}"),
     ("over nginx, speed / a local mount's (text, random)", "{remote:r_remote_local:text,random:.2f}",
