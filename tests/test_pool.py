@@ -30,7 +30,7 @@ from helpers.writer import StoreBuilder
 from xetfs.base.errors import (
     IntegrityError,
     MissingObjectError,
-    StoreError,
+    ServerUnreachableError,
     StoreTimeoutError,
     XetfsError,
     XorbFormatError,
@@ -134,6 +134,12 @@ def test_workers_decode_what_the_daemon_decodes(tmp_path: Path, pool: DecodePool
         assert got == expected
 
 
+@pytest.mark.parametrize("kind", [StoreTimeoutError, ServerUnreachableError, MissingObjectError, IntegrityError])
+def test_an_error_crosses_from_a_worker_as_its_own_class(kind: type[XetfsError]) -> None:
+    back = WorkerError.of(kind("fake://store: what went wrong")).error()
+    assert type(back) is kind and str(back) == "fake://store: what went wrong"
+
+
 def test_errors_come_back_as_the_daemon_would_raise_them(tmp_path: Path, pool: DecodePool) -> None:
     store, _, xorb_hash = _store(tmp_path)
     layout = store.load_layout(xorb_hash)
@@ -211,7 +217,7 @@ class _Fetches:
     def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
         self.ranges.append((start, end, len(parts)))
         if len(self.ranges) > self.answers:
-            raise StoreError("fake://store: server unreachable")
+            raise ServerUnreachableError("fake://store: server unreachable")
         scatter(self.data[start:end], parts)
 
 

@@ -26,7 +26,7 @@ from helpers.mounting import mounted, wait_until
 from helpers.oracle import CliRunner, hf_xet_env
 from helpers.writer import StoreBuilder
 
-from xetfs.base.errors import StoreError
+from xetfs.base.errors import ServerUnreachableError, StoreError
 from xetfs.base.settings import TAIL_BYTES
 from xetfs.base.stats import RemoteCounters
 from xetfs.read.reader import Reader
@@ -419,13 +419,13 @@ class CountingSource:
     def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
         self.calls.append(("read", name))
         if self.down:
-            raise StoreError("fake://store: server unreachable")
+            raise ServerUnreachableError("fake://store: server unreachable")
         return self.objects[name]
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
         self.calls.append(("range", name, start, end))
         if self.down:
-            raise StoreError("fake://store: server unreachable")
+            raise ServerUnreachableError("fake://store: server unreachable")
         return self.objects[name][start:end]
 
     def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:

@@ -50,6 +50,10 @@ class StoreError(XetfsError):
     """The store as a whole cannot be used (missing directory, no shards...)."""
 
 
+class ServerUnreachableError(StoreError):
+    """A remote store's server could not be reached (no connection), or was marked down after that."""
+
+
 class StoreTimeoutError(XetfsError):
     """A read from the store did not finish within the configured bound."""
 

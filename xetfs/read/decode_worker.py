@@ -78,6 +78,7 @@ _ERROR_CLASSES: dict[str, type[XetfsError]] = {
         errors.MissingObjectError,
         errors.ObjectReadError,
         errors.StoreError,
+        errors.ServerUnreachableError,
         errors.StoreTimeoutError,
     )
 }

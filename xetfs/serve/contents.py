@@ -51,7 +51,7 @@ from xetfs.storage.catalogue import (
     parse_catalogue,
     store_catalogue,
 )
-from xetfs.storage.diskcache import CachedSource
+from xetfs.storage.diskcache import uncached
 from xetfs.storage.index import FileEntry, Index
 from xetfs.storage.indexer import load_index
 from xetfs.storage.layout import find_root
@@ -145,7 +145,7 @@ class Contents:
         index = load_index(store).index
         if self._remote:
             data = self._remote_catalogue(store)
-            signature = None if data is None else hashlib.blake2b(data, digest_size=32).digest()
+            signature = _digest(data)
             catalogue = (
                 Catalogue() if data is None else parse_catalogue(data, source=f"{store.location}/{CATALOGUE_NAME}")
             )
@@ -165,7 +165,7 @@ class Contents:
     def _remote_catalogue(store: Store, *, server_only: bool = False) -> bytes | None:
         """The catalogue of a remote store, fetched (None if it has none).  With ``server_only``, from the
         server itself, never a copy in the disk cache (a timed look must not take an old copy for news)."""
-        source = store.source.inner if server_only and isinstance(store.source, CachedSource) else store.source
+        source = uncached(store.source) if server_only else store.source
         try:
             return source.read(store.meta_path(CATALOGUE_NAME) or CATALOGUE_NAME, limit=MAX_CATALOGUE_BYTES,
                                fresh=True)  # fmt: skip
@@ -235,7 +235,7 @@ class Contents:
         if self._unreachable:
             log.info("store %s: its catalogue answers again", _shown(self.location))
         self._unreachable = False
-        return (None if data is None else hashlib.blake2b(data, digest_size=32).digest()) != self._signature
+        return _digest(data) != self._signature
 
     def _install(self, loaded: _Loaded | None) -> None:
         if loaded is None:
@@ -260,6 +260,11 @@ class Contents:
             return None
         finally:
             self._looked = max(self._looked, started)
+
+
+def _digest(catalogue: bytes | None) -> bytes | None:
+    """What a remote store's signature keeps of its catalogue."""
+    return None if catalogue is None else hashlib.blake2b(catalogue, digest_size=32).digest()
 
 
 def _shown(location: str) -> str:

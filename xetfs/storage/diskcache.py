@@ -55,7 +55,7 @@ from pathlib import Path
 
 import blake3
 
-from xetfs.base.errors import MissingObjectError, StoreError, StoreTimeoutError
+from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError, StoreTimeoutError
 from xetfs.base.settings import DISK_CACHE_LOW_WATER, META_EVICTION_GRACE, STALE_TMP_SECONDS
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.objects import ObjectSource, RemoteOptions
@@ -287,8 +287,13 @@ class DiskCache:
 def _no_copy(exc: StoreError | StoreTimeoutError, directory: Path, what: str) -> StoreError | StoreTimeoutError:
     """``exc``, saying the disk cache had no copy when the server could not be reached or timed out (a
     refusal or a limit says enough)."""
-    offline = isinstance(exc, StoreTimeoutError) or any(w in str(exc) for w in ("unreachable", "marked down"))
+    offline = isinstance(exc, (ServerUnreachableError, StoreTimeoutError))
     return type(exc)(f"{exc}; the disk cache {directory} has no copy {what}") if offline else exc
+
+
+def uncached(source: ObjectSource) -> ObjectSource:
+    """The server itself behind ``source``: past a disk cache, if one is in between."""
+    return source.inner if isinstance(source, CachedSource) else source
 
 
 def size_of(path: Path | str) -> int:

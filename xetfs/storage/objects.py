@@ -36,7 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from xetfs.base.errors import MissingObjectError, StoreError, StoreTimeoutError
+from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError, StoreTimeoutError
 from xetfs.base.settings import (
     CONNECT_TIMEOUT,
     DOWN_SECONDS,
@@ -328,7 +328,8 @@ class ObstoreSource:
                     if _unreachable(full):  # (the client's own words would repeat the URL, and time the attempt)
                         reason = _connect_reason(full)
                         self._mark_down(f"after {what} failed: no connection ({reason})")
-                        raise StoreError(f"{self._where(what)}: server unreachable: no connection ({reason})") from None
+                        raise ServerUnreachableError(f"{self._where(what)}: server unreachable: no connection "
+                                                     f"({reason})") from None  # fmt: skip
                     left = deadline - time.monotonic()
                     if left <= backoff:
                         raise StoreTimeoutError(
@@ -346,8 +347,8 @@ class ObstoreSource:
         with self._lock:
             now = time.monotonic()
             if now < self._down_until:  # not tried: the reason is another request's, and says so
-                raise StoreError(f"{self._where(what)}: not requested: server marked down "
-                                 f"{now - self._down_since:.1f} s ago, {self._down_reason}")  # fmt: skip
+                raise ServerUnreachableError(f"{self._where(what)}: not requested: server marked down "
+                                             f"{now - self._down_since:.1f} s ago, {self._down_reason}")  # fmt: skip
 
     def _mark_down(self, reason: str) -> None:
         with self._lock:

@@ -21,7 +21,7 @@ from xetfs.base.settings import IO_TIMEOUT
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.chunkcache import ChunkCache
 from xetfs.storage.dirsource import DirSource
-from xetfs.storage.diskcache import CachedSource, DiskCache, default_dir
+from xetfs.storage.diskcache import CachedSource, DiskCache, default_dir, uncached
 from xetfs.storage.layout import LISTING_NAME, MAX_LISTING_BYTES, Listing, replace_file
 from xetfs.storage.objects import ObjectSource, ObstoreSource, RemoteOptions, is_url
 from xetfs.storage.store import Store
@@ -54,8 +54,8 @@ def load_listing(source: ObjectSource, *, fallback: bool = True) -> Listing:
     Without ``fallback``, a disk cache in between is not used when the server cannot answer: the
     listing is the server's or an error (a refresh must not take an old listing for a new one).
     """
-    if not fallback and isinstance(source, CachedSource):
-        source = source.inner
+    if not fallback:
+        source = uncached(source)
     listed = source.list("")
     if listed is not None:
         mtime = max((t for *_, t in listed), default=0.0)
