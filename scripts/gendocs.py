@@ -244,10 +244,6 @@ FIGURES = (
 _FIELD = re.compile(r"\{([\w-]+):(\w+):([\w,]+):([^}]+)\}")
 
 
-def _size(n: int) -> str:
-    return f"{n >> 30}G" if n % (1 << 30) == 0 else f"{n >> 20}M"
-
-
 def readme_figures() -> str:
     """The README's table of figures, its sources and the commands that measure them again."""
     import json
@@ -272,10 +268,12 @@ def readme_figures() -> str:
 
 def bench_command(run: dict[str, Any], sections: set[str]) -> str:
     """The command that measures ``sections`` of ``run`` again (its baseline left out: no figure is from it)."""
+    from xetfs.commands.args import size_text
+
     m = run["meta"]
     if m.get("quick") or m.get("mount_opt"):
         raise SystemExit(f"bench JSON of {m['xetfs_commit']}: --quick or --mount-opt runs do not make README figures")
-    return (f".venv/bin/python scripts/bench.py --size {_size(m['size'])} --repeat {m['repeat']} --warmup "
+    return (f".venv/bin/python scripts/bench.py --size {size_text(m['size'])} --repeat {m['repeat']} --warmup "
             f"{m['warmup']} --kinds {','.join(m['kinds'])} --only {','.join(sorted(sections))}")  # fmt: skip
 
 

@@ -26,6 +26,8 @@ import gendocs
 from benchkit.report import Table, to_json
 from benchkit.rows import CURRENT, Results, Row, Target, Variant, ratio
 
+from xetfs.commands.args import size_text
+
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,7 +55,7 @@ def test_the_readme_figures_come_from_the_bench_json(tmp_path: Path, monkeypatch
     figures = gendocs.readme_figures()
     assert "| over nginx, speed / a local mount's (text, random) | " in figures and ", 0.12 |" in figures
     remote = json.loads((REPO / "docs" / "bench-remote.json").read_text())["meta"]
-    size = f"{remote['size'] >> 30}G" if remote["size"] % 2**30 == 0 else f"{remote['size'] >> 20}M"
+    size = size_text(remote["size"])
     assert f"measured at {remote['xetfs_commit']} on {remote['cpus']} CPUs:" in figures
     assert (f"\n.venv/bin/python scripts/bench.py --size {size} --repeat {remote['repeat']} --warmup "
             f"{remote['warmup']} --kinds {','.join(remote['kinds'])} --only remote\n") in figures  # fmt: skip
