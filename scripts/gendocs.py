@@ -119,9 +119,7 @@ def usage_page() -> str:
     out += ["", "Options of every command: `-h`, `--help`; `xetfs --version` prints the version."]
     for name, (text, sub) in commands.items():
         positionals = [a for a in sub._actions if not a.option_strings and a.help != argparse.SUPPRESS]
-        options = [
-            a for a in sub._actions if a.option_strings and a.help != argparse.SUPPRESS and a.dest != "help"
-        ]
+        options = [a for a in sub._actions if a.option_strings and a.help != argparse.SUPPRESS and a.dest != "help"]
         about = _cell(sub.description or text[:1].upper() + text[1:])
         out += ["", f"## xetfs {name}", "", about if about.endswith(".") else about + ".", ""]
         out += ["```", sub.format_usage().strip(), "```"]

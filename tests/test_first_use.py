@@ -324,9 +324,7 @@ def test_a_store_whose_every_shard_is_bad_is_refused(multi_store: OracleStore, t
     proc = run_xetfs("mount", store.path, mnt, "--log-file", tmp_path / "daemon.log")
     assert proc.returncode == 1 and not is_mounted(mnt)
     (line,) = proc.stderr.decode().splitlines()
-    assert line.startswith(
-        f"xetfs: error: store {store.path}: nothing to show: all {len(shards)} shards are bad"
-    ), line
+    assert line.startswith(f"xetfs: error: store {store.path}: nothing to show: all {len(shards)} shards are bad"), line
     assert run_xetfs("verify", store.path).returncode == 3
     assert run_xetfs("ls", store.path).returncode == 1
 

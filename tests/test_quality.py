@@ -1,4 +1,4 @@
-"""The code stays lint-clean and type-checked (ruff and mypy, configured in pyproject.toml)."""
+"""The code stays lint-clean, formatted and type-checked (ruff and mypy, configured in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ def _tool(name: str) -> str:
 
 def test_ruff() -> None:
     result = subprocess.run([_tool("ruff"), "check", "xetfs", "tests", "scripts"], cwd=ROOT,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_format() -> None:
+    result = subprocess.run([_tool("ruff"), "format", "--check", "xetfs", "tests", "scripts"], cwd=ROOT,
                             capture_output=True, text=True, check=False)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
 

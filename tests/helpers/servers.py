@@ -112,7 +112,9 @@ http {{
     scgi_temp_path {tmp}/scgi;
 """
 
-_NGINX_CONF = _NGINX_HEAD + """    default_type application/octet-stream;
+_NGINX_CONF = (
+    _NGINX_HEAD
+    + """    default_type application/octet-stream;
     sendfile on;
     server {{
         listen 127.0.0.1:{port};
@@ -122,6 +124,7 @@ _NGINX_CONF = _NGINX_HEAD + """    default_type application/octet-stream;
     }}
 }}
 """
+)
 
 
 @contextlib.contextmanager
@@ -137,7 +140,9 @@ def nginx(root: Path, *, token: str | None = None, port: int | None = None) -> I
         yield server
 
 
-_NGINX_BALANCER_CONF = _NGINX_HEAD + """    log_format cached '$request_method $uri $status $upstream_cache_status';
+_NGINX_BALANCER_CONF = (
+    _NGINX_HEAD
+    + """    log_format cached '$request_method $uri $status $upstream_cache_status';
     proxy_cache_path {tmp}/cache keys_zone=xorbs:8m;
     upstream backends {{ {servers} }}
     server {{
@@ -158,6 +163,7 @@ _NGINX_BALANCER_CONF = _NGINX_HEAD + """    log_format cached '$request_method $
     }}
 }}
 """
+)
 
 
 @contextlib.contextmanager

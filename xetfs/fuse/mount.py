@@ -140,9 +140,7 @@ def choose_layout(config: MountConfig, store: Store) -> tuple[str, Catalogue | N
     wanted = config.layout == "hub" or (config.layout == "auto" and config.names is None)
     catalogue = store_catalogue(store) if wanted else None
     if config.layout == "hub" and catalogue is None:
-        raise MountError(
-            f"--layout hub: {store.location} has no {CATALOGUE_NAME} (import with xetfs pack --hub-cache)"
-        )
+        raise MountError(f"--layout hub: {store.location} has no {CATALOGUE_NAME} (import with xetfs pack --hub-cache)")
     if catalogue is not None:
         return "hub", catalogue
     return ("hash" if config.layout == "hash" else "names"), None

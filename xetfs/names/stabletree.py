@@ -151,8 +151,11 @@ def _walk(tree: TreeLike) -> dict[Identity, tuple[int, Node]]:
         inode, path = todo.pop()
         for name, node in tree.iter_children(inode):
             here = (*path, name)
-            key: Identity = (("file", node.entry.file_hash) if node.kind is Kind.FILE and node.entry
-                             else ("path", (node.kind.value, here)))  # (a path that changes kind is another node)
+            key: Identity = (
+                ("file", node.entry.file_hash)
+                if node.kind is Kind.FILE and node.entry
+                else ("path", (node.kind.value, here))
+            )  # (a path that changes kind is another node)
             found.setdefault(key, (node.inode, node))
             if node.kind is Kind.DIR:
                 todo.append((node.inode, here))

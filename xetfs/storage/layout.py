@@ -83,9 +83,7 @@ def find_root(path: Path) -> Path:
         root = path / rel
         if (root / "shards").is_dir():
             return root
-    raise StoreError(
-        f"store {path}: no shards/ directory found (looked in {', '.join(str(path / r) for r in ROOTS)})"
-    )
+    raise StoreError(f"store {path}: no shards/ directory found (looked in {', '.join(str(path / r) for r in ROOTS)})")
 
 
 def store_top(path: Path) -> Path:
