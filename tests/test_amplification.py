@@ -18,6 +18,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -247,6 +248,10 @@ def test_stats_of_one_file_show_its_own_amplification(multi_store: OracleStore) 
         s = settled(m)
         got = {name: json.loads(file_stats(m, name, "--json").stdout) for name in ("a.bin", "b.bin")}
         text = file_stats(m, "b.bin").stdout.decode()
+        # FILE as a shell completes it: from the working directory, under the mount point
+        here = subprocess.run([sys.executable, "-m", "xetfs", "stats", m.path.name, f"{m.path.name}/{b.hash}",
+                               "--json"], cwd=m.path.parent, capture_output=True, check=False)  # fmt: skip
+        assert here.returncode == 0 and json.loads(here.stdout) == got["b.bin"], here.stderr
     one, two = got["a.bin"], got["b.bin"]
     assert (one["chunks"], two["chunks"]) == (len(chunks_a), len(chunks_b))
     assert one["decoded_chunks"] + two["decoded_chunks"] == s["decode"]["chunks"]
@@ -257,6 +262,7 @@ def test_stats_of_one_file_show_its_own_amplification(multi_store: OracleStore) 
     assert two["chunks_amplification"] == round(two["decoded_chunks"] / len(chunks_b), 4) < 0.5
     assert f"{two['bytes_amplification']:.2f}x of its bytes, {two['chunks_amplification']:.2f}x of its chunks" in text
     assert f"{two['decoded_chunks']} chunk" in text and f"{len(chunks_b)} chunks" in text
+    assert "chunks this file shares with files read before it" in text
 
 
 def test_stats_of_a_file_refuse_what_is_not_one(basic_store: OracleStore, tmp_path: Path) -> None:

@@ -248,7 +248,9 @@ def test_hub_parses_the_pack_summary_and_sizes_its_model() -> None:
     assert hub.parse_pack("packed 3 revisions\n402653184 cache bytes -> 158334976 store bytes added\n") == (
         402653184,
         158334976,
-    )
+    )  # (the line of older commits, which --baseline runs)
+    line = "imported 1 repo, 3 revisions, 9 files into S: 6 files read (402653184 bytes) -> 158334976 store bytes added"
+    assert hub.parse_pack(line) == (402653184, 158334976)
     with pytest.raises(cli.BenchError, match="unexpected"):
         hub.parse_pack("nothing packed")
     assert hub.tensor_mib(cli.parse_args(["--quick"])) == 2 and hub.tensor_mib(cli.parse_args([])) == 16

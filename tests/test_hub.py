@@ -38,7 +38,7 @@ from xetfs.storage.store import Store
 
 fuse = pytest.mark.fuse
 SUMMARY = re.compile(
-    r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) new files?, (\d+) cache bytes? -> "
+    r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) files? read \((\d+) bytes?\) -> "
     r"(-?\d+) store bytes? added \(dedup (.*)\); (.*)"
 )
 

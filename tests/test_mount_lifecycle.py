@@ -376,3 +376,20 @@ def test_signal_during_a_long_read(big_store: OracleStore, signum: signal.Signal
         )
         assert gone_after < GONE_DEADLINE
         assert signum.name in m.log()
+
+
+def test_a_daemon_that_fails_at_once_leaves_no_empty_log(tmp_path: Path) -> None:
+    """A daemon killed right after it reported its error (before it wrote anything) leaves no empty log; a log
+    that held something before is kept as it was."""
+    from xetfs.fuse.mount import MountError, spawn_daemon
+
+    failing = ("import os, sys, time; fd = int(sys.argv[sys.argv.index('--ready-fd') + 1]); "
+               "os.write(fd, b'error: boom\\n'); time.sleep(60)")  # fmt: skip
+    log = tmp_path / "state" / "mnt.log"
+    with pytest.raises(MountError, match=r"^boom$"):
+        spawn_daemon([sys.executable, "-c", failing], tmp_path, log, b"{}")
+    assert not log.exists()
+    log.write_text("an earlier mount\n")
+    with pytest.raises(MountError, match=r"^boom$"):
+        spawn_daemon([sys.executable, "-c", failing], tmp_path, log, b"{}")
+    assert log.read_text() == "an earlier mount\n"

@@ -31,6 +31,7 @@ from xetfs.base import hashes
 from xetfs.commands.credentials import CredentialsError, load_credentials, parse_credentials
 from xetfs.commands.push import LISTING, META, OTHER, SHARDS, XORBS, DirTarget, PushError, open_target, phase_of, push
 from xetfs.storage.catalogue import CATALOGUE_NAME
+from xetfs.storage.layout import HF_XET_OWN
 from xetfs.storage.remote import LISTING_NAME, Listing, local_listing
 from xetfs.write.pack import MANIFEST_NAME
 
@@ -91,6 +92,9 @@ def test_push_to_s3_is_a_store_and_a_second_push_sends_nothing(
     source = dict(local_listing(hub_store).objects)
     there = _bucket_objects(url)
     assert {n: s for n, s in there.items() if n != LISTING_NAME} == source
+    # hf_xet's own files (its index, side files) stay home: no object of the store
+    own = [p for p in hub_store.rglob("*") if HF_XET_OWN.fullmatch(p.name)]
+    assert own and not [n for n in there if HF_XET_OWN.fullmatch(n.rsplit("/", 1)[-1])], sorted(there)
     listed = Listing.parse(open_target(url).read(LISTING_NAME) or b"", where=url)
     assert dict(listed.objects) == source
     for name in (MANIFEST_NAME, CATALOGUE_NAME):
@@ -115,6 +119,44 @@ def test_push_to_s3_is_a_store_and_a_second_push_sends_nothing(
     assert servers.requests_logged(s3, "PUT") == puts, again.stderr
     assert "0 objects sent (0 bytes)" in again.stderr, again.stderr
     assert again.stderr.count("\n") == 1  # one summary line, no bar (not a terminal)
+
+
+def test_push_check_repairs_a_damaged_xorb_that_a_plain_push_leaves(
+    hub_store: Path, s3: servers.Server, s3_env: dict[str, str], cli: CliRunner
+) -> None:
+    """A xorb damaged in the bucket (same size): ``verify`` finds it, ``push`` passes it by name and size,
+    ``push --check`` compares MD5 ETags and sends that one object again; then the target verifies."""
+    import obstore
+    from obstore.store import from_url
+
+    url = f"s3://{BUCKET}/repair"
+    assert _xetfs("push", hub_store, url, env=s3_env).returncode == 0
+    name = max((n for n, s in local_listing(hub_store).objects if phase_of(n) == XORBS),
+               key=lambda n: (hub_store / n).stat().st_size)  # fmt: skip
+    data = bytearray((hub_store / name).read_bytes())
+    data[len(data) // 3] ^= 0x40
+    obstore.put(from_url(url, client_options={"allow_http": True}), name, bytes(data))
+    bad = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
+    assert bad.returncode == 3, bad.stdout.decode() + bad.stderr
+    plain = _xetfs("push", hub_store, url, env=s3_env)
+    assert plain.returncode == 0 and "0 objects sent" in plain.stderr, plain.stderr
+    puts = servers.requests_logged(s3, "PUT")
+    checked = _xetfs("push", "--check", hub_store, url, env=s3_env)
+    assert checked.returncode == 0, checked.stderr
+    assert "1 objects sent" in checked.stderr and "1 of them in place of a damaged copy" in checked.stderr
+    assert servers.requests_logged(s3, "PUT") == puts + 1, checked.stderr
+    good = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
+    assert good.returncode == 0, good.stdout.decode() + good.stderr
+    again = _xetfs("push", "--check", hub_store, url, env=s3_env)
+    assert "0 objects sent" in again.stderr, again.stderr
+
+
+def test_push_to_a_bucket_that_does_not_exist_says_so(
+    hub_store: Path, s3: servers.Server, s3_env: dict[str, str]
+) -> None:
+    out = _xetfs("push", hub_store, "s3://no-such-bucket/x", env=s3_env)
+    assert out.returncode == 1, out.stderr
+    assert "NoSuchBucket: The specified bucket does not exist (push does not create buckets" in out.stderr, out.stderr
 
 
 def test_push_replaces_a_changed_manifest_and_nothing_else(
@@ -180,6 +222,9 @@ class RecordingTarget:
     def read(self, name: str) -> bytes | None:
         return self.held.get(name)
 
+    def same(self, name: str, data: bytes) -> bool:
+        return self.held.get(name) == data
+
     def put(self, name: str, data: bytes) -> None:
         self.held[name] = data
         self.order.append(name)
@@ -198,6 +243,11 @@ def test_push_order_is_xorbs_shards_listing_manifest_catalogue(hub_store: Path) 
     assert report.sent == len(target.order)
     again = push(hub_store, target, jobs=4)
     assert again.sent == 0 and target.order.count(MANIFEST_NAME) == 1
+    shard = next(n for n in target.held if phase_of(n) == SHARDS)
+    target.held[shard] = bytes(len(target.held[shard]))  # damaged, same size
+    assert push(hub_store, target, jobs=4).sent == 0  # (by name and size)
+    fixed = push(hub_store, target, jobs=4, check=True)
+    assert (fixed.sent, fixed.replaced) == (1, 1) and target.held[shard] == (hub_store / shard).read_bytes()
     assert phase_of("xet/xorbs/shards/" + "a" * 64 + ".mdb") == SHARDS
     assert phase_of("xorbs/" + "b" * 64) == XORBS
     assert phase_of("README.md") == OTHER

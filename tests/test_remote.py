@@ -33,7 +33,7 @@ from xetfs.read.reader import Reader
 from xetfs.storage.diskcache import CachedSource, DiskCache
 from xetfs.storage.indexer import load_index
 from xetfs.storage.layout import LISTING_NAME
-from xetfs.storage.objects import ObstoreSource, RemoteOptions, redact, scatter
+from xetfs.storage.objects import ObstoreSource, RemoteOptions, access_hint, client_message, redact, scatter
 from xetfs.storage.remote import open_remote
 from xetfs.storage.store import Store
 
@@ -492,6 +492,28 @@ def test_secrets_go_to_the_daemon_in_its_config_not_argv(tmp_path: Path) -> None
     assert redact(signed, []) == "error sending request for url (https://h/b/x.mdb?***): reset"
 
 
+def test_a_refused_request_says_what_it_was_sent_with() -> None:
+    none = RemoteOptions()
+    bearer = RemoteOptions(headers=(("Authorization", f"Bearer {TOKEN}"),))
+    assert "no token was sent" in access_hint("https://h/store", none, {})
+    assert "an Authorization header was sent" in access_hint("https://h/store", bearer, {})
+    assert "signature" in access_hint("https://h/store?sig=1", none, {})
+    quiet = {"AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent"}
+    hint = access_hint("s3://b/p", none, quiet)
+    assert "endpoint AWS" in hint and "no key pair" in hint, hint
+    keyed = {**quiet, "AWS_ACCESS_KEY_ID": "AKIA", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    assert access_hint("s3://b/p", none, keyed) == " (endpoint http://127.0.0.1:9, the key pair of AWS_ACCESS_KEY_ID)"
+    assert access_hint("gs://b/p", none, quiet) == ""
+
+
+def test_a_services_xml_error_reads_as_its_code_and_message() -> None:
+    text = ("Generic S3 error: Error performing list request: Client error with status 404 Not Found: <?xml "
+            "version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>NoSuchBucket</Code><Message>The specified bucket "
+            "does not exist</Message><BucketName>nope</BucketName></Error>\n\nDebug source: ...")  # fmt: skip
+    said = client_message(RuntimeError(text), [])
+    assert said.endswith("404 Not Found: NoSuchBucket: The specified bucket does not exist"), said
+
+
 # -- S3 (moto's server) ------------------------------------------------------------------------
 
 
@@ -509,6 +531,13 @@ def test_s3_store_mounts_as_copied(
         out = cli("ls", "--json", url, "--disk-cache-size", 0)
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout) == json.loads(cli("ls", "--json", packed.top).stdout)
+        # A bucket has no directories: a mistyped prefix is refused, not taken for an empty store.
+        for command in ("ls", "verify"):
+            typo = cli(command, "s3://mirror/models/b", "--disk-cache-size", 0)
+            assert typo.returncode == 1, typo.stderr
+            assert "s3://mirror/models/b: no objects there (is the bucket or the prefix mistyped?)" in typo.stderr
+        parent = cli("ls", "s3://mirror/models", "--disk-cache-size", 0)
+        assert parent.returncode == 1 and "there is a store at s3://mirror/models/a" in parent.stderr, parent.stderr
         with mounted(url, "--cache-dir", str(tmp_path / "cache")) as m:
             _check_tree(m.path, packed)
             _ranges(m / "model/weights.bin", packed.files["model/weights.bin"], seed=5)

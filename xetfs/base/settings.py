@@ -23,6 +23,7 @@ IO_MODE = "auto"  # --io-mode
 LAYOUT = "auto"  # --layout
 DISK_CACHE_SIZE = 10 * GiB  # --disk-cache-size: bound of the disk cache of remote stores
 READY_TIMEOUT = 120.0  # the mounting command waits this long for the daemon to report
+FAILED_DAEMON_EXIT = 5.0  # and this long for a daemon that failed to exit, before it tidies its log
 JOB_TIMEOUT_MARGIN = 5.0  # a worker's job on a remote store may take this long past --io-timeout
 
 # -- the FUSE adapter --------------------------------------------------------------------------

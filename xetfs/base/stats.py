@@ -103,7 +103,11 @@ class ReadCounters:
 
 @dataclass
 class ErrorCounters:
-    """Reads that failed with EIO, by cause (the reader); a remote server out of reach counts in ``remote``."""
+    """Read requests that failed with EIO, by cause (the reader); a remote server out of reach counts in ``remote``.
+
+    The kernel asks again for a page whose read failed, so one failed read by a program often counts twice
+    here, while the log says each failure once.
+    """
 
     integrity: int = 0  # a hash did not match
     missing: int = 0  # an object the file needs is not in the store

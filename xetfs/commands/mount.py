@@ -147,7 +147,7 @@ def _add_admin_parsers(sub: Any) -> None:
     p = sub.add_parser("stats", help="show the live counters of a mount, or one file's amplification")
     p.add_argument("mountpoint", help="where the store is mounted")
     p.add_argument("file", nargs="?",
-                   help="a file of the mount (a path under MOUNTPOINT, or relative to it): its chunk count and "
+                   help="a file of the mount (a path under MOUNTPOINT, or relative to MOUNTPOINT): its chunk count and "
                         "what reads of it decoded, over its size and chunks (amplification)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_stats)
@@ -314,11 +314,15 @@ FILE_STATS_XATTR = "user.xetfs.stats"  # (as fs.FILE_STATS_XATTR; fs needs pyfus
 def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
     """``xetfs stats MNT FILE``: the file's decode counters and amplification.
 
-    ``FILE`` is a path under ``MNT``, or one relative to it.
+    ``FILE`` is a path under ``MNT`` (absolute, or from the working directory, as a shell completes it), or
+    one relative to ``MNT``.
     """
     if not (mountpoint / STATS_PATH).exists():
         raise XetfsError(f"{mountpoint}: not a xetfs mount (no {STATS_PATH})")
     path = file if file.is_absolute() else mountpoint / file
+    here = Path(os.path.abspath(file))
+    if not file.is_absolute() and here.is_relative_to(os.path.abspath(mountpoint)) and os.path.lexists(here):
+        path = here
     try:
         doc = json.loads(os.getxattr(path, FILE_STATS_XATTR))
     except FileNotFoundError:
@@ -343,6 +347,9 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
     print(f"{'decoded':<22}{plural(doc['decoded_bytes'], 'byte')}, {plural(doc['decoded_chunks'], 'chunk')}")
     print(f"{'amplification':<22}{ratio(doc['bytes_amplification'])} of its bytes, "
           f"{ratio(doc['chunks_amplification'])} of its chunks")  # fmt: skip
+    if doc["decoded_chunks"] < chunks:
+        print(f"{'':<22}(a chunk counts once, for the file whose read decoded it: not counted here are chunks "
+              f"this file shares with files read before it, and chunks not read yet)")  # fmt: skip
     return 0
 
 

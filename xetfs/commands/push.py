@@ -54,7 +54,7 @@ from xetfs.base.settings import PUSH_JOBS, PUSH_MAX_COMPARED_BYTES
 from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.layout import LISTING_NAME, Listing
 from xetfs.storage.manifest import MANIFEST_NAME
-from xetfs.storage.objects import RemoteOptions, aws_files_config, is_url, public_url, redact
+from xetfs.storage.objects import RemoteOptions, access_hint, aws_files_config, client_message, is_url, public_url
 from xetfs.storage.remote import local_listing
 
 MAX_OBJECT_BYTES = 5 * 1024**3  # the largest single-request upload S3 accepts
@@ -130,6 +130,10 @@ class Target(Protocol):
         """The object ``name``, or None when it is missing."""
         ...
 
+    def same(self, name: str, data: bytes) -> bool:
+        """Whether the object ``name`` (listed by ``objects``) holds exactly ``data``."""
+        ...
+
     def put(self, name: str, data: bytes) -> None:
         """Store ``data`` as ``name``, atomically, and check that it arrived; raises ``PushError``."""
         ...
@@ -164,6 +168,14 @@ class DirTarget:
             return (self.top / name).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:  # (a damaged disk: the object is sent again)
+            raise PushError(f"{self.top / name}: cannot read: {exc.strerror or exc}") from None
+
+    def same(self, name: str, data: bytes) -> bool:
+        try:
+            return self.read(name) == data
+        except PushError:
+            return False
 
     def put(self, name: str, data: bytes) -> None:
         final = self.top / name
@@ -218,7 +230,9 @@ class BucketTarget:
 
         self.location = public_url(url)
         options = options or RemoteOptions(request_timeout=120.0)
+        self._url, self._options = url, options
         self._secrets = options.secrets()
+        self._etags: dict[str, str | None] = {}  # by object, as ``objects`` listed it: its MD5, if its ETag is one
         client: Any = {
             "timeout": timedelta(seconds=options.request_timeout),
             "connect_timeout": timedelta(seconds=options.connect_timeout),
@@ -234,13 +248,14 @@ class BucketTarget:
         import obstore
 
         try:
-            return {
-                meta["path"]: meta["size"]
-                for batch in obstore.list(self._store, None, chunk_size=1000)
-                for meta in batch
-            }  # fmt: skip
+            listed = [meta for batch in obstore.list(self._store, None, chunk_size=1000) for meta in batch]
         except Exception as exc:
-            raise PushError(f"target {self.location}: cannot list: {self._message(exc)}") from None
+            message = self._message(exc)
+            if "NoSuchBucket" in message or "ContainerNotFound" in message:
+                message += " (push does not create buckets or containers: create it first)"
+            raise PushError(f"target {self.location}: cannot list: {message}") from None
+        self._etags = {meta["path"]: _md5_etag(meta.get("e_tag")) for meta in listed}
+        return {meta["path"]: meta["size"] for meta in listed}
 
     def read(self, name: str) -> bytes | None:
         import obstore
@@ -253,6 +268,12 @@ class BucketTarget:
         except Exception as exc:
             raise PushError(f"{self.location}/{name}: cannot read: {self._message(exc)}") from None
 
+    def same(self, name: str, data: bytes) -> bool:
+        etag = self._etags.get(name)
+        if etag is not None:  # the service's MD5 of the object: nothing to read back
+            return etag == hashlib.md5(data, usedforsecurity=False).hexdigest()
+        return self.read(name) == data
+
     def put(self, name: str, data: bytes) -> None:
         import obstore
 
@@ -264,8 +285,8 @@ class BucketTarget:
             raise PushError(f"{where}: upload failed: {self._message(exc)}") from None
         if meta["size"] != len(data):
             raise PushError(f"{where}: the target holds {meta['size']} bytes, {len(data)} were sent")
-        etag = (result.get("e_tag") or meta.get("e_tag") or "").strip('"').lower()
-        if re.fullmatch(r"[0-9a-f]{32}", etag):
+        etag = _md5_etag(result.get("e_tag") or meta.get("e_tag"))
+        if etag is not None:
             if etag != hashlib.md5(data, usedforsecurity=False).hexdigest():
                 raise PushError(f"{where}: ETag {etag} is not the MD5 of the {len(data)} bytes sent")
             return
@@ -277,8 +298,19 @@ class BucketTarget:
         return 0  # single-request uploads leave nothing behind
 
     def _message(self, exc: BaseException) -> str:
-        text = " ".join(str(exc).split("Debug source:")[0].split())
-        return redact(text[:300], self._secrets)
+        """The error's one line, with what a refused request was sent with."""
+        import obstore.exceptions as oe
+
+        message = client_message(exc, self._secrets)
+        if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)) or re.search(r"\b40[13]\b", message):
+            message += access_hint(self._url, self._options)
+        return message
+
+
+def _md5_etag(etag: str | None) -> str | None:
+    """An ETag that is the MD5 of the object's bytes (a single-request upload to S3), else None."""
+    tag = (etag or "").strip('"').lower()
+    return tag if re.fullmatch(r"[0-9a-f]{32}", tag) else None
 
 
 def open_target(location: str) -> Target:
@@ -295,11 +327,13 @@ def open_target(location: str) -> Target:
 
 @dataclass
 class PushReport:
-    """What a push did.  ``sent`` objects (``sent_bytes``), ``present``: already there with the same size
-    (xorbs, shards), ``unchanged``: compared by content and equal, ``cleaned``: leftovers removed."""
+    """What a push did.  ``sent`` objects (``sent_bytes``), of them ``replaced``: xorbs and shards whose copy in
+    the target differed (``check``), ``present``: already there with the same size (xorbs, shards; with
+    ``check``, the same bytes), ``unchanged``: compared by content and equal, ``cleaned``: leftovers removed."""
 
     sent: int = 0
     sent_bytes: int = 0
+    replaced: int = 0
     present: int = 0
     unchanged: int = 0
     cleaned: int = 0
@@ -307,8 +341,9 @@ class PushReport:
 
     def summary(self, source: str, target: str) -> str:
         cleaned = f", {self.cleaned} temporary files of an interrupted push removed" if self.cleaned else ""
+        replaced = f" ({self.replaced} of them in place of a damaged copy)" if self.replaced else ""
         return (
-            f"pushed {source} to {target}: {self.sent} objects sent ({self.sent_bytes} bytes), "
+            f"pushed {source} to {target}: {self.sent} objects sent ({self.sent_bytes} bytes){replaced}, "
             f"{self.present} already there, {self.unchanged} unchanged{cleaned}, in {self.seconds:.1f} s"
         )
 
@@ -327,10 +362,14 @@ def push(
     target: Target,
     *,
     jobs: int = PUSH_JOBS,
+    check: bool = False,
     progress: Callable[[int], None] = lambda n: None,
     total: Callable[[int], None] = lambda n: None,
 ) -> PushReport:
     """Push the store directory ``top`` to ``target`` in phase order (see the module's docstring).
+
+    With ``check``, xorbs and shards the target has with the right size are
+    compared by content too (``Target.same``), and sent again if they differ.
 
     ``total(n)`` is told the bytes that may be sent once they are known,
     ``progress(n)`` each object's bytes when it has been sent (or found
@@ -343,7 +382,7 @@ def push(
     there = target.objects()
     total(sum(i.size for i in items))
     for phase in (XORBS, SHARDS, OTHER):
-        _push_phase([i for i in items if i.phase == phase], target, there, report, jobs, progress)
+        _push_phase([i for i in items if i.phase == phase], target, there, report, jobs, progress, check)
     data = merged_listing(listing, there).dump()
     listed = Item(LISTING_NAME, len(data), LISTING, data=data)
     _push_phase([listed], target, there, report, 1, lambda n: None)  # (not in the total)
@@ -355,7 +394,7 @@ def push(
 
 
 def _push_phase(items: list[Item], target: Target, there: dict[str, int], report: PushReport, jobs: int,
-                progress: Callable[[int], None]) -> None:  # fmt: skip
+                progress: Callable[[int], None], check: bool = False) -> None:  # fmt: skip
     """Send what ``items`` the target lacks, ``jobs`` at a time; returns when all are there (or raises)."""
     if not items:
         return
@@ -365,6 +404,12 @@ def _push_phase(items: list[Item], target: Target, there: dict[str, int], report
             raise PushError(f"{item.name}: {item.size} bytes, more than the {MAX_OBJECT_BYTES} one upload may hold")
         content_named = item.phase in (XORBS, SHARDS)
         if there.get(item.name) == item.size:
+            if content_named and check:
+                data = item.read()
+                if target.same(item.name, data):
+                    return item, "present"
+                target.put(item.name, data)
+                return item, "replaced"
             if content_named or item.size > PUSH_MAX_COMPARED_BYTES:
                 return item, "present"
             data = item.read()
@@ -380,8 +425,9 @@ def _push_phase(items: list[Item], target: Target, there: dict[str, int], report
         try:
             for future in concurrent.futures.as_completed(futures):
                 item, what = future.result()
-                if what == "sent":
+                if what in ("sent", "replaced"):
                     report.sent += 1
+                    report.replaced += what == "replaced"
                     report.sent_bytes += item.size
                     there[item.name] = item.size
                 elif what == "present":
@@ -413,6 +459,10 @@ def add_push_parser(sub: Any) -> None:
     p.add_argument("target", help="s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX, or a directory")
     p.add_argument("--jobs", type=int, default=PUSH_JOBS, metavar="N",
                    help=f"objects sent at once (default {PUSH_JOBS})")  # fmt: skip
+    p.add_argument("--check", action="store_true",
+                   help="compare the xorbs and shards TARGET already has with STORE's by content too (a bucket's "
+                        "MD5 ETag, else the bytes read back), and send again those that differ: repairs a target "
+                        "that 'xetfs verify' found damaged (reads the whole store)")  # fmt: skip
     p.add_argument("--credentials", type=Path, metavar="FILE",
                    help="read environment variables (AWS_ACCESS_KEY_ID=..., one per line) from FILE")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
@@ -439,7 +489,7 @@ def cmd_push(args: argparse.Namespace) -> int:
             bar.total = n
             bar.refresh()
 
-        report = push(top, target, jobs=args.jobs, progress=bar.update, total=set_total)
+        report = push(top, target, jobs=args.jobs, check=args.check, progress=bar.update, total=set_total)
     print(report.summary(str(top), target.location), file=sys.stderr)
     return 0
 

@@ -34,6 +34,7 @@ from xetfs.base.malloc import keep_freed_memory
 from xetfs.base.settings import (
     CACHE_SIZE,
     DISK_CACHE_SIZE,
+    FAILED_DAEMON_EXIT,
     IO_MODE,
     IO_TIMEOUT,
     JOB_TIMEOUT_MARGIN,
@@ -431,6 +432,7 @@ def spawn_daemon(
     read_fd, write_fd = os.pipe()
     config_fd, config_out = os.pipe()
     log_file.parent.mkdir(parents=True, exist_ok=True)
+    new_log = not log_file.exists()
     with open(log_file, "ab") as log_out:
         child = subprocess.Popen(
             [*argv, "--foreground", "--ready-fd", str(write_fd), "--config-fd", str(config_fd),
@@ -454,6 +456,10 @@ def spawn_daemon(
     if message != "ok":
         with contextlib.suppress(ProcessLookupError):
             child.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired, OSError):
+            child.wait(FAILED_DAEMON_EXIT)
+            if new_log and log_file.stat().st_size == 0:  # (the daemon said why on the pipe, and nothing else)
+                log_file.unlink()
         detail = message.removeprefix("error: ") if message else f"the daemon exited (see {log_file})"
         raise MountError(detail)
     return warnings, counts[-1] if counts else len(warnings)

@@ -9,11 +9,11 @@ the store and its decode workers read local xorbs with ``pread`` and
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xetfs.base.errors import MissingObjectError, StoreError
-from xetfs.storage.layout import Listing, find_root, store_top
+from xetfs.storage.layout import HF_XET_OWN, SHARD_NAME, XORB_NAME, Listing, find_root, store_top
 from xetfs.storage.objects import RemoteOptions, scatter
 
 
@@ -33,8 +33,9 @@ class DirSource:
         return cls(store_top(path), root)
 
     def listing(self) -> Listing:
-        """The objects a store reads: every file in ``shards/`` and ``xorbs/``, and the files of each
-        directory from the top down to the one that holds them (where ``pack`` keeps its files)."""
+        """The objects a store reads: the shards in ``shards/``, the xorbs in ``xorbs/``, and the files of each
+        directory from the top down to the one that holds them (where ``pack`` keeps its files), without the
+        files hf_xet keeps for itself there (``HF_XET_OWN``: side files, its index)."""
         objects: list[tuple[str, int]] = []
         rel = self.root.relative_to(self.top).as_posix()
         rel = "" if rel == "." else rel
@@ -42,12 +43,12 @@ class DirSource:
         for part in rel.split("/") if rel else ():
             dirs.append(dirs[-1] / part)
         for directory in dirs:
-            objects += self._files(directory)
-        for kind in ("shards", "xorbs"):
-            objects += self._files(self.root / kind)
+            objects += self._files(directory, lambda name: not HF_XET_OWN.fullmatch(name))
+        objects += self._files(self.root / "shards", SHARD_NAME.fullmatch)
+        objects += self._files(self.root / "xorbs", XORB_NAME.fullmatch)
         return Listing(tuple(objects), self.root.stat().st_mtime)
 
-    def _files(self, directory: Path) -> list[tuple[str, int]]:
+    def _files(self, directory: Path, wanted: Callable[[str], object]) -> list[tuple[str, int]]:
         out = []
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name)
@@ -56,7 +57,7 @@ class DirSource:
         except OSError as exc:
             raise StoreError(f"store {self.location}: cannot list {directory}: {exc.strerror}") from None
         for entry in entries:
-            if entry.name.startswith(".") or not entry.is_file():
+            if entry.name.startswith(".") or not wanted(entry.name) or not entry.is_file():
                 continue
             try:
                 size = entry.stat().st_size

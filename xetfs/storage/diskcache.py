@@ -331,7 +331,7 @@ class CachedSource:
                 cached = self.cache.get(key)
                 if cached is None:
                     raise _no_copy(exc, self.cache.directory, "of it") from None
-                log.warning("%s/%s: server did not answer; using the copy in the disk cache", self.location, name)
+                log.warning("%s; using the copy in the disk cache", exc)
                 return cached
             self.cache.put(key, data)
             return data
@@ -365,7 +365,7 @@ class CachedSource:
             cached = self.cache.get(key)
             if cached is None:
                 raise _no_copy(exc, self.cache.directory, "of the listing") from None
-            log.warning("%s: server did not answer; using the listing in the disk cache", self.location)
+            log.warning("%s; using the listing in the disk cache", exc)
             return [(str(n), int(s), float(t)) for n, s, t in json.loads(cached)]
         if names is not None:
             self.cache.put(key, json.dumps(names).encode())

@@ -24,6 +24,9 @@ from xetfs.base.errors import ObjectReadError, StoreError, XorbFormatError
 
 XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
 SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
+# What hf_xet keeps for itself in a store: side files (``.tagset``, ``.gctag`` of deleted objects, ``.mdb_temp``
+# being written) and its index of chunks (``global_dedup_lookup.redb``): no object of the store.
+HF_XET_OWN = re.compile(r".*\.(?:tagset|gctag|mdb_temp|redb)")
 ROOTS = ("xet/xorbs", "xorbs", "")  # where shards/ and xorbs/ may lie, relative to the store's top
 MAX_LISTING_BYTES = 256 * 1024 * 1024
 LISTING_NAME = "xetfs-listing.json"
@@ -71,6 +74,29 @@ class Listing:
                 if any(n.startswith(prefix) for n in names):
                     return root
         return ""
+
+
+def check_listed(listing: Listing, location: str) -> None:
+    """Raise ``StoreError`` unless a bucket's listing at ``location`` is a store's: objects, some of them in a
+    ``shards/`` or ``xorbs/`` at one of the ``ROOTS`` (a bucket has no directories, so an empty store and a
+    mistyped prefix look alike: both are refused)."""
+    names = [name for name, _ in listing.objects]
+    if not names:
+        raise StoreError(f"store {location}: no objects there (is the bucket or the prefix mistyped?)")
+    kinds = ("shards/", "xorbs/")
+    if any(n.startswith(tuple(f"{r}/{k}" if r else k for r in ROOTS for k in kinds)) for n in names):
+        return
+    looked = ", ".join(f"{r}/" for r in ROOTS if r) + " and the top"
+    deeper = next((n.rsplit(f"/{k}", 1)[0] for n in names for k in kinds if f"/{k}" in n), None)
+    if deeper is not None:
+        for root in ROOTS[:-1]:
+            if deeper == root or deeper.endswith("/" + root):
+                deeper = deeper[: -len(root)].rstrip("/")
+                break
+        if deeper:
+            raise StoreError(f"store {location}: no shards/ or xorbs/ found (looked in {looked}); "
+                             f"there is a store at {location}/{deeper}")  # fmt: skip
+    raise StoreError(f"store {location}: no shards/ or xorbs/ found (looked in {looked}): not a store")
 
 
 def find_root(path: Path) -> Path:

@@ -282,7 +282,7 @@ class ObstoreSource:
                 out.extend((meta["path"], meta["size"], meta["last_modified"].timestamp()) for meta in batch)
             return out
 
-        return self._call(prefix or "/", run)
+        return self._call(prefix, run)
 
     # -- retries, deadlines, health ------------------------------------------
 
@@ -305,7 +305,8 @@ class ObstoreSource:
                     raise MissingObjectError(f"{self._where(name or what)}: not found") from None
                 except (oe.PermissionDeniedError, oe.UnauthenticatedError) as exc:
                     self._error()
-                    raise StoreError(f"{self._where(what)}: access refused: {self._message(exc)}") from None
+                    raise StoreError(f"{self._where(what)}: access refused: {self._message(exc)}"
+                                     f"{access_hint(self._url, self.options)}") from None  # fmt: skip
                 except oe.NotSupportedError as exc:  # (never transient: not tried again)
                     self._error()
                     if "range request not supported" in str(exc).lower():
@@ -322,12 +323,13 @@ class ObstoreSource:
                     if status == 404:
                         raise MissingObjectError(f"{self._where(name or what)}: not found") from None
                     if status in (401, 403):
-                        raise StoreError(f"{self._where(what)}: access refused (HTTP {status})") from None
+                        raise StoreError(f"{self._where(what)}: access refused (HTTP {status})"
+                                         f"{access_hint(self._url, self.options)}") from None  # fmt: skip
                     if status is not None and 400 <= status < 500 and status not in (408, 429):
                         raise StoreError(f"{self._where(what)}: {message}") from None
                     if _unreachable(full):  # (the client's own words would repeat the URL, and time the attempt)
                         reason = _connect_reason(full)
-                        self._mark_down(f"after {what} failed: no connection ({reason})")
+                        self._mark_down(f"after {what or 'the listing'} failed: no connection ({reason})")
                         raise ServerUnreachableError(f"{self._where(what)}: server unreachable: no connection "
                                                      f"({reason})") from None  # fmt: skip
                     left = deadline - time.monotonic()
@@ -373,12 +375,46 @@ class ObstoreSource:
             self.counters.errors += 1
 
     def _where(self, what: str) -> str:
-        return f"{self.location}/{what}"
+        """The object ``what`` names, for a message (the store itself for ``""``: its listing)."""
+        return f"{self.location}/{what}" if what else self.location
 
     def _message(self, exc: BaseException) -> str:
-        # obstore messages go on with a multi-line debug dump of their causes: the first line, no secrets.
-        text = " ".join(str(exc).split("Debug source:")[0].split())
-        return redact(text[:300], self._secrets)
+        return client_message(exc, self._secrets)
+
+
+def client_message(exc: BaseException, secrets: list[str]) -> str:
+    """An obstore error as one line: its first line (a multi-line dump of causes follows it), a service's XML
+    error as its code and message, no secrets."""
+    text = " ".join(str(exc).split("Debug source:")[0].split())
+    code = re.search(r"<Code>([^<]*)</Code>", text)
+    if code is not None:
+        said = re.search(r"<Message>([^<]*)</Message>", text)
+        text = text[: text.find("<")].rstrip(": ") + f": {code[1]}" + (f": {said[1]}" if said else "")
+    return redact(text[:300], secrets)
+
+
+def access_hint(url: str, options: RemoteOptions, env: Mapping[str, str] | None = None) -> str:
+    """What a refused request was sent with, for its message: the endpoint and credentials of an S3 store,
+    whether an HTTP store got a token ("" for other services, whose settings obstore reads itself)."""
+    env = os.environ if env is None else env
+    scheme = url.partition("://")[0].lower()
+    if scheme in ("http", "https"):
+        if "?" in url:
+            return " (the URL carries a signature or token: has it expired?)"
+        if any(name.lower() == "authorization" for name, _ in options.headers):
+            return " (an Authorization header was sent: is its token allowed to read this store?)"
+        return f" (no token was sent: set {TOKEN_ENV}, or pass --header)"
+    if scheme not in ("s3", "s3a"):
+        return ""
+    files = aws_files_config(env)
+    endpoint = env.get("AWS_ENDPOINT_URL") or env.get("AWS_ENDPOINT") or files.get("endpoint") or "AWS"
+    if env.get("AWS_ACCESS_KEY_ID"):
+        keys = "the key pair of AWS_ACCESS_KEY_ID"
+    elif "access_key_id" in files:
+        keys = f"the key pair of profile {env.get('AWS_PROFILE') or 'default'} in the AWS credentials file"
+    else:
+        keys = "no key pair (none in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, nor in the AWS credentials file)"
+    return f" (endpoint {endpoint}, {keys})"
 
 
 class _Transient(Exception):

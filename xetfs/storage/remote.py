@@ -22,7 +22,7 @@ from xetfs.base.stats import RemoteCounters
 from xetfs.storage.chunkcache import ChunkCache
 from xetfs.storage.dirsource import DirSource
 from xetfs.storage.diskcache import CachedSource, DiskCache, default_dir, uncached
-from xetfs.storage.layout import LISTING_NAME, MAX_LISTING_BYTES, Listing, replace_file
+from xetfs.storage.layout import LISTING_NAME, MAX_LISTING_BYTES, Listing, check_listed, replace_file
 from xetfs.storage.objects import ObjectSource, ObstoreSource, RemoteOptions, is_url
 from xetfs.storage.store import Store
 
@@ -59,7 +59,10 @@ def load_listing(source: ObjectSource, *, fallback: bool = True) -> Listing:
     listed = source.list("")
     if listed is not None:
         mtime = max((t for *_, t in listed), default=0.0)
-        return Listing(tuple((n, s) for n, s, _ in listed), mtime)
+        listing = Listing(tuple((n, s) for n, s, _ in listed), mtime)
+        if is_url(source.location):  # (a directory's listing is checked when it is opened: ``find_root``)
+            check_listed(listing, source.location)
+        return listing
     try:
         data = source.read(LISTING_NAME, limit=MAX_LISTING_BYTES, fresh=True)
     except MissingObjectError:

@@ -38,6 +38,7 @@ from xetfs.storage.catalogue import (
     repo_id_problem,
     update_catalogue,
 )
+from xetfs.storage.layout import HF_XET_OWN
 from xetfs.storage.remote import publish
 from xetfs.write.hubcache import CachedRepo, Digests, digest_file, is_lfs_path, scan_cache
 from xetfs.write.pack import links_hint, plan_pack, refuse_skips, upload
@@ -184,7 +185,7 @@ def store_bytes(store_dir: Path) -> int:
         if os.path.basename(root) not in ("xorbs", "shards"):
             continue
         for name in files:
-            if not name.endswith((".tagset", ".redb")):
+            if not HF_XET_OWN.fullmatch(name):
                 with contextlib.suppress(FileNotFoundError):
                     total += os.lstat(os.path.join(root, name)).st_size
     return total
@@ -198,8 +199,8 @@ class HubPackResult:
     repos: int
     revisions: int
     files: int  # snapshot files recorded
-    uploaded: int  # files uploaded by this run
-    cache_bytes: int  # bytes of the files uploaded by this run
+    uploaded: int  # files read and uploaded by this run (a file deduplicated whole counts too)
+    cache_bytes: int  # bytes of the files uploaded by this run (from the Hub cache, or the directories given)
     store_bytes: int  # bytes the store grew by
     skipped: str
     skipped_count: int = 0  # the items ``skipped`` sums up
@@ -208,8 +209,8 @@ class HubPackResult:
         ratio = f"{self.cache_bytes / self.store_bytes:.2f}x" if self.store_bytes and self.cache_bytes else "n/a"
         return (
             f"imported {plural(self.repos, 'repo')}, {plural(self.revisions, 'revision')}, "
-            f"{plural(self.files, 'file')} into {store}: {plural(self.uploaded, 'new file')}, "
-            f"{plural(self.cache_bytes, 'cache byte')} -> {plural(self.store_bytes, 'store byte')} added "
+            f"{plural(self.files, 'file')} into {store}: {plural(self.uploaded, 'file')} read "
+            f"({plural(self.cache_bytes, 'byte')}) -> {plural(self.store_bytes, 'store byte')} added "
             f"(dedup {ratio}); {self.skipped}"
         )
 
