@@ -26,6 +26,9 @@ from helpers.hub import Imported, xetfs
 from helpers.mounting import Mount, mounted
 from helpers.oracle import hf_xet_env
 
+from xetfs.storage.catalogue import CATALOGUE_NAME
+from xetfs.storage.layout import LISTING_NAME
+
 pytestmark = pytest.mark.e2e
 
 fuse = pytest.mark.fuse
@@ -169,3 +172,34 @@ def test_a_ref_read_through_a_handle_opened_before_a_refresh_leaves_no_stale_byt
                 assert before.read() == old_main.encode()  # an open file keeps reading what it read
                 assert after.read() == commit.encode()
         assert ref.read_text() == commit
+
+
+@fuse
+def test_a_refresh_that_finds_nothing_new_reads_no_catalogue_and_sees_a_moved_branch(imported: Imported) -> None:
+    """Over nginx: a refresh with no new shard and the catalogue, manifest and listing as they were asks only for
+    their tags (HEAD); one whose catalogue moved a branch, with no new shard, still builds the tree again."""
+    served = imported.tmp / "served"
+    _push(imported, served)
+    with servers.nginx(served) as web, mounted(web.url, "--cache-dir", str(imported.tmp / "disk-cache")) as m:
+        ref = m.path / "models--acme--tiny-bert" / "refs" / "main"
+        first = _refresh(m)  # (the first refresh has nothing to compare with: it reads them)
+        assert first.returncode == 0 and "no change" not in first.stderr, first.stderr
+        mark = web.log_mark()
+        again = _refresh(m)
+        assert again.returncode == 0 and "no change" in again.stderr, again.stderr
+        asked = web.requests_since(mark)
+        assert asked and {method for method, _ in asked} == {"HEAD"}, asked
+        assert {path.rsplit("/", 1)[-1] for _, path in asked} == {LISTING_NAME, CATALOGUE_NAME}  # (no manifest)
+        stats = m.stats()["refresh"]
+        assert (stats["refreshes"], stats["unchanged"]) == (2, 1), stats
+        # main moves back to an older commit: the catalogue changes, no shard is added
+        older = imported.spec.model_commits[0]
+        assert ref.read_text() != older
+        doc = json.loads((served / CATALOGUE_NAME).read_bytes())
+        for repo in doc["repos"]:
+            if repo["id"] == hub_cache.MODEL:
+                repo["refs"]["main"] = older
+        (served / CATALOGUE_NAME).write_text(json.dumps(doc))
+        moved = _refresh(m)
+        assert moved.returncode == 0 and "no change" not in moved.stderr, moved.stderr
+        assert ref.read_text() == older

@@ -440,6 +440,9 @@ class CountingSource:
     def worker_setup(self) -> tuple[str, RemoteOptions] | None:
         return None
 
+    def tag(self, name: str) -> str | None:
+        return str(hash(self.objects[name])) if name in self.objects else None
+
 
 def test_cached_source_keeps_whole_objects_and_falls_back_when_down(tmp_path: Path) -> None:
     fake = CountingSource({"shard": b"S" * 3000, "listing": b"v1"})

@@ -49,7 +49,7 @@ from helpers.servers import (
 
 from xetfs.base import hashes
 from xetfs.serve.signing import Signer
-from xetfs.storage.catalogue import load_catalogue
+from xetfs.storage.catalogue import CATALOGUE_NAME, load_catalogue
 from xetfs.storage.indexer import load_index
 from xetfs.storage.remote import LISTING_NAME
 from xetfs.storage.store import Store
@@ -505,6 +505,13 @@ def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(pac
         xetfs_serve(web.url, "--workers", "2", "--rescan", "1", "--disk-cache-size", "0") as serving,
     ):
         assert main_commits(serving) == {old}
+        mark = web.log_mark()  # looks at an unchanged catalogue ask for its tag, and fetch nothing
+
+        def asked(method: str) -> int:
+            return sum(m == method and p.endswith(CATALOGUE_NAME) for m, p in web.requests_since(mark))
+
+        wait_until(lambda: main_commits(serving) == {old} and asked("HEAD") >= 2, 20, "timed looks at the catalogue")
+        assert asked("GET") == 0
         (cache / model_dir / "refs" / "main").write_text(new)
         pack(tmp_path, cache, store)
         wait_until(lambda: main_commits(serving) == {new}, 20, "the new main from every server process")

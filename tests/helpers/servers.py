@@ -90,6 +90,11 @@ class Server:
                 requests += 1
         return sent, requests
 
+    def requests_since(self, since: int) -> list[tuple[str, str]]:
+        """``(method, path)`` of every request nginx logged from log offset ``since`` on."""
+        text = self.access_log().encode(errors="replace")[since:].decode(errors="replace")
+        return [(m.group(1), m.group(2)) for m in re.finditer(r'"([A-Z]+) (\S+) [^"]*" \d{3}', text)]
+
     def stop(self) -> None:
         if self.proc is not None:
             _stop(self.proc)

@@ -179,6 +179,7 @@ class RefreshCounters:
     """Refreshes of the live mount (``xetfs refresh``, ``--refresh-every``): what they added, when, how many failed."""
 
     refreshes: int = 0  # refreshes done (whether or not the store had changed)
+    unchanged: int = 0  # of those, refreshes that found no new shard, and the catalogue and manifest as they were
     failures: int = 0  # refreshes that failed and left the mount as it was (the reason: ``refresh_error``)
     files_added: int = 0  # files the refreshes added to the index
     shards_added: int = 0  # shards the refreshes indexed

@@ -49,7 +49,7 @@ from xetfs.base.settings import (
 )
 from xetfs.base.stats import RemoteCounters
 from xetfs.fuse.fs import FsOptions, XetFS
-from xetfs.fuse.refresh import Refresher
+from xetfs.fuse.refresh import TREE_FROM, Refresher
 from xetfs.names.hubtree import build_hub_tree
 from xetfs.names.tree import Tree, build_tree
 from xetfs.read.decode_worker import Setup
@@ -386,7 +386,8 @@ async def _watch_signals(nursery: trio.Nursery, received: list[int], refresher: 
 
 def _refresher(fs: XetFS, config: MountConfig) -> Refresher:
     store = fs.reader.store
-    return Refresher(fs, store, lambda index: _build_tree(config, store, index))
+    tree_from = TREE_FROM if config.names is None else None  # (a --names file is read by every refresh)
+    return Refresher(fs, store, lambda index: _build_tree(config, store, index), tree_from)
 
 
 async def _refresh_every(refresher: Refresher, seconds: float) -> None:

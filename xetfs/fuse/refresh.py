@@ -10,7 +10,11 @@ refreshes on a timer).  A refresh:
    a copy of the index, reads the catalogue or manifest again and builds the
    tree again: all in a thread, with nothing of the live mount changed, so
    that a refresh that fails (the server is down, a new shard is bad) leaves
-   the mount as it was, and says why;
+   the mount as it was, and says why.  A refresh that finds no new shard,
+   and the catalogue and manifest as the last one found them (``tag``: an
+   ETag, or a file's identity, asked without the body), stops there: many
+   nodes refreshing often cost the server a listing each, not the catalogue
+   (an HTTP store's listing is asked for only when its tag changed);
 2. then, on the daemon's thread, puts the new index and tree in place
    (``stabletree.renumber``: inodes the kernel knows keep their numbers) and
    asks the kernel to forget what the change made wrong: directory entries,
@@ -38,11 +42,16 @@ from xetfs.base.errors import XetfsError
 from xetfs.base.stats import RefreshCounters
 from xetfs.format.shard import parse_shard
 from xetfs.names.stabletree import Changes, TreeLike, renumber
+from xetfs.storage.catalogue import CATALOGUE_NAME
+from xetfs.storage.diskcache import uncached
 from xetfs.storage.index import Index
-from xetfs.storage.remote import load_listing
+from xetfs.storage.manifest import MANIFEST_NAME
+from xetfs.storage.remote import listing_if_changed
 from xetfs.storage.store import Store
 
 log = logging.getLogger(__name__)
+
+TREE_FROM = (CATALOGUE_NAME, MANIFEST_NAME)  # the store's files a mount's tree is built from
 
 
 @dataclass(frozen=True)
@@ -52,18 +61,29 @@ class _Update:
     changes: Changes
     shards: int
     shard_names: frozenset[str]
+    tags: dict[str, str | None]  # of the files the tree was built from, as taken before it was built
 
 
 class Refresher:
     """Refreshes of one mount: ``refresh`` is safe to call at any time from the daemon's trio thread."""
 
-    def __init__(self, fs: RefreshTarget, store: Store, build_tree: Callable[[Index], TreeLike]) -> None:
+    def __init__(
+        self,
+        fs: RefreshTarget,
+        store: Store,
+        build_tree: Callable[[Index], TreeLike],
+        tree_from: tuple[str, ...] | None = TREE_FROM,
+    ) -> None:
         """``fs``: what serves the index and tree, and holds the counters; ``build_tree``: the mount's tree
         of an index (its layout, catalogue or names read afresh from the store), which may raise
-        ``XetfsError``."""
+        ``XetfsError``; ``tree_from``: the store's files it reads, or None where it reads others too
+        (``--names FILE``): then every refresh builds it again."""
         self.fs = fs
         self.store = store
         self.build_tree = build_tree
+        self._tree_from = tree_from
+        self._tags: dict[str, str | None] | None = None  # of those files, at the last refresh put in place
+        self._listing_tag: str | None = None  # of an HTTP store's listing, when last read
         # Shards the mount has taken in: those it found when it started (a bad one among them was skipped
         # then, with a warning), and those a refresh indexed.  Only a refresh that is put in place adds here,
         # so the shards of one that failed are read again by the next.
@@ -82,10 +102,18 @@ class Refresher:
                 log.exception("refresh failed")
                 self._failed(f"internal error: {exc!r}")
                 return
+            c = self.fs.refresh
+            if update is None:
+                c.refreshes += 1
+                c.unchanged += 1
+                c.last_refresh = int(time.time())
+                self.fs.refresh_error = ""
+                log.info("refreshed: no change (no new shard; catalogue and manifest as they were)")
+                return
             files = len(update.index) - len(self.fs.current_index())
             self.fs.replace(update.index, update.tree)
             self._indexed |= update.shard_names
-            c = self.fs.refresh
+            self._tags = update.tags
             c.refreshes += 1
             c.last_refresh = int(time.time())
             c.files_added += files
@@ -101,17 +129,24 @@ class Refresher:
         self.fs.refresh_error = reason
         log.warning("refresh failed, the mount is as it was: %s", reason)
 
-    def _prepare(self, index: Index, tree: TreeLike) -> _Update:
-        """The new index and tree (in a thread; nothing the mount serves changes here: the store only
-        learns of more objects, which nothing reads until the new index names them)."""
-        self.store.add(load_listing(self.store.source, fallback=False))
+    def _prepare(self, index: Index, tree: TreeLike) -> _Update | None:
+        """The new index and tree, or None if nothing changed (in a thread; nothing the mount serves changes
+        here: the store only learns of more objects, which nothing reads until the new index names them)."""
+        listing, self._listing_tag = listing_if_changed(self.store.source, self._listing_tag)
+        if listing is not None:
+            self.store.add(listing)
         new = [f for f in self.store.shard_files() if f.name not in self._indexed]
+        source = uncached(self.store.source)
+        tags = {name: source.tag(path) if (path := self.store.meta_path(name)) else None
+                for name in self._tree_from or ()}  # fmt: skip
+        if not new and self._tree_from is not None and tags == self._tags:
+            return None
         shards = [parse_shard(self.store.read_shard(f), where=f"shard {f.name}") for f in new]
         grown = index.copy()
         for shard in shards:
             grown.add_shard(shard)
         stable, changes = renumber(tree, self.build_tree(grown))
-        return _Update(grown, stable, changes, len(shards), frozenset(f.name for f in new))
+        return _Update(grown, stable, changes, len(shards), frozenset(f.name for f in new), tags)
 
 
 class RefreshTarget(Protocol):

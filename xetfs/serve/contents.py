@@ -15,8 +15,9 @@ without a restart.  Looks are lazy: the first request after ``rescan``
 seconds (by default ``SERVE_RESCAN`` for a directory, ``SERVE_REMOTE_RESCAN``
 for a URL) starts one.  A look at a directory compares its shard names and
 catalogue file, and a request waits for it (it is quick).  A look at a URL
-fetches its catalogue in the background, from the server itself, and loads
-the store again if the catalogue changed (a push moved a branch); requests go
+asks the server itself, in the background, for its catalogue's tag (a HEAD:
+``ObjectSource.tag``), fetches the catalogue only when the tag changed, and
+loads the store again if the catalogue did (a push moved a branch); requests go
 on meanwhile, and one that fails is said once until the server answers.  A
 request that misses something loads a directory's changes, or the whole of a
 URL's store (a push may have added any object; at most every
@@ -134,6 +135,7 @@ class Contents:
         self._known = self._looked = time.time()
         self._timed_look_running = False
         self._unreachable = False  # the last timed look could not fetch the catalogue (said once)
+        self._catalogue_tag: str | None = None  # the server's tag of the catalogue loaded (remote stores)
         self._snapshot = self._make(self._load())
 
     def _load(self) -> _Loaded:
@@ -144,6 +146,7 @@ class Contents:
         store = self._open_store(self.location)
         index = load_index(store).index
         if self._remote:
+            self._catalogue_tag = self._tag(store)  # (taken first: a change after it is seen by the next look)
             data = self._remote_catalogue(store)
             signature = _digest(data)
             catalogue = (
@@ -170,6 +173,15 @@ class Contents:
             return source.read(store.meta_path(CATALOGUE_NAME) or CATALOGUE_NAME, limit=MAX_CATALOGUE_BYTES,
                                fresh=True)  # fmt: skip
         except MissingObjectError:
+            return None
+
+    @staticmethod
+    def _tag(store: Store) -> str | None:
+        """The server's tag of a remote store's catalogue (``ObjectSource.tag``), or None if it has none or
+        cannot say now."""
+        try:
+            return uncached(store.source).tag(store.meta_path(CATALOGUE_NAME) or CATALOGUE_NAME)
+        except (XetfsError, OSError):
             return None
 
     def _local_signature(self) -> object:
@@ -224,8 +236,14 @@ class Contents:
             self._timed_look_running = False
 
     def _catalogue_changed(self) -> bool:
+        """Whether a remote store's catalogue differs from the one loaded: asked by its tag (no body), then,
+        when the tag is new, fetched and compared."""
+        store = self._snapshot.store
+        tag = self._tag(store)
+        if tag is not None and tag == self._catalogue_tag and not self._unreachable:
+            return False
         try:
-            data = self._remote_catalogue(self._snapshot.store, server_only=True)
+            data = self._remote_catalogue(store, server_only=True)
         except (XetfsError, OSError) as exc:
             if not self._unreachable:
                 log.warning("store %s: cannot fetch its catalogue, serving what was loaded (said once until it "
@@ -235,7 +253,10 @@ class Contents:
         if self._unreachable:
             log.info("store %s: its catalogue answers again", _shown(self.location))
         self._unreachable = False
-        return _digest(data) != self._signature
+        if _digest(data) != self._signature:
+            return True
+        self._catalogue_tag = tag  # (rewritten, same bytes: the next look needs no fetch)
+        return False
 
     def _install(self, loaded: _Loaded | None) -> None:
         if loaded is None:

@@ -106,6 +106,15 @@ class DirSource:
     def read_range_into(self, name: str, start: int, end: int, parts: Sequence[memoryview]) -> None:
         scatter(self.read_range(name, start, end), parts)
 
+    def tag(self, name: str) -> str | None:
+        try:
+            st = os.stat(self.top / name)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"{self.top / name}: cannot stat: {exc.strerror}") from None
+        return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}"
+
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         """The objects of ``listing`` under ``prefix`` (their times: the directory's)."""
         listing = self.listing()

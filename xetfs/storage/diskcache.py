@@ -357,6 +357,9 @@ class CachedSource:
     def worker_setup(self) -> tuple[str, RemoteOptions] | None:
         return self.inner.worker_setup()
 
+    def tag(self, name: str) -> str | None:
+        return self.inner.tag(name)  # (the server's: a tag only tells whether to read again, fresh)
+
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         key = f"{self.location}\0list\0{prefix}"
         try:

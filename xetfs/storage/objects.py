@@ -99,6 +99,11 @@ class ObjectSource(Protocol):
         """``(name, size, mtime)`` of every object under ``prefix``, or None where the service cannot list."""
         ...
 
+    def tag(self, name: str) -> str | None:
+        """What changes when the object ``name`` is replaced (its ETag, size and time; a file's identity),
+        asked of the server itself, with no body; None if there is no such object."""
+        ...
+
     def local_path(self, name: str) -> str | None:
         """The object's file on this machine, for readers that read it themselves; None where it has none."""
         ...
@@ -283,6 +288,19 @@ class ObstoreSource:
             return out
 
         return self._call(prefix, run)
+
+    def tag(self, name: str) -> str | None:
+        import obstore
+
+        try:
+            meta = self._call(name, lambda: obstore.head(self._store, name))
+        except MissingObjectError:
+            return None
+        except ServerUnreachableError:
+            raise
+        except StoreError:  # a server that refuses HEAD (405, say): a tag that never matches, so it is read
+            return f"untagged {time.monotonic_ns()}"
+        return f"{meta.get('e_tag')} {meta['size']} {meta['last_modified'].timestamp()}"
 
     # -- retries, deadlines, health ------------------------------------------
 

@@ -58,11 +58,35 @@ def load_listing(source: ObjectSource, *, fallback: bool = True) -> Listing:
         source = uncached(source)
     listed = source.list("")
     if listed is not None:
-        mtime = max((t for *_, t in listed), default=0.0)
-        listing = Listing(tuple((n, s) for n, s, _ in listed), mtime)
-        if is_url(source.location):  # (a directory's listing is checked when it is opened: ``find_root``)
-            check_listed(listing, source.location)
-        return listing
+        return _listed(listed, source.location)
+    return _listing_file(source)
+
+
+def listing_if_changed(source: ObjectSource, tag: str | None) -> tuple[Listing | None, str | None]:
+    """``load_listing`` from the server itself, or None where it cannot have changed: an HTTP store's
+    ``LISTING_NAME`` whose ``ObjectSource.tag`` is still ``tag``.  With that tag (None for a store that
+    lists itself, which is listed every time)."""
+    server = uncached(source)
+    listed = server.list("")
+    if listed is not None:
+        return _listed(listed, source.location), None
+    now = server.tag(LISTING_NAME)
+    if now is not None and now == tag:
+        return None, tag
+    return _listing_file(server), now
+
+
+def _listed(listed: list[tuple[str, int, float]], location: str) -> Listing:
+    """The listing of what a service listed (checked, for a bucket: ``check_listed``)."""
+    mtime = max((t for *_, t in listed), default=0.0)
+    listing = Listing(tuple((n, s) for n, s, _ in listed), mtime)
+    if is_url(location):  # (a directory's listing is checked when it is opened: ``find_root``)
+        check_listed(listing, location)
+    return listing
+
+
+def _listing_file(source: ObjectSource) -> Listing:
+    """The store's ``LISTING_NAME`` (an HTTP server cannot list)."""
     try:
         data = source.read(LISTING_NAME, limit=MAX_LISTING_BYTES, fresh=True)
     except MissingObjectError:
