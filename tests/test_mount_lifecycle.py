@@ -393,3 +393,8 @@ def test_a_daemon_that_fails_at_once_leaves_no_empty_log(tmp_path: Path) -> None
     with pytest.raises(MountError, match=r"^boom$"):
         spawn_daemon([sys.executable, "-c", failing], tmp_path, log, b"{}")
     assert log.read_text() == "an earlier mount\n"
+    # a daemon that died without a word: the message names its log, which stays (empty) to be looked at
+    log.unlink()
+    with pytest.raises(MountError, match="the daemon exited"):
+        spawn_daemon([sys.executable, "-c", "import os; os._exit(3)"], tmp_path, log, b"{}")
+    assert log.exists()

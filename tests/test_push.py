@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import hub_cache, servers
+from helpers import hub_cache, oracle, servers
 from helpers.mounting import mounted
 from helpers.oracle import CliRunner, random_bytes
 from helpers.processes import kill_when
@@ -29,7 +30,20 @@ from helpers.writer import StoreBuilder
 
 from xetfs.base import hashes
 from xetfs.commands.credentials import CredentialsError, load_credentials, parse_credentials
-from xetfs.commands.push import LISTING, META, OTHER, SHARDS, XORBS, DirTarget, PushError, open_target, phase_of, push
+from xetfs.commands.push import (
+    LISTING,
+    META,
+    OTHER,
+    SHARDS,
+    XORBS,
+    DirTarget,
+    Item,
+    PushError,
+    open_target,
+    own_damage,
+    phase_of,
+    push,
+)
 from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.layout import HF_XET_OWN
 from xetfs.storage.remote import LISTING_NAME, Listing, local_listing
@@ -151,6 +165,22 @@ def test_push_check_repairs_a_damaged_xorb_that_a_plain_push_leaves(
     assert "0 objects sent" in again.stderr, again.stderr
 
 
+def test_an_empty_store_pushed_to_a_bucket_is_an_empty_store(
+    tmp_path: Path, s3: servers.Server, s3_env: dict[str, str], cli: CliRunner
+) -> None:
+    """An empty store pushed to a bucket is its listing alone: it opens as an empty store, to be mounted before
+    anything is pushed into it."""
+    empty = tmp_path / "empty"
+    (empty / "shards").mkdir(parents=True)
+    (empty / "xorbs").mkdir()
+    url = f"s3://{BUCKET}/empty"
+    assert _xetfs("push", empty, url, env=s3_env).returncode == 0
+    assert _bucket_objects(url) == {LISTING_NAME: len(local_listing(empty).dump())}
+    for command in ("ls", "verify"):
+        out = cli(command, url, "--disk-cache-size", 0)
+        assert out.returncode == 0, out.stderr
+
+
 def test_push_to_a_bucket_that_does_not_exist_says_so(
     hub_store: Path, s3: servers.Server, s3_env: dict[str, str]
 ) -> None:
@@ -251,6 +281,35 @@ def test_push_order_is_xorbs_shards_listing_manifest_catalogue(hub_store: Path) 
     assert phase_of("xet/xorbs/shards/" + "a" * 64 + ".mdb") == SHARDS
     assert phase_of("xorbs/" + "b" * 64) == XORBS
     assert phase_of("README.md") == OTHER
+
+
+def test_push_check_to_a_directory_repairs_and_never_sends_a_damaged_copy(hub_store: Path, tmp_path: Path) -> None:
+    """``--check`` reads a directory target's copies back; an object whose copy differs is sent again from the
+    store, unless the store's own copy fails its check too: then push stops and says so."""
+    store, target_dir = tmp_path / "store", tmp_path / "target"
+    shutil.copytree(hub_store, store)
+    assert push(store, DirTarget(target_dir)).sent > 0
+    xorb = max((n for n, _ in local_listing(store).objects if phase_of(n) == XORBS),
+               key=lambda n: (store / n).stat().st_size)  # fmt: skip
+    shard = next(n for n, _ in local_listing(store).objects if phase_of(n) == SHARDS)
+    for name in (xorb, shard):
+        oracle.flip_byte(target_dir / name, (target_dir / name).stat().st_size // 2)
+    fixed = push(store, DirTarget(target_dir), check=True)
+    assert (fixed.sent, fixed.replaced) == (2, 2)
+    for name in (xorb, shard):
+        assert (target_dir / name).read_bytes() == (store / name).read_bytes()
+        item = Item(name, (store / name).stat().st_size, phase_of(name), path=store / name)
+        assert own_damage(item, (store / name).read_bytes()) is None
+    # the store's own copy damaged (and so differing from the target's): refused, the good copy kept
+    oracle.flip_byte(store / xorb, (store / xorb).stat().st_size // 3)
+    item = Item(xorb, (store / xorb).stat().st_size, XORBS, path=store / xorb)
+    assert own_damage(item, (store / xorb).read_bytes()) is not None
+    with pytest.raises(PushError, match="damaged too"):
+        push(store, DirTarget(target_dir), check=True)
+    assert (target_dir / xorb).read_bytes() == (hub_store / xorb).read_bytes()
+    oracle.flip_byte(store / shard, 100)
+    item = Item(shard, (store / shard).stat().st_size, SHARDS, path=store / shard)
+    assert "hashes to" in (own_damage(item, (store / shard).read_bytes()) or "")
 
 
 def test_push_refuses_http_and_a_target_inside_the_store(hub_store: Path, cli: CliRunner) -> None:

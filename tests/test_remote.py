@@ -444,7 +444,9 @@ class CountingSource:
         return str(hash(self.objects[name])) if name in self.objects else None
 
 
-def test_cached_source_keeps_whole_objects_and_falls_back_when_down(tmp_path: Path) -> None:
+def test_cached_source_keeps_whole_objects_and_falls_back_when_down(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     fake = CountingSource({"shard": b"S" * 3000, "listing": b"v1"})
     cache = DiskCache(tmp_path, 1 << 20)
     cached = CachedSource(fake, cache)
@@ -461,6 +463,8 @@ def test_cached_source_keeps_whole_objects_and_falls_back_when_down(tmp_path: Pa
     assert cache.counters.disk_corrupt == 1
     fake.down = True
     assert cached.read("listing", limit=100, fresh=True) == b"v1"  # the server is down: the cached copy
+    said = [r.getMessage() for r in caplog.records if "using the copy" in r.getMessage()]
+    assert said == ["fake://store: server unreachable; using the copy in the disk cache"], said
     with pytest.raises(StoreError) as failed:
         cached.read("other", limit=100, fresh=True)
     assert str(failed.value).endswith(f"; the disk cache {tmp_path} has no copy of it"), failed.value
@@ -541,6 +545,13 @@ def test_s3_store_mounts_as_copied(
             assert "s3://mirror/models/b: no objects there (is the bucket or the prefix mistyped?)" in typo.stderr
         parent = cli("ls", "s3://mirror/models", "--disk-cache-size", 0)
         assert parent.returncode == 1 and "there is a store at s3://mirror/models/a" in parent.stderr, parent.stderr
+        servers.upload_dir("s3://mirror/other", s3.url, packed.top.parent / "src")  # files, but no store
+        other = cli("ls", "s3://mirror/other", "--disk-cache-size", 0)
+        assert other.returncode == 1 and "no shards/ or xorbs/ found" in other.stderr, other.stderr
+        assert "not a store" in other.stderr and "//" not in other.stderr.replace("s3://", ""), other.stderr
+        bucket = cli("ls", "s3://no-such-bucket/x", "--disk-cache-size", 0)
+        assert bucket.returncode == 1, bucket.stderr
+        assert "store s3://no-such-bucket/x: no such bucket or container (is it mistyped?)" in bucket.stderr
         with mounted(url, "--cache-dir", str(tmp_path / "cache")) as m:
             _check_tree(m.path, packed)
             _ranges(m / "model/weights.bin", packed.files["model/weights.bin"], seed=5)

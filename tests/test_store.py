@@ -74,3 +74,23 @@ def test_a_failed_read_of_chunks_names_them_and_keeps_its_kind(tmp_path: Path) -
             store_module.read_chunk_run(fd, 0, 10, 3, 5, where="xorb x")
     finally:
         os.close(fd)
+
+
+def test_the_listing_leaves_out_what_hf_xet_keeps_for_itself(tmp_path: Path) -> None:
+    """Side files and hf_xet's index are no objects of the store: not listed (so not pushed or published)."""
+    from xetfs.storage.dirsource import DirSource
+
+    b = StoreBuilder(tmp_path / "store")
+    b.add_file(random.Random(6).randbytes(5000), chunk_size=1000)
+    b.finish()
+    base = tmp_path / "store" / "xet" / "xorbs"
+    before = dict(DirSource.open(tmp_path / "store").listing().objects)
+    (xorb,) = (p for p in (base / "xorbs").iterdir())
+    (shard,) = (p for p in (base / "shards").iterdir())
+    side = [xorb.with_name(xorb.name + ".tagset"), shard.with_name(shard.name + ".tagset"), base / "x.redb"]
+    for own in [*side, base / "shards" / "notes.txt", base / "xorbs" / "x.gctag"]:
+        own.write_bytes(b"x")
+    (tmp_path / "store" / "README.md").write_bytes(b"kept")  # a file of the store's own, beside it
+    after = dict(DirSource.open(tmp_path / "store").listing().objects)
+    assert after == {**before, "README.md": 4}
+    assert {f"xet/xorbs/xorbs/{xorb.name}", f"xet/xorbs/shards/{shard.name}"} <= set(after)

@@ -147,7 +147,7 @@ def _add_admin_parsers(sub: Any) -> None:
     p = sub.add_parser("stats", help="show the live counters of a mount, or one file's amplification")
     p.add_argument("mountpoint", help="where the store is mounted")
     p.add_argument("file", nargs="?",
-                   help="a file of the mount (a path under MOUNTPOINT, or relative to MOUNTPOINT): its chunk count and "
+                   help="a file of the mount (a path to it, or one relative to MOUNTPOINT): its chunk count and "
                         "what reads of it decoded, over its size and chunks (amplification)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_stats)
@@ -323,8 +323,9 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
     if not (mountpoint / STATS_PATH).exists():
         raise XetfsError(f"{mountpoint}: not a xetfs mount (no {STATS_PATH})")
     path = file if file.is_absolute() else mountpoint / file
-    here = Path(os.path.abspath(file))
-    if not file.is_absolute() and here.is_relative_to(os.path.abspath(mountpoint)) and os.path.lexists(here):
+    here = Path(os.path.abspath(file))  # (from the working directory; not resolved: Hub snapshots are symlinks)
+    under = Path(os.path.realpath(here.parent)).is_relative_to(os.path.realpath(mountpoint))
+    if not file.is_absolute() and os.path.lexists(here) and under:
         path = here
     try:
         doc = json.loads(os.getxattr(path, FILE_STATS_XATTR))
@@ -351,8 +352,8 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
     print(f"{'amplification':<22}{ratio(doc['bytes_amplification'])} of its bytes, "
           f"{ratio(doc['chunks_amplification'])} of its chunks")  # fmt: skip
     if doc["decoded_chunks"] < chunks:
-        print(f"{'':<22}(a chunk counts once, for the file whose read decoded it: not counted here are chunks "
-              f"this file shares with files read before it, and chunks not read yet)")  # fmt: skip
+        print(f"{'':<22}(a chunk counts for the file whose read decoded it: not counted here are chunks this "
+              f"file shares with files read before it, and chunks not read yet)")  # fmt: skip
     return 0
 
 

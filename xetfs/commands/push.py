@@ -49,13 +49,16 @@ from typing import Any, Protocol
 
 import blake3
 
+from xetfs.base import hashes
 from xetfs.base.errors import StoreError, XetfsError
 from xetfs.base.settings import PUSH_JOBS, PUSH_MAX_COMPARED_BYTES
+from xetfs.format.xorb import check_run
 from xetfs.storage.catalogue import CATALOGUE_NAME
-from xetfs.storage.layout import LISTING_NAME, Listing
+from xetfs.storage.layout import LISTING_NAME, SHARD_NAME, XORB_NAME, Listing
 from xetfs.storage.manifest import MANIFEST_NAME
 from xetfs.storage.objects import RemoteOptions, access_hint, aws_files_config, client_message, is_url, public_url
 from xetfs.storage.remote import local_listing
+from xetfs.storage.store import layout_from
 
 MAX_OBJECT_BYTES = 5 * 1024**3  # the largest single-request upload S3 accepts
 TEMP_DIR = ".xetfs-push"  # a directory target's temporary files, hidden from stores and listings
@@ -65,7 +68,6 @@ PUSH_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 XORBS, SHARDS, OTHER, LISTING, META = range(5)
 PHASE_NAMES = ("xorbs", "shards", "other files", "listing", "manifest and catalogue")
 _META_ORDER = (MANIFEST_NAME, CATALOGUE_NAME)  # phase META, one after the other
-_HASH_NAME = re.compile(r"(?:default\.)?[0-9a-f]{64}(?:\.xorb|\.mdb)?")
 
 
 class PushError(XetfsError):
@@ -100,11 +102,10 @@ def phase_of(name: str) -> int:
         return LISTING
     if name in _META_ORDER:
         return META
-    if len(parts) >= 2 and _HASH_NAME.fullmatch(parts[-1]):
-        if parts[-2] == "xorbs":
-            return XORBS
-        if parts[-2] == "shards":
-            return SHARDS
+    if len(parts) >= 2 and parts[-2] == "xorbs" and XORB_NAME.fullmatch(parts[-1]):
+        return XORBS
+    if len(parts) >= 2 and parts[-2] == "shards" and SHARD_NAME.fullmatch(parts[-1]):
+        return SHARDS
     return OTHER
 
 
@@ -270,9 +271,9 @@ class BucketTarget:
 
     def same(self, name: str, data: bytes) -> bool:
         etag = self._etags.get(name)
-        if etag is not None:  # the service's MD5 of the object: nothing to read back
-            return etag == hashlib.md5(data, usedforsecurity=False).hexdigest()
-        return self.read(name) == data
+        if etag is not None and etag == hashlib.md5(data, usedforsecurity=False).hexdigest():
+            return True  # the service's MD5 of what it holds: nothing to read back
+        return self.read(name) == data  # (no MD5 ETag, or one that differs: an encrypted object's is no MD5)
 
     def put(self, name: str, data: bytes) -> None:
         import obstore
@@ -305,6 +306,24 @@ class BucketTarget:
         if isinstance(exc, (oe.PermissionDeniedError, oe.UnauthenticatedError)) or re.search(r"\b40[13]\b", message):
             message += access_hint(self._url, self._options)
         return message
+
+
+def own_damage(item: Item, data: bytes) -> str | None:
+    """What is wrong with the store's own copy of a xorb or shard (its bytes ``data``), judged by its name (the
+    hash of its content), or None: a push that replaces a target's copy must not send a damaged one."""
+    name = item.name.rsplit("/", 1)[-1]
+    if item.phase == SHARDS:
+        actual = f"{hashes.to_hex(hashes.chunk_hash(data))}.mdb"
+        return None if actual == name else f"its content hashes to {actual}"
+    m = XORB_NAME.fullmatch(name)
+    assert m is not None  # (phase XORBS: a xorb's name)
+    xorb_hash = hashes.from_hex(m.group(1))
+    try:
+        layout = layout_from(lambda start, end: data[start:end], len(data), xorb_hash)
+        problems = check_run(data, xorb_hash, layout, 0, layout.num_chunks)
+    except XetfsError as exc:
+        return str(exc)
+    return next((str(p) for p in problems if p is not None), None)
 
 
 def _md5_etag(etag: str | None) -> str | None:
@@ -408,6 +427,10 @@ def _push_phase(items: list[Item], target: Target, there: dict[str, int], report
                 data = item.read()
                 if target.same(item.name, data):
                     return item, "present"
+                damage = own_damage(item, data)
+                if damage is not None:
+                    raise PushError(f"{target.location}/{item.name} differs from the store's copy, and that is "
+                                    f"damaged too ({damage}): run xetfs verify on the store")  # fmt: skip
                 target.put(item.name, data)
                 return item, "replaced"
             if content_named or item.size > PUSH_MAX_COMPARED_BYTES:

@@ -459,7 +459,7 @@ def spawn_daemon(
             child.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired, OSError):
             child.wait(FAILED_DAEMON_EXIT)
-            if new_log and log_file.stat().st_size == 0:  # (the daemon said why on the pipe, and nothing else)
+            if message and new_log and log_file.stat().st_size == 0:  # (it said why on the pipe, and nothing else)
                 log_file.unlink()
         detail = message.removeprefix("error: ") if message else f"the daemon exited (see {log_file})"
         raise MountError(detail)

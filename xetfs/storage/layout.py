@@ -67,25 +67,30 @@ class Listing:
     def root(self) -> str:
         """The directory (relative to the top, ``""`` for the top) that holds ``shards/`` (or, in a store
         without shards, ``xorbs/``; the index judges such a store)."""
-        names = {name for name, _ in self.objects}
+        found = self.store_root()
+        return "" if found is None else found
+
+    def store_root(self) -> str | None:
+        """``root``, or None when no object lies in a ``shards/`` or ``xorbs/`` at one of the ``ROOTS``."""
+        names = [name for name, _ in self.objects]
         for kind in ("shards", "xorbs"):
             for root in ROOTS:
                 prefix = f"{root}/{kind}/" if root else f"{kind}/"
                 if any(n.startswith(prefix) for n in names):
                     return root
-        return ""
+        return None
 
 
 def check_listed(listing: Listing, location: str) -> None:
-    """Raise ``StoreError`` unless a bucket's listing at ``location`` is a store's: objects, some of them in a
-    ``shards/`` or ``xorbs/`` at one of the ``ROOTS`` (a bucket has no directories, so an empty store and a
-    mistyped prefix look alike: both are refused)."""
+    """Raise ``StoreError`` unless a bucket's listing at ``location`` is a store's: some objects in a ``shards/``
+    or ``xorbs/`` at one of the ``ROOTS``, or a store's own listing (``LISTING_NAME``: an empty store that
+    ``xetfs push`` wrote).  A bucket has no directories: a mistyped prefix is told from an empty store only so."""
     names = [name for name, _ in listing.objects]
     if not names:
         raise StoreError(f"store {location}: no objects there (is the bucket or the prefix mistyped?)")
-    kinds = ("shards/", "xorbs/")
-    if any(n.startswith(tuple(f"{r}/{k}" if r else k for r in ROOTS for k in kinds)) for n in names):
+    if listing.store_root() is not None or LISTING_NAME in names:
         return
+    kinds = ("shards/", "xorbs/")
     looked = ", ".join(f"{r}/" for r in ROOTS if r) + " and the top"
     deeper = next((n.rsplit(f"/{k}", 1)[0] for n in names for k in kinds if f"/{k}" in n), None)
     if deeper is not None:

@@ -341,8 +341,10 @@ class ObstoreSource:
                     if status == 404:
                         raise MissingObjectError(f"{self._where(name or what)}: not found") from None
                     if status in (401, 403):
-                        raise StoreError(f"{self._where(what)}: access refused (HTTP {status})"
-                                         f"{access_hint(self._url, self.options)}") from None  # fmt: skip
+                        said = service_error(full)
+                        raise StoreError(f"{self._where(what)}: access refused (HTTP {status}"
+                                         f"{f': {said}' if said else ''}){access_hint(self._url, self.options)}"
+                                         ) from None  # fmt: skip
                     if status is not None and 400 <= status < 500 and status not in (408, 429):
                         raise StoreError(f"{self._where(what)}: {message}") from None
                     if _unreachable(full):  # (the client's own words would repeat the URL, and time the attempt)
@@ -404,11 +406,20 @@ def client_message(exc: BaseException, secrets: list[str]) -> str:
     """An obstore error as one line: its first line (a multi-line dump of causes follows it), a service's XML
     error as its code and message, no secrets."""
     text = " ".join(str(exc).split("Debug source:")[0].split())
-    code = re.search(r"<Code>([^<]*)</Code>", text)
-    if code is not None:
-        said = re.search(r"<Message>([^<]*)</Message>", text)
-        text = text[: text.find("<")].rstrip(": ") + f": {code[1]}" + (f": {said[1]}" if said else "")
+    said = service_error(text)
+    if said is not None:
+        text = text[: text.find("<")].rstrip(": ") + f": {said}"
     return redact(text[:300], secrets)
+
+
+def service_error(text: str) -> str | None:
+    """``Code: Message`` of the XML error document a service (S3, GCS, Azure) answered with, if ``text`` holds
+    one."""
+    code = re.search(r"<Code>([^<]*)</Code>", text)
+    if code is None:
+        return None
+    said = re.search(r"<Message>([^<]*)</Message>", text)
+    return f"{code[1]}: {said[1]}" if said else code[1]
 
 
 def access_hint(url: str, options: RemoteOptions, env: Mapping[str, str] | None = None) -> str:
@@ -421,7 +432,7 @@ def access_hint(url: str, options: RemoteOptions, env: Mapping[str, str] | None 
             return " (the URL carries a signature or token: has it expired?)"
         if any(name.lower() == "authorization" for name, _ in options.headers):
             return " (an Authorization header was sent: is its token allowed to read this store?)"
-        return f" (no token was sent: set {TOKEN_ENV}, or pass --header)"
+        return f" (no token was sent: if the server wants one, set {TOKEN_ENV} or pass --header)"
     if scheme not in ("s3", "s3a"):
         return ""
     files = aws_files_config(env)
@@ -431,7 +442,10 @@ def access_hint(url: str, options: RemoteOptions, env: Mapping[str, str] | None 
     elif "access_key_id" in files:
         keys = f"the key pair of profile {env.get('AWS_PROFILE') or 'default'} in the AWS credentials file"
     else:
-        keys = "no key pair (none in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, nor in the AWS credentials file)"
+        keys = (
+            "no key pair in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, nor in the AWS credentials file "
+            "(an instance or web-identity role, if any, was used)"
+        )
     return f" (endpoint {endpoint}, {keys})"
 
 

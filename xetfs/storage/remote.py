@@ -56,7 +56,7 @@ def load_listing(source: ObjectSource, *, fallback: bool = True) -> Listing:
     """
     if not fallback:
         source = uncached(source)
-    listed = source.list("")
+    listed = _list(source)
     if listed is not None:
         return _listed(listed, source.location)
     return _listing_file(source)
@@ -67,13 +67,22 @@ def listing_if_changed(source: ObjectSource, tag: str | None) -> tuple[Listing |
     ``LISTING_NAME`` whose ``ObjectSource.tag`` is still ``tag``.  With that tag (None for a store that
     lists itself, which is listed every time)."""
     server = uncached(source)
-    listed = server.list("")
+    listed = _list(server)
     if listed is not None:
         return _listed(listed, source.location), None
     now = server.tag(LISTING_NAME)
     if now is not None and now == tag:
         return None, tag
     return _listing_file(server), now
+
+
+def _list(source: ObjectSource) -> list[tuple[str, int, float]] | None:
+    """Every object the service lists (None: it cannot list); a bucket or container that is not there is a
+    ``StoreError`` that says so."""
+    try:
+        return source.list("")
+    except MissingObjectError:
+        raise StoreError(f"store {source.location}: no such bucket or container (is it mistyped?)") from None
 
 
 def _listed(listed: list[tuple[str, int, float]], location: str) -> Listing:

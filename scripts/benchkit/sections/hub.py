@@ -106,7 +106,7 @@ print(json.dumps({"seconds": wall, "cpu": cpu, "bytes": n, "sha256": digest.hexd
                   "config": type(config).__name__}))
 """
 
-PACKED = re.compile(r"(\d+) (?:cache bytes|bytes\)) -> (\d+) store bytes added")  # (older commits: "cache bytes")
+PACKED = re.compile(r"(\d+) (?:cache bytes|bytes?\)) -> (\d+) store bytes? added")  # (older commits: "cache bytes")
 
 
 def _describe(r: Any) -> str:
