@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from helpers.oracle import hf_xet_env
 
 from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.layout import LISTING_NAME
+from xetfs.storage.manifest import MANIFEST_NAME
 
 pytestmark = pytest.mark.e2e
 
@@ -189,7 +191,8 @@ def test_a_refresh_that_finds_nothing_new_reads_no_catalogue_and_sees_a_moved_br
         assert again.returncode == 0 and "no change" in again.stderr, again.stderr
         asked = web.requests_since(mark)
         assert asked and {method for method, _ in asked} == {"HEAD"}, asked
-        assert {path.rsplit("/", 1)[-1] for _, path in asked} == {LISTING_NAME, CATALOGUE_NAME}  # (no manifest)
+        # (the store has no manifest: one a later push adds is looked for, a HEAD answered 404)
+        assert {path.rsplit("/", 1)[-1] for _, path in asked} == {LISTING_NAME, CATALOGUE_NAME, MANIFEST_NAME}
         stats = m.stats()["refresh"]
         assert (stats["refreshes"], stats["unchanged"]) == (2, 1), stats
         # main moves back to an older commit: the catalogue changes, no shard is added
@@ -203,3 +206,38 @@ def test_a_refresh_that_finds_nothing_new_reads_no_catalogue_and_sees_a_moved_br
         moved = _refresh(m)
         assert moved.returncode == 0 and "no change" not in moved.stderr, moved.stderr
         assert ref.read_text() == older
+
+
+@fuse
+def test_a_refresh_of_a_bucket_that_finds_nothing_new_lists_only_its_shards(
+    imported: Imported, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From a bucket: with no new shard and the catalogue as it was, a refresh lists ``shards/`` alone (and asks
+    the catalogue's tag), not every xorb; a new pack then lists it all and is found."""
+    with servers.moto_s3() as s3:
+        env = {**servers.S3_ENV, "AWS_ENDPOINT_URL": s3.url}
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+        servers.make_bucket(s3.url, "mirror")
+        url = "s3://mirror/hub"
+        pushed = subprocess.run([sys.executable, "-m", "xetfs", "push", str(imported.store), url, "--no-progress"],
+                                capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+        assert pushed.returncode == 0, pushed.stderr
+
+        def lists() -> list[str]:
+            log = s3.log.read_text(errors="replace") if s3.log else ""
+            return re.findall(r'"GET /mirror\?[^"]*?prefix=([^&" ]*)', log)
+
+        with mounted(url, "--cache-dir", str(imported.tmp / "disk-cache")) as m:
+            assert _refresh(m).returncode == 0  # (the first: nothing to compare with)
+            before = len(lists())
+            again = _refresh(m)
+            assert again.returncode == 0 and "no change" in again.stderr, again.stderr
+            assert lists()[before:] == ["hub/xet/xorbs/shards/"], lists()[before:]  # (not "hub/")
+            commit = _new_revision(imported)
+            pushed = subprocess.run([sys.executable, "-m", "xetfs", "push", str(imported.store), url, "--no-progress"],
+                                    capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+            assert pushed.returncode == 0, pushed.stderr
+            found = _refresh(m)
+            assert found.returncode == 0 and "1 new shard" in found.stderr, found.stderr
+            assert (m.path / "models--acme--tiny-bert" / "refs" / "main").read_text() == commit

@@ -12,9 +12,10 @@ refreshes on a timer).  A refresh:
    that a refresh that fails (the server is down, a new shard is bad) leaves
    the mount as it was, and says why.  A refresh that finds no new shard,
    and the catalogue and manifest as the last one found them (``tag``: an
-   ETag, or a file's identity, asked without the body), stops there: many
-   nodes refreshing often cost the server a listing each, not the catalogue
-   (an HTTP store's listing is asked for only when its tag changed);
+   ETag, or a file's identity, asked without the body), stops there, having
+   listed only the store's ``shards/`` (a bucket, a directory) or asked the
+   listing's tag (HTTP): many nodes refreshing often cost the server a few
+   small requests each, not the catalogue and every xorb's name;
 2. then, on the daemon's thread, puts the new index and tree in place
    (``stabletree.renumber``: inodes the kernel knows keep their numbers) and
    asks the kernel to forget what the change made wrong: directory entries,
@@ -45,7 +46,9 @@ from xetfs.names.stabletree import Changes, TreeLike, renumber
 from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.diskcache import uncached
 from xetfs.storage.index import Index
+from xetfs.storage.layout import SHARD_NAME
 from xetfs.storage.manifest import MANIFEST_NAME
+from xetfs.storage.objects import ObjectSource
 from xetfs.storage.remote import listing_if_changed
 from xetfs.storage.store import Store
 
@@ -132,14 +135,18 @@ class Refresher:
     def _prepare(self, index: Index, tree: TreeLike) -> _Update | None:
         """The new index and tree, or None if nothing changed (in a thread; nothing the mount serves changes
         here: the store only learns of more objects, which nothing reads until the new index names them)."""
+        server = uncached(self.store.source)
+        # (Tags first: a change after them is seen by the next refresh.  A file not there yet is looked for at
+        # the top, where pack and push write it.)
+        tags = {name: server.tag(self.store.meta_path(name) or name) for name in self._tree_from or ()}
+        same = self._tree_from is not None and tags == self._tags
+        if same and not self._may_have_new_shards(server):
+            return None
         listing, self._listing_tag = listing_if_changed(self.store.source, self._listing_tag)
         if listing is not None:
             self.store.add(listing)
         new = [f for f in self.store.shard_files() if f.name not in self._indexed]
-        source = uncached(self.store.source)
-        tags = {name: source.tag(path) if (path := self.store.meta_path(name)) else None
-                for name in self._tree_from or ()}  # fmt: skip
-        if not new and self._tree_from is not None and tags == self._tags:
+        if not new and same:
             return None
         shards = [parse_shard(self.store.read_shard(f), where=f"shard {f.name}") for f in new]
         grown = index.copy()
@@ -147,6 +154,16 @@ class Refresher:
             grown.add_shard(shard)
         stable, changes = renumber(tree, self.build_tree(grown))
         return _Update(grown, stable, changes, len(shards), frozenset(f.name for f in new), tags)
+
+    def _may_have_new_shards(self, server: ObjectSource) -> bool:
+        """False when a listing of the store's shards alone (a bucket's, a directory's) names none this mount
+        lacks: xorbs a push added are read only once a shard names them, so the whole listing can wait.
+        True where the source cannot list (HTTP: ``listing_if_changed`` asks the listing's tag)."""
+        listed = server.list(self.store.shard_prefix())
+        if listed is None:
+            return True
+        names = (name.rsplit("/", 1)[-1] for name, _, _ in listed)
+        return any(SHARD_NAME.fullmatch(n) and n not in self._indexed for n in names)
 
 
 class RefreshTarget(Protocol):

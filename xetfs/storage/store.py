@@ -149,6 +149,10 @@ class Store:
         base = f"{self._root}/shards" if self._root else "shards"
         return [ShardFile(name, Path(base, name)) for name in self._shards]
 
+    def shard_prefix(self) -> str:
+        """Where the store's shards are, as a prefix of object names (``.../shards/``)."""
+        return f"{self._root}/shards/" if self._root else "shards/"
+
     def read_shard(self, shard: ShardFile) -> bytes:
         """A shard's bytes; refuses one too large or without the shard magic."""
         data = self.source.read(shard.path.as_posix(), limit=MAX_SHARD_BYTES)
