@@ -158,7 +158,10 @@ class Refresher:
     def _may_have_new_shards(self, server: ObjectSource) -> bool:
         """False when a listing of the store's shards alone (a bucket's, a directory's) names none this mount
         lacks: xorbs a push added are read only once a shard names them, so the whole listing can wait.
-        True where the source cannot list (HTTP: ``listing_if_changed`` asks the listing's tag)."""
+        True where the source cannot list (HTTP: ``listing_if_changed`` asks the listing's tag), and for a store
+        with no shard yet (where its shards will lie is not known)."""
+        if not self._indexed:
+            return True
         listed = server.list(self.store.shard_prefix())
         if listed is None:
             return True
