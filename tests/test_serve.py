@@ -277,6 +277,34 @@ def test_errors_carry_the_hub_codes(packed: Packed, server: Server) -> None:
         assert h["cache-control"] == "no-store"
 
 
+def test_a_dataset_is_browsed_without_a_download(packed: Packed, server: Server) -> None:
+    """What a data engineer asks without downloading: refs, paths info, file metadata, and HfFileSystem under
+    pyarrow and duckdb (duckdb asks each file's time: ``paths-info`` with ``expand``)."""
+    got, _ = clients(server, "browse")
+    c1, c2, c3 = packed.spec.model_commits
+    assert got["refs"] == {"branches": [["main", c3], ["v1.0", c1]], "pull_requests": [["refs/pr/1", c2]]}, got["refs"]
+    assert got["paths_info"] == [["RepoFile", "data/train.parquet", 300_000], ["RepoFolder", "data", None]]
+    commit = packed.spec.dataset_commit
+    for name, (size, blob_id, lfs) in got["siblings"].items():
+        data = packed.original(DATASET, commit, name)
+        assert size == len(data), name
+        if name.endswith(".parquet"):
+            assert lfs == sha(data) and blob_id != lfs
+        else:
+            assert lfs is None and blob_id == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    assert got["ls"] == [f"datasets/{DATASET}/data/train.csv", f"datasets/{DATASET}/data/train.parquet"]
+    assert got["modified"].startswith("20")
+    rows = packed.original(DATASET, commit, "data/train.csv").decode().splitlines()
+    assert got["pyarrow_rows"] == len(rows) == 2000
+    assert got["duckdb"] == [2000, sum(int(r.split(",")[0]) for r in rows)]
+    status, _, body = request(server, "GET", f"/api/models/{MODEL}/commits/main")
+    assert status == 404 and b"xetfs serve does not answer this" in body, body
+    assert request(server, "POST", f"/api/models/{MODEL}/tree/main")[0] == 405
+    assert request(server, "GET", f"/api/models/{MODEL}/paths-info/main")[0] == 405
+    status, _, body = request(server, "GET", "/api/models/acme/no-such-model/refs")
+    assert status == 404 and b"Repository not found" in body, body
+
+
 def test_tree_listing_is_paginated(packed: Packed, server: Server) -> None:
     c1 = packed.spec.model_commits[0]
     entries: list[dict[str, Any]] = []

@@ -11,6 +11,10 @@ are relative to the cache; digests are sha256.
   missing repo, revision and file.
 * ``get REPO_TYPE REPO FILE REVISION``: one ``hf_hub_download``, its digest
   or its error.
+* ``browse``: what a data engineer asks of a dataset without downloading
+  it: ``list_repo_refs``, ``get_paths_info``, ``dataset_info`` with file
+  metadata, and ``HfFileSystem`` (``ls``, ``modified``, ``open``) under
+  pyarrow and duckdb.
 """
 
 from __future__ import annotations
@@ -91,6 +95,36 @@ def scenario_all(commit: str) -> dict[str, Any]:
     return report
 
 
+def scenario_browse() -> dict[str, Any]:
+    import duckdb
+    import pyarrow.csv
+    from huggingface_hub import HfApi, HfFileSystem
+
+    api, fs = HfApi(), HfFileSystem()
+    refs = api.list_repo_refs(MODEL, include_pull_requests=True)
+    report: dict[str, Any] = {
+        "refs": {
+            "branches": sorted((b.name, b.target_commit) for b in refs.branches),
+            "pull_requests": sorted((b.name, b.target_commit) for b in refs.pull_requests or []),
+        }
+    }
+    info = api.get_paths_info(DATASET, ["data", "data/train.parquet", "no/such/file"], repo_type="dataset")
+    report["paths_info"] = sorted([type(e).__name__, e.path, getattr(e, "size", None)] for e in info)
+    siblings = api.dataset_info(DATASET, files_metadata=True).siblings or []
+    report["siblings"] = {s.rfilename: [s.size, s.blob_id, s.lfs.sha256 if s.lfs else None] for s in siblings}
+    csv = f"datasets/{DATASET}/data/train.csv"  # (the test cache's parquet file is random bytes)
+    report["ls"] = sorted(map(str, fs.ls(f"datasets/{DATASET}/data", detail=False)))
+    report["modified"] = fs.modified(csv).isoformat()
+    with fs.open(csv, "rb") as f:
+        options = pyarrow.csv.ReadOptions(autogenerate_column_names=True)
+        report["pyarrow_rows"] = pyarrow.csv.read_csv(f, read_options=options).num_rows
+    con = duckdb.connect()
+    con.register_filesystem(fs)
+    rows = con.sql(f"SELECT count(*), sum(column0) FROM read_csv('hf://{csv}', header = false)").fetchall()
+    report["duckdb"] = list(rows[0])
+    return report
+
+
 def scenario_get(repo_type: str, repo: str, name: str, revision: str) -> dict[str, Any]:
     from huggingface_hub import hf_hub_download
 
@@ -103,7 +137,7 @@ def scenario_get(repo_type: str, repo: str, name: str, revision: str) -> dict[st
 
 def main() -> None:
     name, *args = sys.argv[1:]
-    report = scenario_all(*args) if name == "all" else scenario_get(*args)
+    report = scenario_all(*args) if name == "all" else scenario_browse() if name == "browse" else scenario_get(*args)
     json.dump(report, sys.stdout, indent=1, sort_keys=True)
 
 

@@ -35,10 +35,13 @@ def print_error(message: str) -> None:
 
 
 class UserFormatter(logging.Formatter):
-    """Log records as ``xetfs: LEVEL: message`` with the level in lower case, as ``print_warning`` writes them."""
+    """Log records as ``xetfs: LEVEL: message`` with the level in lower case, as ``print_warning`` writes them;
+    with ``stamped``, after the time and process id (a long-running server of several processes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, stamped: bool = False) -> None:
         super().__init__("%(message)s")
+        self.stamped = stamped
 
     def format(self, record: logging.LogRecord) -> str:
-        return f"xetfs: {record.levelname.lower()}: {super().format(record)}"
+        line = f"xetfs: {record.levelname.lower()}: {super().format(record)}"
+        return f"{self.formatTime(record)} [{record.process}] {line}" if self.stamped else line

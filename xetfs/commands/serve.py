@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 from xetfs.base import settings
 from xetfs.base.errors import XetfsError
 from xetfs.base.malloc import keep_freed_memory
-from xetfs.base.messages import plural
+from xetfs.base.messages import UserFormatter, plural
 
 DESCRIPTION = """\
 Serve a store as an offline Hugging Face endpoint.  Point HF_ENDPOINT at the
@@ -105,6 +106,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from xetfs.serve.processes import listen, run_workers
     from xetfs.serve.signing import Signer, load_key
 
+    for handler in logging.getLogger().handlers:  # a server's log: each line with its time and process
+        handler.setFormatter(UserFormatter(stamped=True))
     if min(args.token_ttl, args.url_ttl) < 10 or min(args.tree_page_size, args.checks, args.max_fetch,
                                                       args.workers) < 1:  # fmt: skip
         raise UsageError("--token-ttl and --url-ttl: at least 10; --tree-page-size, --checks, --max-fetch, "
@@ -131,8 +134,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         async def started() -> None:
             if worker == 0:
                 snap = await contents.snapshot()
-                print(f"xetfs: serving {len(snap.catalogue.repos)} repos, {len(snap.index)} files at {where}",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                print(f"xetfs: serving {plural(len(snap.catalogue.repos), 'repo')}, {plural(len(snap.index), 'file')} "
+                      f"at {where}", file=sys.stderr, flush=True)  # fmt: skip
             ready()
 
         serve_on(sock, State(settings, contents, signer, tokens), started=started)

@@ -45,7 +45,7 @@ def build_app(state: State) -> ASGIApp:
         Route("/v2/reconstructions/{file_id}", cas.reconstruction_route, methods=["GET"]),
         Route("/v1/telemetry", cas.telemetry, methods=["POST"]),
         Route("/xorbs/{xorb}/{chunks}", cas.xorb_range, methods=["GET"]),
-        Route("/api/{rest:path}", hubapi.api, methods=["GET"]),
+        Route("/api/{rest:path}", hubapi.api, methods=["GET", "POST"]),
         Route("/{rest:path}", hubapi.resolve, methods=["GET", "HEAD"]),
     ]
     app = Starlette(routes=routes)

@@ -49,6 +49,27 @@ class File:
         return entry
 
 
+def sibling(file: File | None) -> dict[str, object]:
+    """A file in a repo's revision info with ``blobs`` (``RepoSibling`` in huggingface_hub)."""
+    assert file is not None
+    out: dict[str, object] = {"rfilename": file.path, "size": file.content.size, "blobId": file.blob}
+    if file.is_lfs:
+        pointer = lfs_pointer(file.blob, file.content.size)
+        out["blobId"] = git_blob_id(pointer)
+        out["lfs"] = {"sha256": file.blob, "size": file.content.size, "pointerSize": len(pointer)}
+    return out
+
+
+def path_entry(repo: Repo, commit: str, path: str) -> dict[str, object] | None:
+    """The tree entry of ``path`` in the commit: a file's, a directory's, or None."""
+    file = find_file(repo, commit, path)
+    if file is not None:
+        return file.tree_entry()
+    if path and is_directory(repo, commit, path):
+        return {"type": "directory", "path": path, "oid": folder_id(path, commit), "size": 0}
+    return None
+
+
 def lfs_pointer(sha256: str, size: int) -> bytes:
     """The git-lfs pointer file of an LFS object."""
     return f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\nsize {size}\n".encode()

@@ -11,10 +11,15 @@ id is one segment (``gpt2``) or two (``org/name``).
   so clients with hf_xet download it from the CAS routes; a file named by a
   git sha1 is a regular file and goes as a plain body.
 * ``GET /api/{types}/{repo}[/revision/{revision}]``: the repo at a revision
-  (``sha``, ``siblings``).
+  (``sha``, ``siblings``; with ``?blobs=true`` each sibling's size, blob id
+  and LFS object).
 * ``GET /api/{types}/{repo}/tree/{revision}[/{path}]``: the listing, paginated
   with ``Link: <...>; rel="next"`` (the cursor is the last path sent, so any
   process can answer the next page).
+* ``POST /api/{types}/{repo}/paths-info/{revision}``: the tree entries of the
+  paths in the form field ``paths`` (``HfApi.get_paths_info``, and
+  ``HfFileSystem`` for a file's time); paths that are not there are left out.
+* ``GET /api/{types}/{repo}/refs``: the branches (the catalogue's refs).
 * ``GET /api/{types}/{repo}/xet-read-token/{revision}``: a Xet access token,
   as headers (huggingface_hub) and as JSON (hf_xet's refresh).
 """
@@ -22,9 +27,12 @@ id is one segment (``gpt2``) or two (``org/name``).
 from __future__ import annotations
 
 import base64
+import json
 import logging
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -39,7 +47,8 @@ from xetfs.storage.index import FileEntry
 log = logging.getLogger("xetfs.serve")
 
 BLOCK = 8 * 1024 * 1024  # bytes read from the store per step of a plain download
-_API_ACTIONS = ("revision", "tree", "xet-read-token")
+_API_ACTIONS = ("revision", "tree", "xet-read-token", "paths-info", "refs")
+NOT_SERVED = "xetfs serve does not answer this (it serves downloads, listings and revision info)"
 
 
 def _split_repo(parts: list[str], actions: tuple[str, ...]) -> tuple[str, str, list[str]] | None:
@@ -176,19 +185,23 @@ async def api(request: Request) -> Response:
     parts = segments(request)[1:]  # after "api"
     repo_type = hub.API_TYPES.get(parts[0]) if parts else None
     if repo_type is None:
-        return error(404, None, "Not found")
+        return error(404, None, NOT_SERVED)
     parts = parts[1:]
     split = _split_repo(parts, _API_ACTIONS)
     if split is None:
         if 1 <= len(parts) <= 2 and all(parts):  # GET /api/models/{repo}: the default branch
             split = ("/".join(parts), "revision", ["main"])
         else:
-            return error(404, None, "Not found")
+            return error(404, None, NOT_SERVED)
     repo_id, action, rest = split
+    if (request.method == "POST") != (action == "paths-info"):
+        return error(405, None, f"{request.method} is not answered here")
     if not state.user_allowed(request):
         return unauthorized()
+    if action == "refs" and not rest:
+        return await _refs(request, state, repo_type, repo_id)
     if not rest or not rest[0]:
-        return error(404, None, "Not found")
+        return error(404, None, NOT_SERVED)
     if action == "xet-read-token":
         return await _xet_token(state, repo_type, repo_id, "/".join(rest))
     found = await _lookup(state, repo_type, repo_id, rest[0])
@@ -196,15 +209,61 @@ async def api(request: Request) -> Response:
         return found
     immutable = rest[0] == found.commit
     if action == "revision":
-        return _revision_info(state, found.repo, found.commit, immutable)
+        blobs = request.query_params.get("blobs", "").lower() in ("1", "true")
+        return _revision_info(state, found.repo, found.commit, immutable, blobs=blobs)
+    if action == "paths-info":
+        return await _paths_info(request, state, found, immutable)
+    if action == "refs":
+        return error(404, None, NOT_SERVED)
     return _tree(request, state, found.repo, found.commit, "/".join(rest[1:]), immutable)
 
 
-def _revision_info(state: State, repo: Repo, commit: str, immutable: bool) -> Response:
+def _revision_info(state: State, repo: Repo, commit: str, immutable: bool, *, blobs: bool = False) -> Response:
     files = sorted(repo.revisions[commit].files)
+    siblings = [hub.sibling(hub.find_file(repo, commit, p)) if blobs else {"rfilename": p} for p in files]
     doc = {"_id": f"{repo.type}/{repo.id}", "id": repo.id, "sha": commit, "private": False, "gated": False,
-           "disabled": False, "siblings": [{"rfilename": p} for p in files]}  # fmt: skip
+           "disabled": False, "siblings": siblings}  # fmt: skip
     return JSONResponse(doc, headers={"Cache-Control": state.cache_control(immutable)})
+
+
+async def _paths_info(request: Request, state: State, found: _Lookup, immutable: bool) -> Response:
+    """The tree entries of the paths asked for (a form, as huggingface_hub sends it, or JSON).  With ``expand``,
+    each has its ``lastCommit``: the commit, dated when the store last changed (it keeps no commit dates;
+    ``HfFileSystem.modified``, which duckdb asks, needs one)."""
+    body = await request.body()
+    try:
+        if request.headers.get("content-type", "").startswith("application/json"):
+            form = json.loads(body)
+            asked, expand = form.get("paths", []), str(form.get("expand", ""))
+            asked = [asked] if isinstance(asked, str) else asked
+        else:
+            form = urllib.parse.parse_qs(body.decode(), keep_blank_values=True)
+            asked, expand = form.get("paths", []), (form.get("expand") or [""])[0]
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return error(400, None, "paths-info: a form or JSON object with 'paths' was expected")
+    repo, commit = found.repo, found.commit
+    entries = [e for p in dict.fromkeys(str(p).strip("/") for p in asked) if (e := hub.path_entry(repo, commit, p))]
+    if expand.lower() in ("1", "true"):
+        date = datetime.fromtimestamp(found.snap.store.mtime, UTC).isoformat().replace("+00:00", "Z")
+        for entry in entries:
+            entry["lastCommit"] = {"id": commit, "title": "", "date": date}
+    return JSONResponse(entries, headers={"Cache-Control": state.cache_control(immutable)})
+
+
+async def _refs(request: Request, state: State, repo_type: str, repo_id: str) -> Response:
+    """The repo's branches and pull requests (``HfApi.list_repo_refs``): the catalogue's refs."""
+    snap = await state.contents.snapshot()
+    repo = snap.catalogue.repo(repo_type, repo_id)
+    if repo is None:
+        return error(404, "RepoNotFound", f"Repository not found: {repo_type} {repo_id}")
+    refs = sorted(repo.refs.items())
+    pull = [(n, c) for n, c in refs if n.startswith(("pr/", "refs/pr/"))]  # (the cache names them refs/pr/N)
+    branches = [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c} for n, c in refs if (n, c) not in pull]
+    doc: dict[str, object] = {"branches": branches, "tags": [], "converts": []}
+    if request.query_params.get("include_prs", "").lower() in ("1", "true"):
+        doc["pullRequests"] = [{"name": n, "ref": n if n.startswith("refs/") else f"refs/{n}", "targetCommit": c}
+                               for n, c in pull]  # fmt: skip
+    return JSONResponse(doc, headers={"Cache-Control": state.cache_control(False)})
 
 
 def _tree(request: Request, state: State, repo: Repo, commit: str, path: str, immutable: bool) -> Response:

@@ -100,8 +100,8 @@ def _listing_file(source: ObjectSource) -> Listing:
         data = source.read(LISTING_NAME, limit=MAX_LISTING_BYTES, fresh=True)
     except MissingObjectError:
         raise StoreError(
-            f"store {source.location}: no {LISTING_NAME} (an HTTP server cannot list directories: "
-            f"run 'xetfs publish DIR' on the store directory before serving it)"
+            f"store {source.location}: no {LISTING_NAME} there: is the URL mistyped? (an HTTP server cannot "
+            f"list directories: a store it serves needs its listing, which 'xetfs publish DIR' writes)"
         ) from None
     return Listing.parse(data, where=f"{source.location}/{LISTING_NAME}")
 
