@@ -19,14 +19,16 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from helpers import hub_cache, servers
 from helpers.hub import Imported, xetfs
-from helpers.mounting import Mount, mounted
+from helpers.mounting import Mount, mounted, wait_until
 from helpers.oracle import hf_xet_env
 
+from xetfs.base.settings import TAG_SETTLE_SECONDS
 from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.layout import LISTING_NAME
 from xetfs.storage.manifest import MANIFEST_NAME
@@ -80,6 +82,13 @@ def _new_revision(imported: Imported, push_to: Path | None = None) -> str:
     if push_to is not None:
         _push(imported, push_to)
     return commit
+
+
+def _settled(top: Path) -> None:
+    """Date a served directory's files well in the past: their tags are trusted at once (``TAG_SETTLE_SECONDS``)."""
+    past = time.time() - 60
+    for path in [top, *top.rglob("*")]:
+        os.utime(path, (past, past))
 
 
 def _refresh(m: Mount) -> subprocess.CompletedProcess[str]:
@@ -153,7 +162,6 @@ def test_refresh_every_loads_a_new_pack_by_itself(imported: Imported) -> None:
     with mounted(imported.store, "--refresh-every", "0.2") as m:
         folder = m.path / "models--acme--tiny-bert"
         commit = _new_revision(imported)
-        from helpers.mounting import wait_until
 
         wait_until(lambda: (folder / "refs" / "main").read_text() == commit, 20, "the periodic refresh")
         assert (folder / "snapshots" / commit / "extra.txt").read_text() == "added in revision 4\n"
@@ -182,6 +190,7 @@ def test_a_refresh_that_finds_nothing_new_reads_no_catalogue_and_sees_a_moved_br
     their tags (HEAD); one whose catalogue moved a branch, with no new shard, still builds the tree again."""
     served = imported.tmp / "served"
     _push(imported, served)
+    _settled(served)
     with servers.nginx(served) as web, mounted(web.url, "--cache-dir", str(imported.tmp / "disk-cache")) as m:
         ref = m.path / "models--acme--tiny-bert" / "refs" / "main"
         first = _refresh(m)  # (the first refresh has nothing to compare with: it reads them)
@@ -198,11 +207,11 @@ def test_a_refresh_that_finds_nothing_new_reads_no_catalogue_and_sees_a_moved_br
         # main moves back to an older commit: the catalogue changes, no shard is added
         older = imported.spec.model_commits[0]
         assert ref.read_text() != older
-        doc = json.loads((served / CATALOGUE_NAME).read_bytes())
-        for repo in doc["repos"]:
-            if repo["id"] == hub_cache.MODEL:
-                repo["refs"]["main"] = older
-        (served / CATALOGUE_NAME).write_text(json.dumps(doc))
+        data = (served / CATALOGUE_NAME).read_bytes()  # (the same size: only a commit id changes)
+        current = imported.spec.model_commits[-1]
+        moved_main = re.sub(rb'("main":\s*")' + current.encode(), rb"\g<1>" + older.encode(), data, count=1)
+        assert len(moved_main) == len(data) and moved_main != data
+        (served / CATALOGUE_NAME).write_bytes(moved_main)
         moved = _refresh(m)
         assert moved.returncode == 0 and "no change" not in moved.stderr, moved.stderr
         assert ref.read_text() == older
@@ -223,6 +232,8 @@ def test_a_refresh_of_a_bucket_that_finds_nothing_new_lists_only_its_shards(
         pushed = subprocess.run([sys.executable, "-m", "xetfs", "push", str(imported.store), url, "--no-progress"],
                                 capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
         assert pushed.returncode == 0, pushed.stderr
+        settled = time.time() + TAG_SETTLE_SECONDS  # (the objects' times count seconds: a tag is trusted after it)
+        wait_until(lambda: time.time() > settled, 2 * TAG_SETTLE_SECONDS, "the bucket's objects to settle")
 
         def lists() -> list[str]:
             log = s3.log.read_text(errors="replace") if s3.log else ""

@@ -300,6 +300,12 @@ def test_a_dataset_is_browsed_without_a_download(packed: Packed, server: Server)
     status, _, body = request(server, "GET", f"/api/models/{MODEL}/commits/main")
     assert status == 404 and b"xetfs serve does not answer this" in body, body
     assert request(server, "POST", f"/api/models/{MODEL}/tree/main")[0] == 405
+    for body in (b'{"paths": 5}', json.dumps({"paths": ["a"] * 1001}).encode()):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request("POST", f"/api/models/{MODEL}/paths-info/main", body, {"Content-Type": "application/json"})
+        answer = conn.getresponse()
+        assert answer.status == 400 and b"at most 1000" in answer.read()
+        conn.close()
     assert request(server, "GET", f"/api/models/{MODEL}/paths-info/main")[0] == 405
     status, _, body = request(server, "GET", "/api/models/acme/no-such-model/refs")
     assert status == 404 and b"Repository not found" in body, body
@@ -524,6 +530,9 @@ def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(pac
     (cache / model_dir / "refs" / "main").write_text(old)
     store = tmp_path / "store"
     pack(tmp_path, cache, store)
+    past = time.time() - 60  # (dated in the past: the catalogue's tag is trusted at once, ``TAG_SETTLE_SECONDS``)
+    for path in [store, *store.rglob("*")]:
+        os.utime(path, (past, past))
 
     def main_commits(at: Server) -> set[str]:  # (several requests: either process may answer)
         return {json.loads(request(at, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] for _ in range(20)}

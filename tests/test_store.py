@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,37 @@ def test_the_listing_leaves_out_what_hf_xet_keeps_for_itself(tmp_path: Path) -> 
     after = dict(DirSource.open(tmp_path / "store").listing().objects)
     assert after == {**before, "README.md": 4}
     assert {f"xet/xorbs/xorbs/{xorb.name}", f"xet/xorbs/shards/{shard.name}"} <= set(after)
+
+
+def test_an_empty_store_learns_where_its_shards_are_from_a_later_listing(tmp_path: Path) -> None:
+    """An empty store (in a bucket: its listing alone) knows no root; the first listing with shards says where
+    they are, so a refresh after a push in hf_xet's layout finds them."""
+    from xetfs.storage.dirsource import DirSource
+    from xetfs.storage.layout import Listing
+
+    tmp_path.joinpath("shards").mkdir()
+    store = Store(DirSource(tmp_path, tmp_path), Listing((("xetfs-listing.json", 40),)))
+    shard, xorb = "a" * 64 + ".mdb", "b" * 64
+    new = store.add(Listing(((f"xet/xorbs/shards/{shard}", 500), (f"xet/xorbs/xorbs/default.{xorb}", 9000)), 5.0))
+    assert [s.name for s in new] == [shard] and store.shard_prefix() == "xet/xorbs/shards/"
+    assert list(store.xorb_hashes()) == [bytes.fromhex(xorb)] and store.mtime == 5.0
+
+
+def test_a_tag_is_trusted_once_the_object_has_settled_and_the_listing_dates_the_last_change(tmp_path: Path) -> None:
+    from xetfs.base.settings import TAG_SETTLE_SECONDS
+    from xetfs.storage.dirsource import DirSource
+
+    b = StoreBuilder(tmp_path / "store")
+    b.add_file(random.Random(7).randbytes(3000), chunk_size=1000)
+    b.finish()
+    top = tmp_path / "store"
+    source = DirSource.open(top)
+    (top / "meta.json").write_text("{}")
+    assert source.tag("meta.json") != source.tag("meta.json")  # just written: it may change again unseen
+    past = time.time() - 10 * TAG_SETTLE_SECONDS
+    for path in [top, *top.rglob("*")]:
+        os.utime(path, (past, past))
+    assert source.tag("meta.json") == source.tag("meta.json") and source.tag("absent.json") is None
+    assert source.listing().mtime == past
+    (top / "new.json").write_text("{}")  # a file pack renames into the top: the store changed now
+    assert source.listing().mtime > past + 5 * TAG_SETTLE_SECONDS

@@ -117,6 +117,9 @@ DOWN_SECONDS = 2.0  # a store that failed is not asked again for this long
 FAILED_READS_KEPT = 16  # per file: reads the store failed, failed again at once for DOWN_SECONDS when asked again
 FIRST_BACKOFF = 0.05
 MAX_BACKOFF = 1.0
+# An object changed less than this long ago may change again within its time's resolution (a server's ETag and
+# Last-Modified count seconds), keeping its size: its tag (``ObjectSource.tag``) is not trusted, so it is read.
+TAG_SETTLE_SECONDS = 2.0
 
 # -- the commands ------------------------------------------------------------------------------
 CAT_BLOCK = 8 * MiB  # xetfs cat: bytes read per step

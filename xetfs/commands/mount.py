@@ -275,7 +275,7 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         raise XetfsError(f"{mountpoint}: refresh failed, the mount is as it was: {doc['refresh_error']}")
     files = r["files_added"] - before["refresh"]["files_added"]
     shards = r["shards_added"] - before["refresh"]["shards_added"]
-    if r.get("unchanged", 0) > before["refresh"].get("unchanged", 0):
+    if r.get("unchanged", 0) > before["refresh"].get("unchanged", 0) and shards == files == 0:
         print(f"refreshed {mountpoint}: no change", file=sys.stderr)
         return 0
     print(f"refreshed {mountpoint}: {plural(shards, 'new shard')}, {plural(files, 'new file')}", file=sys.stderr)

@@ -165,8 +165,9 @@ class Refresher:
         listed = server.list(self.store.shard_prefix())
         if listed is None:
             return True
-        names = (name.rsplit("/", 1)[-1] for name, _, _ in listed)
-        return any(SHARD_NAME.fullmatch(n) and n not in self._indexed for n in names)
+        prefix = self.store.shard_prefix()
+        names = (name[len(prefix) :] for name, _, _ in listed if name.startswith(prefix))
+        return any(SHARD_NAME.fullmatch(n) and n not in self._indexed for n in names)  # (in shards/ itself)
 
 
 class RefreshTarget(Protocol):

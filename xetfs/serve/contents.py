@@ -145,8 +145,9 @@ class Contents:
         signature = self._local_signature()
         store = self._open_store(self.location)
         index = load_index(store).index
+        tag = None
         if self._remote:
-            self._catalogue_tag = self._tag(store)  # (taken first: a change after it is seen by the next look)
+            tag = self._tag(store)  # (taken first: a change after it is seen by the next look)
             data = self._remote_catalogue(store)
             signature = _digest(data)
             catalogue = (
@@ -156,7 +157,7 @@ class Contents:
             catalogue = store_catalogue(store) or Catalogue()
         for warning in catalogue.warnings:
             log.warning("catalogue: %s", warning)
-        self._signature = signature
+        self._signature, self._catalogue_tag = signature, tag  # (only for a load that succeeded)
         self._known = max(self._known, started)
         return _Loaded(store, index, catalogue)
 

@@ -49,6 +49,8 @@ log = logging.getLogger("xetfs.serve")
 BLOCK = 8 * 1024 * 1024  # bytes read from the store per step of a plain download
 _API_ACTIONS = ("revision", "tree", "xet-read-token", "paths-info", "refs")
 NOT_SERVED = "xetfs serve does not answer this (it serves downloads, listings and revision info)"
+PATHS_INFO_MAX = 1000  # paths one paths-info request may ask for (the Hub's bound)
+PATHS_INFO_BYTES = 1 << 20  # and the size of its body
 
 
 def _split_repo(parts: list[str], actions: tuple[str, ...]) -> tuple[str, str, list[str]] | None:
@@ -194,10 +196,11 @@ async def api(request: Request) -> Response:
         else:
             return error(404, None, NOT_SERVED)
     repo_id, action, rest = split
-    if (request.method == "POST") != (action == "paths-info"):
-        return error(405, None, f"{request.method} is not answered here")
     if not state.user_allowed(request):
         return unauthorized()
+    if (request.method == "POST") != (action == "paths-info"):
+        allow = "POST" if action == "paths-info" else "GET"
+        return error(405, None, f"{request.method} is not answered here", {"Allow": allow})
     if action == "refs" and not rest:
         return await _refs(request, state, repo_type, repo_id)
     if not rest or not rest[0]:
@@ -230,7 +233,12 @@ async def _paths_info(request: Request, state: State, found: _Lookup, immutable:
     """The tree entries of the paths asked for (a form, as huggingface_hub sends it, or JSON).  With ``expand``,
     each has its ``lastCommit``: the commit, dated when the store last changed (it keeps no commit dates;
     ``HfFileSystem.modified``, which duckdb asks, needs one)."""
-    body = await request.body()
+    wrong = error(400, None, f"paths-info: a form or JSON object with 'paths', at most {PATHS_INFO_MAX} of them")
+    body = b""
+    async for part in request.stream():
+        body += part
+        if len(body) > PATHS_INFO_BYTES:
+            return wrong
     try:
         if request.headers.get("content-type", "").startswith("application/json"):
             form = json.loads(body)
@@ -240,11 +248,13 @@ async def _paths_info(request: Request, state: State, found: _Lookup, immutable:
             form = urllib.parse.parse_qs(body.decode(), keep_blank_values=True)
             asked, expand = form.get("paths", []), (form.get("expand") or [""])[0]
     except (ValueError, AttributeError, UnicodeDecodeError):
-        return error(400, None, "paths-info: a form or JSON object with 'paths' was expected")
+        return wrong
+    if not isinstance(asked, list) or len(asked) > PATHS_INFO_MAX or not all(isinstance(p, str) for p in asked):
+        return wrong
     repo, commit = found.repo, found.commit
-    entries = [e for p in dict.fromkeys(str(p).strip("/") for p in asked) if (e := hub.path_entry(repo, commit, p))]
+    entries = [e for p in dict.fromkeys(p.strip("/") for p in asked) if (e := hub.path_entry(repo, commit, p))]
     if expand.lower() in ("1", "true"):
-        date = datetime.fromtimestamp(found.snap.store.mtime, UTC).isoformat().replace("+00:00", "Z")
+        date = datetime.fromtimestamp(found.snap.store.mtime, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         for entry in entries:
             entry["lastCommit"] = {"id": commit, "title": "", "date": date}
     return JSONResponse(entries, headers={"Cache-Control": state.cache_control(immutable)})

@@ -9,12 +9,14 @@ the store and its decode workers read local xorbs with ``pread`` and
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xetfs.base.errors import MissingObjectError, StoreError
+from xetfs.base.settings import TAG_SETTLE_SECONDS
 from xetfs.storage.layout import HF_XET_OWN, SHARD_NAME, XORB_NAME, Listing, find_root, store_top
-from xetfs.storage.objects import RemoteOptions, scatter
+from xetfs.storage.objects import RemoteOptions, scatter, untagged
 
 
 class DirSource:
@@ -46,7 +48,8 @@ class DirSource:
             objects += self._files(directory, lambda name: not HF_XET_OWN.fullmatch(name))
         objects += self._files(self.root / "shards", SHARD_NAME.fullmatch)
         objects += self._files(self.root / "xorbs", XORB_NAME.fullmatch)
-        return Listing(tuple(objects), self.root.stat().st_mtime)
+        # When the store last changed: pack adds shards, and renames its files into these directories.
+        return Listing(tuple(objects), max(_mtime(d) for d in (*dirs, self.root / "shards")))
 
     def _files(self, directory: Path, wanted: Callable[[str], object]) -> list[tuple[str, int]]:
         out = []
@@ -113,9 +116,22 @@ class DirSource:
             return None
         except OSError as exc:
             raise StoreError(f"{self.top / name}: cannot stat: {exc.strerror}") from None
+        if abs(time.time() - st.st_mtime) < TAG_SETTLE_SECONDS:
+            return untagged()
         return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}"
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
-        """The objects of ``listing`` under ``prefix`` (their times: the directory's)."""
+        """The objects of ``listing`` under ``prefix`` (their times: the listing's); the shards directory's
+        prefix scans that directory alone."""
+        shards = self.root / "shards"
+        if prefix and self.top / prefix.rstrip("/") == shards:
+            return [(name, size, _mtime(shards)) for name, size in self._files(shards, SHARD_NAME.fullmatch)]
         listing = self.listing()
         return [(name, size, listing.mtime) for name, size in listing.objects if name.startswith(prefix)]
+
+
+def _mtime(directory: Path) -> float:
+    try:
+        return directory.stat().st_mtime
+    except OSError:
+        return 0.0

@@ -45,6 +45,7 @@ from xetfs.base.settings import (
     IOV_MAX,
     MAX_BACKOFF,
     REQUEST_TIMEOUT,
+    TAG_SETTLE_SECONDS,
 )
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.chunk import Buffer
@@ -299,8 +300,11 @@ class ObstoreSource:
         except ServerUnreachableError:
             raise
         except StoreError:  # a server that refuses HEAD (405, say): a tag that never matches, so it is read
-            return f"untagged {time.monotonic_ns()}"
-        return f"{meta.get('e_tag')} {meta['size']} {meta['last_modified'].timestamp()}"
+            return untagged()
+        modified = meta["last_modified"].timestamp()
+        if (not meta.get("e_tag") and modified <= 0) or abs(time.time() - modified) < TAG_SETTLE_SECONDS:
+            return untagged()  # (no validator at all, or changed so lately that it may change unseen)
+        return f"{meta.get('e_tag')} {meta['size']} {modified}"
 
     # -- retries, deadlines, health ------------------------------------------
 
@@ -400,6 +404,11 @@ class ObstoreSource:
 
     def _message(self, exc: BaseException) -> str:
         return client_message(exc, self._secrets)
+
+
+def untagged() -> str:
+    """A tag that matches no other (``ObjectSource.tag`` for an object it cannot vouch for): it is read."""
+    return f"untagged {time.monotonic_ns()} {random.random()}"
 
 
 def client_message(exc: BaseException, secrets: list[str]) -> str:

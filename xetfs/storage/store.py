@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -94,19 +94,25 @@ class Store:
         self.source = source
         self.chunks = chunks
         self.mtime = listing.mtime
-        self._root = root = listing.root()
-        base = f"{root}/" if root else ""
+        self._root = listing.root()
         self._objects = dict(listing.objects)
-        shard_dir = base + "shards/"
-        self._shards = sorted(n[len(shard_dir) :] for n in self._objects
-                              if n.startswith(shard_dir) and SHARD_NAME.fullmatch(n[len(shard_dir) :]))  # fmt: skip
+        self._shards: list[str] = []
         self._xorbs: dict[bytes, tuple[str, int]] = {}
-        for name, size in self._objects.items():
+        self._take(self._objects.items())
+        self._files: dict[str, int] = {}  # open xorb descriptors by path (``xorb_fd``)
+        self._lock = threading.Lock()
+
+    def _take(self, objects: Iterable[tuple[str, int]]) -> None:
+        """Know the shards and xorbs among ``objects`` (those under the store's root)."""
+        base = f"{self._root}/" if self._root else ""
+        shard_dir = base + "shards/"
+        objects = list(objects)
+        names = [n[len(shard_dir) :] for n, _ in objects if n.startswith(shard_dir)]
+        for name, size in objects:
             m = XORB_NAME.fullmatch(name[len(base) + 6 :]) if name.startswith(base + "xorbs/") else None
             if m:
                 self._xorbs.setdefault(hashes.from_hex(m.group(1)), (name, size))
-        self._files: dict[str, int] = {}  # open xorb descriptors by path (``xorb_fd``)
-        self._lock = threading.Lock()
+        self._shards = sorted({*self._shards, *(n for n in names if SHARD_NAME.fullmatch(n))})
 
     def add(self, listing: Listing) -> list[ShardFile]:
         """Take in the objects ``listing`` names that this store did not know (a store only grows: nothing is
@@ -115,14 +121,11 @@ class Store:
         new = [(name, size) for name, size in listing.objects if name not in self._objects]
         with self._lock:
             self._objects.update(new)
-            base = f"{self._root}/" if self._root else ""
-            for name, size in new:
-                m = XORB_NAME.fullmatch(name[len(base) + 6 :]) if name.startswith(base + "xorbs/") else None
-                if m:
-                    self._xorbs.setdefault(hashes.from_hex(m.group(1)), (name, size))
-            shard_dir = base + "shards/"
-            names = [n[len(shard_dir) :] for n, _ in new if n.startswith(shard_dir)]
-            self._shards = sorted({*self._shards, *(n for n in names if SHARD_NAME.fullmatch(n))})
+            self.mtime = max(self.mtime, listing.mtime)
+            if not self._shards and not self._xorbs:  # an empty store: where its shards lie is known only now
+                self._root = Listing(tuple(self._objects.items())).root()
+                new = list(self._objects.items())
+            self._take(new)
         return [s for s in self.shard_files() if s.name not in known]
 
     @classmethod
