@@ -59,7 +59,11 @@ def imported(tmp_path: Path) -> Imported:
 
 
 def _push(imported: Imported, target: Path) -> None:
-    pushed = subprocess.run([sys.executable, "-m", "xetfs", "push", str(imported.store), str(target), "--no-progress"],
+    _push_store(imported.store, target)
+
+
+def _push_store(store: Path, target: Path) -> None:
+    pushed = subprocess.run([sys.executable, "-m", "xetfs", "push", str(store), str(target), "--no-progress"],
                             capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
     assert pushed.returncode == 0, pushed.stderr
 
@@ -252,3 +256,22 @@ def test_a_refresh_of_a_bucket_that_finds_nothing_new_lists_only_its_shards(
             found = _refresh(m)
             assert found.returncode == 0 and "1 new shard" in found.stderr, found.stderr
             assert (m.path / "models--acme--tiny-bert" / "refs" / "main").read_text() == commit
+
+
+@fuse
+def test_an_empty_mirror_mounted_before_the_first_push_shows_it_after_a_refresh(imported: Imported) -> None:
+    """A mirror made empty (its listing alone, where shards will lie unknown), mounted, then pushed to in
+    hf_xet's layout: a refresh finds the shards and shows the repos."""
+    empty, served = imported.tmp / "empty", imported.tmp / "served"
+    (empty / "shards").mkdir(parents=True)
+    (empty / "xorbs").mkdir()
+    _push_store(empty, served)
+    with servers.nginx(served) as web, mounted(web.url, "--cache-dir", str(imported.tmp / "disk-cache")) as m:
+        assert os.listdir(m.path) == []
+        _push(imported, served)
+        done = _refresh(m)
+        assert done.returncode == 0 and "no change" not in done.stderr, done.stderr
+        weights = (
+            m.path / "models--acme--tiny-bert" / "snapshots" / imported.spec.model_commits[-1] / "model.safetensors"
+        )
+        assert weights.read_bytes() == (imported.spec.root / weights.relative_to(m.path)).read_bytes()
