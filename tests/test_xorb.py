@@ -8,6 +8,7 @@ import random
 import struct
 import tracemalloc
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -175,25 +176,21 @@ def test_chunk_at_and_range_size() -> None:
 
 @pytest.mark.parametrize("verify", [True, False])
 @pytest.mark.parametrize("footer", [True, False])
-def test_a_chunk_run_gives_each_chunk_spec(verify: bool, footer: bool) -> None:
+def test_a_chunk_run_gives_each_chunks_place_size_and_hash(verify: bool, footer: bool) -> None:
     chunks = _chunks(12, seed=4)
     built = writer.pack_xorb(chunks, [i % 3 for i in range(12)])
     layout = _parse(built.data) if footer else walk_headers(built.data[: built.phys_ends[-1]], where=W)
     for start, stop in [(0, 1), (0, 12), (3, 9), (11, 12)]:
         run = xorb.chunk_run(layout, start, stop, verify=verify)
         hashes = layout.chunk_hashes if verify else None
-        assert xorb.chunk_specs(layout, start, stop, verify=verify) == run.specs()
-        assert run.specs() == [
-            xorb.ChunkSpec(
-                i, layout.phys_start(i), layout.phys_ends[i], layout.chunk_size(i), hashes[i] if hashes else None
-            )
-            for i in range(start, stop)
-        ]
+        assert run.chunks() == stop - start and run.first == start
+        for k, i in enumerate(range(start, stop)):
+            assert (run.phys[k], run.phys[k + 1]) == (layout.phys_start(i), layout.phys_ends[i])
+            assert run.size(k) == layout.chunk_size(i) == run.sizes()[k]
+            assert run.expected(k) == (hashes[i] if hashes else None)
     for start, stop in [(-1, 2), (3, 2), (0, 13)]:
         with pytest.raises(IndexError):
             xorb.chunk_run(layout, start, stop, verify=verify)
-        with pytest.raises(IndexError):
-            xorb.chunk_specs(layout, start, stop, verify=verify)
 
 
 def test_check_in_place_decodes_a_compressed_payload_as_long_as_its_data() -> None:
@@ -204,12 +201,12 @@ def test_check_in_place_decodes_a_compressed_payload_as_long_as_its_data() -> No
     built = writer.pack_xorb(chunks, [0, 1, 0])
     layout = _parse(built.data)
     run = xorb.chunk_run(layout, 0, 3, verify=True)
-    specs = run.specs()
+    spans = list(pairwise(run.phys))  # each chunk's [header start, payload end)
     assert run.stored_raw_sized()
 
     def placed(data: bytes) -> tuple[bytes, memoryview]:
-        headers = b"".join(data[s.phys_start : s.phys_start + 8] for s in specs)
-        return headers, memoryview(bytearray(b"".join(data[s.phys_start + 8 : s.phys_end] for s in specs)))
+        headers = b"".join(data[a : a + 8] for a, _ in spans)
+        return headers, memoryview(bytearray(b"".join(data[a + 8 : b] for a, b in spans)))
 
     headers, out = placed(built.data)
     assert xorb.check_in_place(headers, run, out) and bytes(out) == b"".join(chunks)
@@ -218,7 +215,7 @@ def test_check_in_place_decodes_a_compressed_payload_as_long_as_its_data() -> No
     wrong = run._replace(hashes=run.hashes[:32] + bytes(32) + run.hashes[64:])
     assert not xorb.check_in_place(headers, wrong, out)
     short = bytearray(built.data)
-    short[specs[2].phys_start : specs[2].phys_start + 8] = writer.chunk_header(999, 0, 999)
+    short[spans[2][0] : spans[2][0] + 8] = writer.chunk_header(999, 0, 999)
     headers, out = placed(bytes(short))
     assert not xorb.check_in_place(headers, run, out)
 
@@ -437,8 +434,7 @@ def test_check_in_place_of_raw_chunks_checks_every_hash() -> None:
     built = writer.pack_xorb(chunks, [0] * 5)
     run = xorb.chunk_run(_parse(built.data), 0, 5, verify=True)
     assert run.stored_raw_sized() and run.hashes is not None
-    specs = run.specs()
-    headers = b"".join(built.data[s.phys_start : s.phys_start + 8] for s in specs)
+    headers = b"".join(built.data[a : a + 8] for a in run.phys[:-1])
 
     def out() -> memoryview:
         return memoryview(bytearray(b"".join(chunks)))

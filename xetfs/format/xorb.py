@@ -205,19 +205,10 @@ def walk_headers_with(read: Callable[[int, int], bytes], size: int, *, where: st
     return XorbLayout(None, tuple(phys), tuple(unpacked), None)
 
 
-class ChunkSpec(NamedTuple):
-    """What decoding one chunk needs to know."""
-
-    chunk: int  # its index in the xorb
-    phys_start: int  # where its header starts in the xorb file
-    phys_end: int  # where its payload ends
-    size: int  # decoded bytes
-    expected: bytes | None  # the hash its decoded bytes must have (None: not verified)
-
-
 class ChunkRun(NamedTuple):
-    """What decoding chunks ``[first, first + len(phys) - 1)`` of a xorb needs to know, in few objects:
-    it travels to a decode worker with every job."""
+    """What decoding chunks ``[first, first + len(phys) - 1)`` of a xorb needs to know, in few objects: the
+    daemon's decodes and a decode worker's (it travels with every job) alike.  Chunk ``k`` of the run is
+    chunk ``first + k`` of the xorb."""
 
     first: int
     phys: tuple[int, ...]  # where each chunk's header starts in the xorb file, then where the last one ends
@@ -235,18 +226,17 @@ class ChunkRun(NamedTuple):
         p, u = self.phys, self.unpacked
         return all(p[k + 1] - p[k] - HEADER_SIZE == u[k + 1] - u[k] for k in range(len(p) - 1))
 
-    def specs(self) -> list[ChunkSpec]:
-        phys, unpacked, hashes = self.phys, self.unpacked, self.hashes
-        return [
-            ChunkSpec(
-                self.first + k,
-                phys[k],
-                phys[k + 1],
-                unpacked[k + 1] - unpacked[k],
-                hashes[k * HASH_SIZE : (k + 1) * HASH_SIZE] if hashes is not None else None,
-            )
-            for k in range(len(phys) - 1)
-        ]
+    def chunks(self) -> int:
+        """How many chunks the run has."""
+        return len(self.phys) - 1
+
+    def size(self, k: int) -> int:
+        """Chunk ``k``'s decoded bytes."""
+        return self.unpacked[k + 1] - self.unpacked[k]
+
+    def expected(self, k: int) -> bytes | None:
+        """The hash chunk ``k``'s decoded bytes must have (None: not verified)."""
+        return self.hashes[k * HASH_SIZE : (k + 1) * HASH_SIZE] if self.hashes is not None else None
 
 
 def chunk_run(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> ChunkRun:
@@ -262,20 +252,6 @@ def chunk_run(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> Chu
     )
 
 
-def chunk_specs(layout: XorbLayout, start: int, stop: int, *, verify: bool) -> list[ChunkSpec]:
-    """``chunk_run(...).specs()`` straight from the layout, for a decode that needs no ``ChunkRun``."""
-    if not 0 <= start <= stop <= layout.num_chunks:
-        raise IndexError(f"chunks [{start}, {stop}) of a xorb of {layout.num_chunks}")
-    phys, unpacked = layout.phys_ends, layout.unpacked_ends
-    hashes = layout.chunk_hashes if verify else None
-    p, u = layout.phys_start(start), layout.unpacked_start(start)
-    specs = []
-    for k in range(start, stop):
-        specs.append(ChunkSpec(k, p, phys[k], unpacked[k] - u, hashes[k] if hashes else None))
-        p, u = phys[k], unpacked[k]
-    return specs
-
-
 def decode_run(
     data: Buffer, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int, *, verify: bool
 ) -> list[bytes | XetfsError]:
@@ -285,8 +261,8 @@ def decode_run(
     chunk against its hash in the layout.  A chunk that fails becomes its
     error in the result; the others still decode.
     """
-    specs = chunk_specs(layout, start, stop, verify=verify)
-    return [c if isinstance(c, XetfsError) else bytes(c) for c in decode_chunks(data, xorb_hash, specs)]
+    run = chunk_run(layout, start, stop, verify=verify)
+    return [c if isinstance(c, XetfsError) else bytes(c) for c in decode_chunks(data, xorb_hash, run)]
 
 
 def check_run(data: Buffer, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> list[XetfsError | None]:
@@ -296,40 +272,37 @@ def check_run(data: Buffer, xorb_hash: bytes, layout: XorbLayout, start: int, st
     hash, else its error.  ``decode_run`` with ``verify``, without copying a
     raw chunk's bytes out of ``data``.
     """
-    specs = chunk_specs(layout, start, stop, verify=True)
-    return [c if isinstance(c, XetfsError) else None for c in decode_chunks(data, xorb_hash, specs)]
+    run = chunk_run(layout, start, stop, verify=True)
+    return [c if isinstance(c, XetfsError) else None for c in decode_chunks(data, xorb_hash, run)]
 
 
-def decode_chunks(data: Buffer, xorb_hash: bytes, specs: list[ChunkSpec]) -> list[Buffer | XetfsError]:
-    """Decode the chunks ``specs`` describes from ``data``, their physical bytes read in one piece.
+def decode_chunks(data: Buffer, xorb_hash: bytes, run: ChunkRun) -> list[Buffer | XetfsError]:
+    """Decode the chunks of ``run`` from ``data``, their physical bytes read in one piece.
 
-    ``data`` starts at the first spec's header.  A raw chunk comes back as a
+    ``data`` starts at the run's first header.  A raw chunk comes back as a
     view into ``data`` (no copy).  A chunk that fails becomes its error; the
     others still decode.
     """
     view = memoryview(data)
-    base = specs[0].phys_start if specs else 0
     xorb = f"xorb {to_hex(xorb_hash)}"  # for messages; built once per run, not per chunk
     out: list[Buffer | XetfsError] = []
-    for spec in specs:
+    for k in range(run.chunks()):
         try:
-            out.append(_decode_chunk(view, base, xorb, spec))
+            out.append(_decode_chunk(view, xorb, run, k))
         except XetfsError as exc:
             out.append(exc)
     return out
 
 
-def decode_chunks_into(
-    data: Buffer, xorb_hash: bytes, specs: list[ChunkSpec], out: memoryview
-) -> list[int | XetfsError]:
+def decode_chunks_into(data: Buffer, xorb_hash: bytes, run: ChunkRun, out: memoryview) -> list[int | XetfsError]:
     """``decode_chunks``, writing the decoded chunks one after another into ``out``.
 
     Returns, per chunk, its decoded length or the error that stopped it (a
-    chunk that fails takes no room).  ``out`` must hold the specs' sizes.
+    chunk that fails takes no room).  ``out`` must hold the run's decoded bytes.
     """
     sizes: list[int | XetfsError] = []
     pos = 0
-    for chunk in decode_chunks(data, xorb_hash, specs):
+    for chunk in decode_chunks(data, xorb_hash, run):
         if isinstance(chunk, XetfsError):
             sizes.append(chunk)
             continue
@@ -350,7 +323,7 @@ def decode_runs_into(
     """
     view = memoryview(data)
     base = runs[0][0].phys[0] if runs else 0
-    return [decode_chunks_into(view[run.phys[0] - base : run.phys[-1] - base], xorb_hash, run.specs(), out)
+    return [decode_chunks_into(view[run.phys[0] - base : run.phys[-1] - base], xorb_hash, run, out)
             for run, out in runs]  # fmt: skip
 
 
@@ -380,48 +353,52 @@ def check_in_place(headers: Buffer, run: ChunkRun, out: memoryview) -> bool:
         if found == run.hashes:
             return True
     pos = 0
-    for k, spec in enumerate(run.specs()):
-        place = out[pos : pos + spec.size]
-        where = f"chunk {spec.chunk}"
+    for k in range(run.chunks()):
+        size = run.size(k)
+        place = out[pos : pos + size]
+        where = f"chunk {run.first + k}"
         try:
             header = parse_chunk_header(headers, k * HEADER_SIZE, where=where)
-            _check_header(header, spec, where)
+            _check_header(header, run, k, where)
             if header.scheme != SCHEME_NONE:
-                place[:] = decode_chunk(header.scheme, bytes(place), spec.size, where=where)
-            _check_hash(place, spec, where)
+                place[:] = decode_chunk(header.scheme, bytes(place), size, where=where)
+            _check_hash(place, run, k, where)
         except XetfsError:
             return False
-        pos += spec.size
+        pos += size
     return True
 
 
-def _decode_chunk(view: memoryview, base: int, xorb: str, spec: ChunkSpec) -> Buffer:
-    """The chunk ``spec`` describes; its header is at ``view[spec start - base]``; ``xorb`` names it."""
-    where = f"{xorb} chunk {spec.chunk}"
-    at = spec.phys_start - base
+def _decode_chunk(view: memoryview, xorb: str, run: ChunkRun, k: int) -> Buffer:
+    """Chunk ``k`` of ``run``, from ``view`` (the run's stored bytes); ``xorb`` names it."""
+    where = f"{xorb} chunk {run.first + k}"
+    base = run.phys[0]
+    at = run.phys[k] - base
     header = parse_chunk_header(view, at, where=where)
-    _check_header(header, spec, where)
-    decoded = decode_chunk(header.scheme, view[at + HEADER_SIZE : spec.phys_end - base], spec.size, where=where)
-    _check_hash(decoded, spec, where)
+    _check_header(header, run, k, where)
+    decoded = decode_chunk(header.scheme, view[at + HEADER_SIZE : run.phys[k + 1] - base], run.size(k), where=where)
+    _check_hash(decoded, run, k, where)
     return decoded
 
 
-def _check_header(header: ChunkHeader, spec: ChunkSpec, where: str) -> None:
+def _check_header(header: ChunkHeader, run: ChunkRun, k: int, where: str) -> None:
     """A chunk's header must give the stored and decoded lengths the footer gives."""
-    stored = spec.phys_end - spec.phys_start - HEADER_SIZE
-    if header.compressed_length != stored or header.uncompressed_length != spec.size:
+    stored = run.phys[k + 1] - run.phys[k] - HEADER_SIZE
+    size = run.size(k)
+    if header.compressed_length != stored or header.uncompressed_length != size:
         raise XorbFormatError(
-            f"{where} at offset {spec.phys_start}: header says {header.compressed_length} -> "
-            f"{header.uncompressed_length} bytes, footer says {stored} -> {spec.size}"
+            f"{where} at offset {run.phys[k]}: header says {header.compressed_length} -> "
+            f"{header.uncompressed_length} bytes, footer says {stored} -> {size}"
         )
 
 
-def _check_hash(decoded: Buffer, spec: ChunkSpec, where: str) -> None:
+def _check_hash(decoded: Buffer, run: ChunkRun, k: int, where: str) -> None:
     """A decoded chunk must hash to what the footer says (when it is verified)."""
-    if spec.expected is not None:
+    expected = run.expected(k)
+    if expected is not None:
         found = chunk_hash(decoded)
-        if found != spec.expected:
+        if found != expected:
             raise IntegrityError(
-                f"{where} at byte {spec.phys_start} of the xorb: decoded bytes hash to {to_hex(found)}, "
-                f"footer says {to_hex(spec.expected)}"
+                f"{where} at byte {run.phys[k]} of the xorb: decoded bytes hash to {to_hex(found)}, "
+                f"footer says {to_hex(expected)}"
             )

@@ -292,7 +292,7 @@ class Worker:
         except XetfsError as exc:
             return [WorkerError.of(exc)] * count, 0
         sizes = [WorkerError.of(s) if isinstance(s, XetfsError) else s
-                 for s in decode_chunks_into(data, xorb_hash, run.specs(), out)]  # fmt: skip
+                 for s in decode_chunks_into(data, xorb_hash, run, out)]  # fmt: skip
         return sizes, len(data)
 
     def load_layout(self, job: Job) -> Result:

@@ -56,7 +56,7 @@ from xetfs.base.settings import (
 )
 from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.format.chunk import Buffer
-from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, chunk_specs, decode_chunks, decode_runs_into
+from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_runs_into
 from xetfs.read.pool import DecodePool, WorkerLost
 from xetfs.read.runs import Loaded, Run, RunStore
 from xetfs.read.slots import Slots
@@ -317,7 +317,7 @@ class Loader:
         self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int, data: Buffer
     ) -> list[Buffer | XetfsError]:
         """Chunks ``[first, stop)`` decoded and verified from their serialized bytes ``data``, in the daemon."""
-        decoded = decode_chunks(data, xorb_hash, chunk_specs(layout, first, stop, verify=self.verify))
+        decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=self.verify))
         sizes = [len(memoryview(c)) for c in decoded if not isinstance(c, XetfsError)]
         self._count(len(memoryview(data)), len(sizes), sum(sizes))
         return decoded
