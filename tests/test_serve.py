@@ -380,7 +380,12 @@ def test_reconstruction_needs_a_xet_token_and_clamps(packed: Packed, server: Ser
 
 def test_health_and_telemetry(server: Server) -> None:
     status, _, body = request(server, "GET", "/health")
-    assert status == 200 and json.loads(body) == {"status": "ok", "files": json.loads(body)["files"], "repos": 2}
+    doc = json.loads(body)
+    assert status == 200 and doc == {"status": "ok", "files": doc["files"], "repos": 2, "catalogue": doc["catalogue"],
+                                     "process": doc["process"]}  # fmt: skip
+    assert len(doc["catalogue"]) == 16 and doc["process"] != os.getpid()
+    others = {json.loads(request(server, "GET", "/health")[2])["catalogue"] for _ in range(10)}
+    assert others == {doc["catalogue"]}  # (two processes, one catalogue)
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     conn.request("POST", "/v1/telemetry", body=b'{"events": []}', headers={"Content-Type": "application/json"})
     assert conn.getresponse().status == 200

@@ -34,7 +34,8 @@ log = logging.getLogger("xetfs.serve")
 async def health(request: Request) -> Response:
     state: State = request.app.state.serve
     snap = await state.contents.snapshot()
-    doc = {"status": "ok", "files": len(snap.index), "repos": len(snap.catalogue.repos)}
+    doc = {"status": "ok", "files": len(snap.index), "repos": len(snap.catalogue.repos), "catalogue": snap.version,
+           "process": os.getpid()}  # fmt: skip
     return JSONResponse(doc, headers={"Cache-Control": "no-store"})
 
 

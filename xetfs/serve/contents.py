@@ -48,6 +48,7 @@ from xetfs.storage.catalogue import (
     CATALOGUE_NAME,
     MAX_CATALOGUE_BYTES,
     Catalogue,
+    dump_catalogue,
     find_catalogue,
     parse_catalogue,
     store_catalogue,
@@ -70,6 +71,7 @@ class Snapshot:
     index: Index
     catalogue: Catalogue
     reader: Reader
+    version: str = ""  # a digest of the catalogue served (``/health``: which processes serve the same)
 
     def entry(self, xet_hash: str) -> FileEntry | None:
         """The file whose Xet hash (hex) is ``xet_hash``, or None."""
@@ -163,7 +165,8 @@ class Contents:
 
     def _make(self, loaded: _Loaded) -> Snapshot:
         reader = Reader(loaded.index, loaded.store, cache_size=SERVE_CACHE_SIZE, io=threaded_io(self._io_timeout))
-        return Snapshot(loaded.store, loaded.index, loaded.catalogue, reader)
+        version = hashlib.blake2b(dump_catalogue(loaded.catalogue), digest_size=8).hexdigest()
+        return Snapshot(loaded.store, loaded.index, loaded.catalogue, reader, version)
 
     @staticmethod
     def _remote_catalogue(store: Store, *, server_only: bool = False) -> bytes | None:
