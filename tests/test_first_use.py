@@ -105,6 +105,7 @@ def test_pip_install_of_the_project(tmp_path: Path) -> None:
         [str(site / "bin" / "xetfs"), "--version"], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     assert where.returncode == 0 and where.stdout.startswith("xetfs "), where
+    assert f"({site / 'xetfs'})" in where.stdout, where.stdout  # (which installation runs)
     module = subprocess.run(
         [sys.executable, "-c", "import xetfs.format.shard, xetfs; print(xetfs.__file__)"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60, check=False,

@@ -226,6 +226,7 @@ def test_stale_mount_of_a_killed_daemon(basic_store: OracleStore, mnt: Path) -> 
     again = run_xetfs("mount", basic_store.path, mnt)
     assert again.returncode != 0
     one_error_line(again.stderr, str(mnt), f"xetfs umount {mnt}")
+    assert b"a stale FUSE mount is in the way" in again.stderr, again.stderr  # (not "already a mount point")
 
     umount = run_xetfs("umount", mnt)
     assert (umount.returncode, umount.stderr) == (0, b"")
@@ -294,6 +295,7 @@ def test_unknown_mount_option(basic_store: OracleStore, mnt: Path, option: str) 
     proc = run_xetfs("mount", basic_store.path, mnt, "-o", option)
     assert proc.returncode != 0
     one_error_line(proc.stderr, option.split(",")[-1].split("=")[0])
+    assert b"; xetfs: cache_dir, cache_size," in proc.stderr  # (the options -o takes for xetfs are named too)
     assert not is_mounted(mnt) and not daemon_pids(mnt)
 
 
@@ -398,3 +400,17 @@ def test_a_daemon_that_fails_at_once_leaves_no_empty_log(tmp_path: Path) -> None
     with pytest.raises(MountError, match="the daemon exited"):
         spawn_daemon([sys.executable, "-c", "import os; os._exit(3)"], tmp_path, log, b"{}")
     assert log.exists()
+
+
+def test_a_mount_refused_by_fuse_says_why(tmp_path: Path) -> None:
+    """pyfuse3 says only "fuse_session_mount failed"; libfuse's own reason, on the daemon's stderr (its log),
+    goes into the error the user sees."""
+    from xetfs.fuse.mount import MountError, spawn_daemon
+
+    refused = ("import os, sys, time; fd = int(sys.argv[sys.argv.index('--ready-fd') + 1]); "
+               "print('fuse: failed to open /dev/fuse: Permission denied', file=sys.stderr, flush=True); "
+               "os.write(fd, b'error: fuse_session_mount failed\\n'); time.sleep(60)")  # fmt: skip
+    log = tmp_path / "mnt.log"
+    with pytest.raises(MountError) as failed:
+        spawn_daemon([sys.executable, "-c", refused], tmp_path, log, b"{}")
+    assert str(failed.value) == "fuse_session_mount failed (fuse: failed to open /dev/fuse: Permission denied)"

@@ -415,11 +415,14 @@ class CountingSource:
         self.objects = objects
         self.calls: list[tuple[object, ...]] = []
         self.down = False
+        self.refused = False
 
     def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
         self.calls.append(("read", name))
         if self.down:
             raise ServerUnreachableError("fake://store: server unreachable")
+        if self.refused:
+            raise StoreError(f"fake://store/{name}: access refused (HTTP 401)")
         return self.objects[name]
 
     def read_range(self, name: str, start: int, end: int) -> bytes:
@@ -468,6 +471,9 @@ def test_cached_source_keeps_whole_objects_and_falls_back_when_down(
     with pytest.raises(StoreError) as failed:
         cached.read("other", limit=100, fresh=True)
     assert str(failed.value).endswith(f"; the disk cache {tmp_path} has no copy of it"), failed.value
+    fake.down, fake.refused = False, True  # a server that answers and refuses (a wrong token): no copy hides it
+    with pytest.raises(StoreError, match=r"access refused \(HTTP 401\)$"):
+        cached.read("listing", limit=100, fresh=True)
 
 
 def test_object_store_urls_and_what_they_show() -> None:
@@ -519,6 +525,8 @@ def test_a_services_xml_error_reads_as_its_code_and_message() -> None:
             "does not exist</Message><BucketName>nope</BucketName></Error>\n\nDebug source: ...")  # fmt: skip
     said = client_message(RuntimeError(text), [])
     assert said.endswith("404 Not Found: NoSuchBucket: The specified bucket does not exist"), said
+    page = "HTTP error: Client error with status 401 Unauthorized: <html> <head><title>401 Authorization Required"
+    assert client_message(RuntimeError(page), []) == "HTTP error: Client error with status 401 Unauthorized"
 
 
 # -- S3 (moto's server) ------------------------------------------------------------------------

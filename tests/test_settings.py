@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -41,3 +42,18 @@ def test_every_setting_is_used() -> None:
 
 def test_the_checks_see_a_definition() -> None:
     assert top_level_names(SETTINGS) >= NAMES
+
+
+def test_a_user_run_with_another_users_home_gets_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mount(8) runs a ``user`` fstab line's helper as the user but with root's HOME: the defaults under a
+    home (the disk cache, the log) must be the user's."""
+    import pwd
+
+    from xetfs.base.settings import user_home
+
+    nobody = pwd.getpwnam("nobody")
+    monkeypatch.setenv("HOME", str(tmp_path))  # (owned by root, who runs the tests)
+    monkeypatch.setattr(os, "getuid", lambda: nobody.pw_uid)
+    assert user_home() == Path(nobody.pw_dir)
+    monkeypatch.setattr(os, "getuid", lambda: 0)
+    assert user_home() == tmp_path

@@ -10,6 +10,8 @@ stay with the code that parses them.  Sizes are in bytes, times in seconds.
 from __future__ import annotations
 
 import os
+import pwd
+from pathlib import Path
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -143,3 +145,18 @@ SERVE_WORKERS = max(1, min(len(os.sched_getaffinity(0)), SERVE_WORKERS_MAX))
 SERVE_TREE_PAGE = 1000  # entries per page of a tree listing, as the Hub
 SERVE_RESCAN = 2.0  # --rescan for a directory; and a URL that missed something is loaded again at most this often
 SERVE_REMOTE_RESCAN = 30.0  # --rescan for a URL: its catalogue is fetched again this often (a moved branch)
+
+
+def user_home() -> Path:
+    """Where the defaults under a home go (the disk cache, the mount's log, the AWS files): ``$HOME``, unless
+    a user other than root runs with another user's (``mount`` runs a ``user`` line of /etc/fstab so, with
+    root's): then the home the password database gives."""
+    home = Path.home()
+    uid = os.getuid()
+    if uid != 0:
+        try:
+            if home.stat().st_uid != uid:
+                return Path(pwd.getpwuid(uid).pw_dir)
+        except (OSError, KeyError):
+            pass
+    return home

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -51,13 +52,25 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="least severe messages to log (default: warning)")  # fmt: skip
 
 
+class _Version(argparse.Action):
+    """``--version``: the version and the installation that runs (``mount -t`` may run another checkout), on one
+    line (argparse's own version action wraps long lines)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kw: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        print(f"xetfs {__version__} ({Path(__file__).resolve().parent.parent})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xetfs",
         description="Read Hugging Face Xet storage as plain files.  'xetfs STORE MNT -o OPTIONS' (the form "
         "'mount -t fuse.xetfs' and /etc/fstab run) is 'xetfs mount STORE MNT -o OPTIONS'.",
     )
-    parser.add_argument("--version", action="version", version=f"xetfs {__version__}")
+    parser.add_argument("--version", action=_Version, help="show the version, and where this xetfs is installed")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     from xetfs.commands.args import add_remote_args

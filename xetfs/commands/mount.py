@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from xetfs.base import settings
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import plural, print_warning
+from xetfs.commands.mountopts import option_table
 from xetfs.fuse.daemonlog import LogFile
 from xetfs.storage.store import Store
 
@@ -55,7 +56,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     _add_tree_options(p)
     _add_io_options(p)
     _add_daemon_options(p)
-    p.set_defaults(func=cmd_mount)
+    p.set_defaults(func=cmd_mount, o_names=sorted(option_table(p)))  # (-o NAME=VALUE: for messages)
 
     _add_admin_parsers(sub)
 
@@ -172,7 +173,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         **values,
         "store": args.store if is_url(args.store) else str(Path(args.store).resolve()),
         "mountpoint": Path(args.mountpoint).resolve(),
-        "options": parse_options(args.options),
+        "options": parse_options(args.options, also=getattr(args, "o_names", ())),
         "names": args.names.resolve() if args.names else None,
         "read_ahead_kb": max(4, args.read_ahead // 1024),
         "cache_dir": args.cache_dir.absolute() if args.cache_dir else None,

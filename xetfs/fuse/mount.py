@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +46,7 @@ from xetfs.base.settings import (
     REMOTE_PREFETCH,
     REMOTE_RUN_BYTES,
     RUN_BYTES,
+    user_home,
 )
 from xetfs.base.stats import RemoteCounters
 from xetfs.fuse.fs import FsOptions, XetFS
@@ -97,13 +98,14 @@ class MountConfig:
     refresh_every: float | None = None  # seconds between refreshes of the live mount; None: only when asked
 
 
-def parse_options(values: list[str]) -> frozenset[str]:
+def parse_options(values: list[str], also: Iterable[str] = ()) -> frozenset[str]:
+    """The FUSE options of ``-o`` lists (``also``: the xetfs options ``-o`` takes too, for the message)."""
     opts = {o.strip() for v in values for o in v.split(",") if o.strip()}
     unknown = opts - KNOWN_OPTIONS
     if unknown:
-        raise MountError(
-            f"unknown mount option(s): {', '.join(sorted(unknown))} (known: {', '.join(sorted(KNOWN_OPTIONS))})"
-        )
+        more = f"; xetfs: {', '.join(also)}" if also else ""
+        raise MountError(f"unknown mount option(s): {', '.join(sorted(unknown))} "
+                         f"(known: {', '.join(sorted(KNOWN_OPTIONS))}{more})")  # fmt: skip
     return frozenset(opts)
 
 
@@ -111,6 +113,8 @@ def check_mountpoint(mountpoint: Path, *, nonempty: bool) -> None:
     """Refuse a mountpoint that is missing, not a directory, mounted or (by default) not empty."""
     try:
         if os.path.ismount(mountpoint):
+            with os.scandir(mountpoint):  # (a dead FUSE daemon's mount fails here: its attributes may be cached)
+                pass
             raise MountError(f"{mountpoint}: already a mount point (unmount it first: xetfs umount {mountpoint})")
         if not mountpoint.exists():
             raise MountError(f"{mountpoint}: no such directory (create it first: mkdir {mountpoint})")
@@ -435,6 +439,7 @@ def spawn_daemon(
     log_file.parent.mkdir(parents=True, exist_ok=True)
     new_log = not log_file.exists()
     with open(log_file, "ab") as log_out:
+        before = log_out.tell()
         child = subprocess.Popen(
             [*argv, "--foreground", "--ready-fd", str(write_fd), "--config-fd", str(config_fd),
              "--log-file", str(log_file)],
@@ -462,8 +467,21 @@ def spawn_daemon(
             if message and new_log and log_file.stat().st_size == 0:  # (it said why on the pipe, and nothing else)
                 log_file.unlink()
         detail = message.removeprefix("error: ") if message else f"the daemon exited (see {log_file})"
-        raise MountError(detail)
+        raise MountError(detail + _fuse_said(log_file, before))
     return warnings, counts[-1] if counts else len(warnings)
+
+
+def _fuse_said(log_file: Path, start: int) -> str:
+    """What libfuse or fusermount3 wrote to the daemon's stderr (its log) from ``start`` on, as `` (...)``: why a
+    mount was refused (no access to /dev/fuse, allow_other not allowed), which pyfuse3's error does not say."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(start)
+            text = f.read(64 * 1024).decode(errors="replace")
+    except OSError:
+        return ""
+    said = [line.strip() for line in text.splitlines() if re.match(r"(fuse|fusermount3?):", line.strip())]
+    return f" ({'; '.join(dict.fromkeys(said))})" if said else ""
 
 
 def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str:
@@ -578,7 +596,7 @@ def _mounts() -> Iterator[tuple[str, str, str]]:
 
 
 def default_log_file(mountpoint: Path) -> Path:
-    base = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "xetfs"
+    base = Path(os.environ.get("XDG_STATE_HOME") or user_home() / ".local" / "state") / "xetfs"
     name = str(mountpoint.resolve()).strip("/").replace("/", "_") or "root"
     return base / f"{name}.log"
 

@@ -55,8 +55,8 @@ from pathlib import Path
 
 import blake3
 
-from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError, StoreTimeoutError
-from xetfs.base.settings import DISK_CACHE_LOW_WATER, META_EVICTION_GRACE, STALE_TMP_SECONDS
+from xetfs.base.errors import ServerUnreachableError, StoreError, StoreTimeoutError
+from xetfs.base.settings import DISK_CACHE_LOW_WATER, META_EVICTION_GRACE, STALE_TMP_SECONDS, user_home
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.objects import ObjectSource, RemoteOptions
 
@@ -67,7 +67,7 @@ _HEADER = struct.Struct("<8sQ32s32s")  # magic, payload length, blake3(key), bla
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "xetfs"
+    return Path(os.environ.get("XDG_CACHE_HOME") or user_home() / ".cache") / "xetfs"
 
 
 class DiskCache:
@@ -325,9 +325,7 @@ class CachedSource:
         if fresh:
             try:
                 data = self.inner.read(name, limit=limit, fresh=True)
-            except MissingObjectError:
-                raise
-            except (StoreError, StoreTimeoutError) as exc:
+            except (ServerUnreachableError, StoreTimeoutError) as exc:  # (a refusal is said: wrong credentials)
                 cached = self.cache.get(key)
                 if cached is None:
                     raise _no_copy(exc, self.cache.directory, "of it") from None
@@ -364,7 +362,7 @@ class CachedSource:
         key = f"{self.location}\0list\0{prefix}"
         try:
             names = self.inner.list(prefix)
-        except (StoreError, StoreTimeoutError) as exc:
+        except (ServerUnreachableError, StoreTimeoutError) as exc:
             cached = self.cache.get(key)
             if cached is None:
                 raise _no_copy(exc, self.cache.directory, "of the listing") from None

@@ -46,6 +46,7 @@ from xetfs.base.settings import (
     MAX_BACKOFF,
     REQUEST_TIMEOUT,
     TAG_SETTLE_SECONDS,
+    user_home,
 )
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.chunk import Buffer
@@ -418,6 +419,8 @@ def client_message(exc: BaseException, secrets: list[str]) -> str:
     said = service_error(text)
     if said is not None:
         text = text[: text.find("<")].rstrip(": ") + f": {said}"
+    elif (page := text.lower().find("<html")) >= 0:  # a web server's error page: its status line says enough
+        text = text[:page].rstrip(": ")
     return redact(text[:300], secrets)
 
 
@@ -657,7 +660,7 @@ def aws_files_config(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     env = os.environ if env is None else env
     profile = env.get("AWS_PROFILE") or "default"
-    home = Path.home() / ".aws"
+    home = user_home() / ".aws"
     config = _ini(Path(env.get("AWS_CONFIG_FILE") or home / "config"), "default" if profile == "default"
                   else f"profile {profile}")  # fmt: skip
     creds = _ini(Path(env.get("AWS_SHARED_CREDENTIALS_FILE") or home / "credentials"), profile)
