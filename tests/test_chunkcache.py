@@ -127,6 +127,7 @@ def test_a_bound_larger_than_the_file_system_is_said_at_once(tmp_path: Path, cap
     DiskCache(tmp_path, 1 << 60)
     (record,) = [r for r in caplog.records if "more than its file system holds" in r.getMessage()]
     assert record.levelname == "WARNING" and str(tmp_path) in record.getMessage()
+    assert "(--disk-cache-size, 1048576.0 TiB)" in record.getMessage(), record.getMessage()  # (a size, not MiB)
 
 
 def test_an_old_format_cache_is_removed_with_one_message(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -622,6 +622,7 @@ def test_stats_file_changes_after_a_read(basic_store: OracleStore) -> None:
         assert text.returncode == 0, text.stderr
         out = text.stdout.decode()
         assert re.search(r"^reads:$", out, re.M) and re.search(r"^  bytes +[\d,]+", out, re.M), out
+        assert re.search(r"^  last_refresh +never$", out, re.M), out  # (times as times, not counts)
         raw = run_xetfs("stats", m.path, "--json")
         assert raw.returncode == 0, raw.stderr
         doc = json.loads(raw.stdout)

@@ -24,6 +24,16 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {many}"
 
 
+def human_size(n: int) -> str:
+    """``n`` bytes for a person: ``512 B``, ``3.2 MiB``, ``1.5 TiB``."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return str(n)
+
+
 def print_warning(message: str) -> None:
     """Write ``xetfs: warning: MESSAGE`` on stderr."""
     print(f"xetfs: warning: {message}", file=sys.stderr)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from xetfs.base import settings
 from xetfs.base.errors import XetfsError
-from xetfs.base.messages import plural, print_warning
+from xetfs.base.messages import human_size, plural, print_warning
 from xetfs.commands.mountopts import option_table
 from xetfs.fuse.daemonlog import LogFile
 from xetfs.storage.store import Store
@@ -358,15 +358,6 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
     return 0
 
 
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return str(n)
-
-
 def format_stats(doc: dict[str, Any]) -> str:
     """The stats document as a two-column table, one section per group."""
     lines = []
@@ -378,7 +369,9 @@ def format_stats(doc: dict[str, Any]) -> str:
         for key, value in values.items():
             shown = f"{value:,}"
             if ("bytes" in key or key == "bytes") and isinstance(value, int) and value >= 1024:
-                shown += f"  ({_human(value)})"
+                shown += f"  ({human_size(value)})"
+            elif key.startswith("last_") and isinstance(value, int):  # (a time: Unix seconds, 0 if never)
+                shown = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(value)) if value else "never"
             lines.append(f"  {key:<22}{shown}")
         if group == "cache" and values.get("hits", 0) + values.get("misses", 0):
             ratio = values["hits"] / (values["hits"] + values["misses"])

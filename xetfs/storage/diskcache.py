@@ -56,6 +56,7 @@ from pathlib import Path
 import blake3
 
 from xetfs.base.errors import ServerUnreachableError, StoreError, StoreTimeoutError
+from xetfs.base.messages import human_size
 from xetfs.base.settings import DISK_CACHE_LOW_WATER, META_EVICTION_GRACE, STALE_TMP_SECONDS, user_home
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.objects import ObjectSource, RemoteOptions
@@ -196,9 +197,9 @@ class DiskCache:
             meta = sum(size for _, size, _, in_meta in entries if in_meta)
             if meta > target and not self._meta_warned:
                 self._meta_warned = True
-                log.warning("disk cache %s: the listings, manifests, shards and footers it holds (%d MiB) are more "
+                log.warning("disk cache %s: the listings, manifests, shards and footers it holds (%s) are more "
                             "than its bound leaves room for: a mount with the server down may not start; give it a "
-                            "larger --disk-cache-size", self.directory, meta >> 20)  # fmt: skip
+                            "larger --disk-cache-size", self.directory, human_size(meta))  # fmt: skip
             evicted = 0
             for path, size, _, _ in entries:
                 if total <= target:
@@ -265,9 +266,9 @@ class DiskCache:
             return
         size = st.f_blocks * st.f_frsize
         if 0 < size < self.capacity:
-            log.warning("disk cache %s: its bound (--disk-cache-size, %d MiB) is more than its file system holds "
-                        "(%d MiB): when the disk fills, the least recently used entries are deleted", self.directory,
-                        self.capacity >> 20, size >> 20)  # fmt: skip
+            log.warning("disk cache %s: its bound (--disk-cache-size, %s) is more than its file system holds "
+                        "(%s): when the disk fills, the least recently used entries are deleted", self.directory,
+                        human_size(self.capacity), human_size(size))  # fmt: skip
 
     def _clean_tmp(self) -> None:
         now = time.time()
