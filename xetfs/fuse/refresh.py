@@ -136,9 +136,8 @@ class Refresher:
         """The new index and tree, or None if nothing changed (in a thread; nothing the mount serves changes
         here: the store only learns of more objects, which nothing reads until the new index names them)."""
         server = uncached(self.store.source)
-        # (Tags first: a change after them is seen by the next refresh.  A file not there yet is looked for at
-        # the top, where pack and push write it.)
-        tags = {name: server.tag(self.store.meta_path(name) or name) for name in self._tree_from or ()}
+        # (Tags first: a change after them is seen by the next refresh.)
+        tags = {name: server.tag(self.store.meta_place(name)) for name in self._tree_from or ()}
         same = self._tree_from is not None and tags == self._tags
         if same and not self._may_have_new_shards(server):
             return None
@@ -162,10 +161,10 @@ class Refresher:
         with no shard yet (where its shards will lie is not known)."""
         if not self._indexed:
             return True
-        listed = server.list(self.store.shard_prefix())
+        prefix = self.store.shard_prefix()
+        listed = server.list(prefix)
         if listed is None:
             return True
-        prefix = self.store.shard_prefix()
         names = (name[len(prefix) :] for name, _, _ in listed if name.startswith(prefix))
         return any(SHARD_NAME.fullmatch(n) and n not in self._indexed for n in names)  # (in shards/ itself)
 

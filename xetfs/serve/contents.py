@@ -174,8 +174,7 @@ class Contents:
         server itself, never a copy in the disk cache (a timed look must not take an old copy for news)."""
         source = uncached(store.source) if server_only else store.source
         try:
-            return source.read(store.meta_path(CATALOGUE_NAME) or CATALOGUE_NAME, limit=MAX_CATALOGUE_BYTES,
-                               fresh=True)  # fmt: skip
+            return source.read(store.meta_place(CATALOGUE_NAME), limit=MAX_CATALOGUE_BYTES, fresh=True)
         except MissingObjectError:
             return None
 
@@ -184,7 +183,7 @@ class Contents:
         """The server's tag of a remote store's catalogue (``ObjectSource.tag``), or None if it has none or
         cannot say now."""
         try:
-            return uncached(store.source).tag(store.meta_path(CATALOGUE_NAME) or CATALOGUE_NAME)
+            return uncached(store.source).tag(store.meta_place(CATALOGUE_NAME))
         except (XetfsError, OSError):
             return None
 

@@ -36,28 +36,30 @@ class File:
     def is_lfs(self) -> bool:
         return len(self.blob) == 64
 
+    def git_blob(self) -> tuple[str, int | None]:
+        """The id of the blob git keeps for the file (an LFS file's is its pointer's), and the pointer's size
+        (None for a regular file)."""
+        if not self.is_lfs:
+            return self.blob, None
+        pointer = lfs_pointer(self.blob, self.content.size)
+        return git_blob_id(pointer), len(pointer)
+
     def tree_entry(self) -> dict[str, object]:
         """The file's entry in a tree listing (``RepoFile`` in huggingface_hub)."""
-        entry: dict[str, object] = {"type": "file", "path": self.path, "size": self.content.size}
-        if self.is_lfs:
-            pointer = lfs_pointer(self.blob, self.content.size)
-            entry["oid"] = git_blob_id(pointer)
-            entry["lfs"] = {"oid": self.blob, "size": self.content.size, "pointerSize": len(pointer)}
+        oid, pointer_size = self.git_blob()
+        entry: dict[str, object] = {"type": "file", "path": self.path, "size": self.content.size, "oid": oid}
+        if pointer_size is not None:
+            entry["lfs"] = {"oid": self.blob, "size": self.content.size, "pointerSize": pointer_size}
             entry["xetHash"] = self.content.xet_hash
-        else:
-            entry["oid"] = self.blob
         return entry
 
-
-def sibling(file: File | None) -> dict[str, object]:
-    """A file in a repo's revision info with ``blobs`` (``RepoSibling`` in huggingface_hub)."""
-    assert file is not None
-    out: dict[str, object] = {"rfilename": file.path, "size": file.content.size, "blobId": file.blob}
-    if file.is_lfs:
-        pointer = lfs_pointer(file.blob, file.content.size)
-        out["blobId"] = git_blob_id(pointer)
-        out["lfs"] = {"sha256": file.blob, "size": file.content.size, "pointerSize": len(pointer)}
-    return out
+    def sibling(self) -> dict[str, object]:
+        """The file in a repo's revision info with ``blobs`` (``RepoSibling`` in huggingface_hub)."""
+        oid, pointer_size = self.git_blob()
+        out: dict[str, object] = {"rfilename": self.path, "size": self.content.size, "blobId": oid}
+        if pointer_size is not None:
+            out["lfs"] = {"sha256": self.blob, "size": self.content.size, "pointerSize": pointer_size}
+        return out
 
 
 def path_entry(repo: Repo, commit: str, path: str) -> dict[str, object] | None:

@@ -212,8 +212,7 @@ async def api(request: Request) -> Response:
         return found
     immutable = rest[0] == found.commit
     if action == "revision":
-        blobs = request.query_params.get("blobs", "").lower() in ("1", "true")
-        return _revision_info(state, found.repo, found.commit, immutable, blobs=blobs)
+        return _revision_info(state, found.repo, found.commit, immutable, blobs=_yes(request.query_params.get("blobs")))
     if action == "paths-info":
         return await _paths_info(request, state, found, immutable)
     if action == "refs":
@@ -222,8 +221,8 @@ async def api(request: Request) -> Response:
 
 
 def _revision_info(state: State, repo: Repo, commit: str, immutable: bool, *, blobs: bool = False) -> Response:
-    files = sorted(repo.revisions[commit].files)
-    siblings = [hub.sibling(hub.find_file(repo, commit, p)) if blobs else {"rfilename": p} for p in files]
+    files = sorted(repo.revisions[commit].files.items())
+    siblings = [hub.File(p, b, repo.blobs[b]).sibling() if blobs else {"rfilename": p} for p, b in files]
     doc = {"_id": f"{repo.type}/{repo.id}", "id": repo.id, "sha": commit, "private": False, "gated": False,
            "disabled": False, "siblings": siblings}  # fmt: skip
     return JSONResponse(doc, headers={"Cache-Control": state.cache_control(immutable)})
@@ -253,7 +252,7 @@ async def _paths_info(request: Request, state: State, found: _Lookup, immutable:
         return wrong
     repo, commit = found.repo, found.commit
     entries = [e for p in dict.fromkeys(p.strip("/") for p in asked) if (e := hub.path_entry(repo, commit, p))]
-    if expand.lower() in ("1", "true"):
+    if _yes(expand):
         date = datetime.fromtimestamp(found.snap.store.mtime, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
         for entry in entries:
             entry["lastCommit"] = {"id": commit, "title": "", "date": date}
@@ -270,7 +269,7 @@ async def _refs(request: Request, state: State, repo_type: str, repo_id: str) ->
     pull = [(n, c) for n, c in refs if n.startswith(("pr/", "refs/pr/"))]  # (the cache names them refs/pr/N)
     branches = [{"name": n, "ref": f"refs/heads/{n}", "targetCommit": c} for n, c in refs if (n, c) not in pull]
     doc: dict[str, object] = {"branches": branches, "tags": [], "converts": []}
-    if request.query_params.get("include_prs", "").lower() in ("1", "true"):
+    if _yes(request.query_params.get("include_prs")):
         doc["pullRequests"] = [{"name": n, "ref": n if n.startswith("refs/") else f"refs/{n}", "targetCommit": c}
                                for n, c in pull]  # fmt: skip
     return JSONResponse(doc, headers={"Cache-Control": state.cache_control(False)})
@@ -279,7 +278,7 @@ async def _refs(request: Request, state: State, repo_type: str, repo_id: str) ->
 def _tree(request: Request, state: State, repo: Repo, commit: str, path: str, immutable: bool) -> Response:
     if not hub.is_directory(repo, commit, path):
         return error(404, "EntryNotFound", f"{path}: no such directory", {"X-Repo-Commit": commit})
-    recursive = request.query_params.get("recursive", "").lower() in ("1", "true")
+    recursive = _yes(request.query_params.get("recursive"))
     after = _cursor(request.query_params.get("cursor"))
     page: list[dict[str, object]] = []
     more = False
@@ -297,6 +296,11 @@ def _tree(request: Request, state: State, repo: Repo, commit: str, path: str, im
         query = f"recursive={str(recursive).lower()}&expand=false&cursor={cursor}"
         headers["Link"] = f'<{state.settings.public_url}{base}?{query}>; rel="next"'
     return JSONResponse(page, headers=headers)
+
+
+def _yes(value: str | None) -> bool:
+    """Whether a query or form parameter says yes (``true``, ``1``), as huggingface_hub sends its flags."""
+    return (value or "").lower() in ("1", "true")
 
 
 def _cursor(value: str | None) -> str | None:

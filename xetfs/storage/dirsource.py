@@ -9,14 +9,12 @@ the store and its decode workers read local xorbs with ``pread`` and
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xetfs.base.errors import MissingObjectError, StoreError
-from xetfs.base.settings import TAG_SETTLE_SECONDS
 from xetfs.storage.layout import HF_XET_OWN, SHARD_NAME, XORB_NAME, Listing, find_root, store_top
-from xetfs.storage.objects import RemoteOptions, scatter, untagged
+from xetfs.storage.objects import RemoteOptions, scatter, settled
 
 
 class DirSource:
@@ -116,9 +114,7 @@ class DirSource:
             return None
         except OSError as exc:
             raise StoreError(f"{self.top / name}: cannot stat: {exc.strerror}") from None
-        if abs(time.time() - st.st_mtime) < TAG_SETTLE_SECONDS:
-            return untagged()
-        return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}"
+        return settled(f"{st.st_ino} {st.st_size} {st.st_mtime_ns}", st.st_mtime)
 
     def list(self, prefix: str) -> list[tuple[str, int, float]] | None:
         """The objects of ``listing`` under ``prefix`` (their times: the listing's); the shards directory's

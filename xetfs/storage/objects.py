@@ -303,9 +303,9 @@ class ObstoreSource:
         except StoreError:  # a server that refuses HEAD (405, say): a tag that never matches, so it is read
             return untagged()
         modified = meta["last_modified"].timestamp()
-        if (not meta.get("e_tag") and modified <= 0) or abs(time.time() - modified) < TAG_SETTLE_SECONDS:
-            return untagged()  # (no validator at all, or changed so lately that it may change unseen)
-        return f"{meta.get('e_tag')} {meta['size']} {modified}"
+        if not meta.get("e_tag") and modified <= 0:
+            return untagged()  # (no validator at all)
+        return settled(f"{meta.get('e_tag')} {meta['size']} {modified}", modified)
 
     # -- retries, deadlines, health ------------------------------------------
 
@@ -410,6 +410,12 @@ class ObstoreSource:
 def untagged() -> str:
     """A tag that matches no other (``ObjectSource.tag`` for an object it cannot vouch for): it is read."""
     return f"untagged {time.monotonic_ns()} {random.random()}"
+
+
+def settled(tag: str, modified: float) -> str:
+    """``tag`` of an object last changed at ``modified`` (Unix time), or ``untagged`` if that was less than
+    ``TAG_SETTLE_SECONDS`` ago: it may change again within its time's resolution, keeping its size."""
+    return untagged() if abs(time.time() - modified) < TAG_SETTLE_SECONDS else tag
 
 
 def client_message(exc: BaseException, secrets: list[str]) -> str:

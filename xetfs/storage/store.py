@@ -105,7 +105,7 @@ class Store:
     def _take(self, objects: Iterable[tuple[str, int]]) -> None:
         """Know the shards and xorbs among ``objects`` (those under the store's root)."""
         base = f"{self._root}/" if self._root else ""
-        shard_dir = base + "shards/"
+        shard_dir = self.shard_prefix()
         objects = list(objects)
         names = [n[len(shard_dir) :] for n, _ in objects if n.startswith(shard_dir)]
         for name, size in objects:
@@ -149,8 +149,8 @@ class Store:
     # -- shards and small files ----------------------------------------------
 
     def shard_files(self) -> list[ShardFile]:
-        base = f"{self._root}/shards" if self._root else "shards"
-        return [ShardFile(name, Path(base, name)) for name in self._shards]
+        prefix = self.shard_prefix()
+        return [ShardFile(name, Path(prefix + name)) for name in self._shards]
 
     def shard_prefix(self) -> str:
         """Where the store's shards are, as a prefix of object names (``.../shards/``)."""
@@ -183,6 +183,11 @@ class Store:
             if path in self._objects:
                 return path
         return None
+
+    def meta_place(self, name: str) -> str:
+        """``meta_path``, or where the small file ``name`` would be: the store's top, where pack and push
+        write it (for asking a server about a file that may have appeared)."""
+        return self.meta_path(name) or name
 
     # -- xorbs ------------------------------------------------------------
 
