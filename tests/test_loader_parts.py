@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import replace
 from types import SimpleNamespace
 from typing import cast
 
 import pytest
 
 from xetfs.base.errors import IntegrityError
-from xetfs.base.settings import MAX_RUN_BYTES, READ_AHEAD_FIRST, READ_AHEAD_XORBS, KiB, MiB
+from xetfs.base.settings import MAX_RUN_BYTES
 from xetfs.format.xorb import XorbLayout
 from xetfs.read.loader import Loader, _all_decoded, _decoded, _parts
 from xetfs.read.runs import Run, RunStore
@@ -64,8 +63,8 @@ def test_decoded_counts_only_the_chunks_that_decoded() -> None:
 
 
 def cuts(loader: Loader, layout: XorbLayout, first: int, stop: int) -> list[tuple[int, int]]:
-    """Chunks ``[first, stop)`` cut into runs as a prefetch's gap is cut (``Loader.cut``: no read-ahead)."""
-    return loader.cut(b"x" * 32, layout, first, stop, read=False)
+    """Chunks ``[first, stop)`` cut into runs as a gap is cut (``Loader.cut``)."""
+    return loader.cut(layout, first, stop)
 
 
 def test_where_each_read_is_a_request_a_run_takes_in_a_small_remainder() -> None:
@@ -83,83 +82,6 @@ def test_where_each_read_is_a_request_a_run_takes_in_a_small_remainder() -> None
     widest = Loader(store, runs, shared=lambda _: False, run_bytes=MAX_RUN_BYTES, fetch_width=8)
     at_the_bound = layout_of([MAX_RUN_BYTES // 4] * 4 + [1000])
     assert cuts(widest, at_the_bound, 0, 5) == [(0, 4), (4, 5)]  # one read would pass MAX_RUN_BYTES
-
-
-def test_a_read_that_goes_on_where_the_last_read_of_its_xorb_ended_takes_in_a_run() -> None:
-    """A read of a whole term whose chunks start where the last read's load of the same xorb ended takes in
-    the chunks after them that no run or load has (the next small files, in the order they were packed), on a
-    remote store as on a local one.  Anywhere else, and for a read of part of a term (a larger file, which has
-    its own prefetch), a read loads just its chunks; a prefetch neither reads ahead nor moves the mark."""
-    store = cast(Store, SimpleNamespace(local=False, chunk_limit=lambda _x, _s, limit: limit))
-    runs = RunStore(1 << 20)
-    remote = Loader(store, runs, shared=lambda _: False, run_bytes=1000, fetch_width=8)
-    layout = layout_of([100] * 50)
-    xorb, other = b"x" * 32, b"y" * 32
-
-    def read(loader: Loader, x: bytes, lo: int, hi: int, ahead: bool = True) -> list[tuple[int, int]]:
-        return loader.cut(x, layout, lo, hi, read=True, ahead=ahead)
-
-    assert read(remote, xorb, 5, 6) == [(5, 6)]  # the xorb's first read: its chunk
-    assert read(remote, xorb, 6, 7) == [(6, 16)]  # goes on: up to a run of 1000 bytes
-    assert read(remote, xorb, 30, 31) == [(30, 31)]  # a jump: its chunk only
-    assert read(remote, other, 31, 32) == [(31, 32)]  # (each xorb has its own mark)
-    assert remote.cut(xorb, layout, 40, 42, read=False) == [(40, 42)]  # a prefetch: no read-ahead...
-    held = Run(xorb, 35, 36, 3500, memoryview(bytearray(100)))
-    runs.put(xorb, 35, 36, ([held], {}))
-    runs.release([held])
-    assert read(remote, xorb, 31, 32) == [(31, 35)]  # ...nor a mark; a held run bounds the read-ahead
-    assert read(remote, xorb, 48, 49) == [(48, 49)]
-    assert read(remote, xorb, 49, 50) == [(49, 50)]  # the xorb's last chunk: nothing after it
-    assert read(remote, other, 32, 33, ahead=False) == [(32, 33)]  # part of a term: its chunks only...
-    assert read(remote, other, 33, 34) == [(33, 43)]  # ...but it moves the mark
-    assert remote.statistics()[1].read_ahead == 9 + 3 + 9
-    local = Loader(store, RunStore(1 << 20), shared=lambda _: False, run_bytes=1000)
-    assert not local.goes_on(xorb, layout, 5, 6)
-    assert read(local, xorb, 5, 6) == [(5, 6)]
-    assert local.goes_on(xorb, layout, 6, 7) and not local.goes_on(xorb, layout, 7, 8)
-    assert not local.goes_on(other, layout, 6, 7)
-    assert read(local, xorb, 6, 7) == [(6, 7), (7, 16)]  # (a local store reads ahead apart: see below)
-    assert read(local, xorb, 16, 17) == [(16, 17), (17, 26)]
-    tail = Run(xorb, 48, 50, 4800, memoryview(bytearray(200)))
-    local._runs.put(xorb, 48, 50, ([tail], {}))
-    local._runs.release([tail])
-    assert local.goes_on(xorb, layout, 26, 27)
-    assert not local.goes_on(xorb, layout, 26, 48)  # nothing after it to read: the chunks are held
-    assert not local.goes_on(xorb, layout, 26, 50)  # (nor after the xorb's last chunk)
-
-
-def test_read_ahead_starts_small_and_doubles_up_to_a_run_within_a_disk_cache_entry() -> None:
-    """The first read-ahead in a xorb takes ``READ_AHEAD_FIRST`` bytes, each read that goes on twice as many,
-    up to a run, kept across a read that does not go on.  A disk-cache entry bounds it as it bounds a run
-    (``Store.chunk_limit``)."""
-    entry_end = 150  # (as if a disk-cache entry ended before chunk 150)
-    store = cast(Store, SimpleNamespace(local=False, chunk_limit=lambda _x, s, limit: min(limit, max(s + 1, entry_end)
-                                        if s < entry_end else limit)))  # fmt: skip
-    loader = Loader(store, RunStore(1 << 30), shared=lambda _: False, run_bytes=4 * MiB, fetch_width=8)
-    chunk = 64 * KiB
-    xorb = b"x" * 32
-    layout = replace(layout_of([chunk] * 300), xorb_hash=xorb)  # (the disk cache is asked of a named xorb)
-    got, lo = [], 0
-    for _ in range(8):
-        (piece,) = loader.cut(xorb, layout, lo, lo + 1, read=True, ahead=True)
-        got.append(piece[1] - piece[0])
-        lo = piece[1]
-    first = READ_AHEAD_FIRST // chunk
-    assert got == [1, first, 2 * first, 4 * first, 8 * first, 16 * first, 150 - 125, 64], got
-    assert loader.cut(xorb, layout, 230, 231, read=True, ahead=True) == [(230, 231)]  # a jump: its chunk only...
-    assert loader.cut(xorb, layout, 231, 232, read=True, ahead=True) == [(231, 295)]  # ...and the width is kept
-    fresh = b"z" * 32
-    assert loader.cut(fresh, layout, 0, 1, read=True, ahead=True) == [(0, 1)]
-    assert loader.cut(fresh, layout, 1, 2, read=True, ahead=True) == [(1, 1 + first)]  # (each xorb its own)
-
-
-def test_the_loader_remembers_the_last_read_of_a_bounded_number_of_xorbs() -> None:
-    store = cast(Store, SimpleNamespace(local=False, chunk_limit=lambda _x, _s, limit: limit))
-    loader = Loader(store, RunStore(1 << 20), shared=lambda _: False, run_bytes=1000, fetch_width=8)
-    layout = layout_of([100] * 10)
-    for k in range(READ_AHEAD_XORBS + 5):
-        loader.cut(k.to_bytes(32, "big"), layout, 0, 1, read=True, ahead=True)
-    assert len(loader._read_ends) <= READ_AHEAD_XORBS
 
 
 def test_where_the_chunks_no_run_or_load_has_end() -> None:

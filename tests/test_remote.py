@@ -802,7 +802,8 @@ def test_small_files_read_in_the_order_they_were_packed_read_ahead_on_a_local_st
             stats = m.stats()
         store, decode = stats["store"], stats["decode"]
         if name == "packed":
-            assert store["reads"] <= len(order) // 10 and store["read_ahead"] > len(order) // 2, store
+            prefetch = stats["prefetch"]
+            assert store["reads"] <= len(order) // 10 and prefetch["chunks"] > len(order) // 2, (store, prefetch)
             assert decode["in_workers"] >= decode["chunks"] // 2, decode
         else:
             assert store["reads"] >= len(order) * 9 // 10, store

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import pytest
 import trio
 import trio.testing
+from helpers.served import holds
 
 from xetfs.base.errors import IntegrityError, XetfsError
 from xetfs.read.runs import Loaded, Run, RunStore
@@ -174,7 +175,7 @@ def test_a_bad_chunk_fails_only_the_reads_that_need_it_and_is_not_kept() -> None
     run(body)
     assert isinstance(outcomes["loader"], IntegrityError) and isinstance(outcomes["waiter"], IntegrityError)
     assert outcomes["neighbour"] == expected(6, 9)
-    assert not store.holds(X, 5) and store.holds(X, 4) and store.holds(X, 6)
+    assert not holds(store, X, 5) and holds(store, X, 4) and holds(store, X, 6)
 
 
 def test_a_cancelled_load_lets_its_waiters_load_it() -> None:
@@ -213,9 +214,9 @@ def test_lru_with_runs_read_through_evicted_first_and_slots_freed_at_once() -> N
         store.release(runs)
         await read(store, 0, 10, load, n=10)  # 0-9 are the most recently used now
         await read(store, 40, 50, load, n=10)  # evicts 10-19 (read through) before 20-29 (oldest)
-        assert not store.holds(X, 10) and store.holds(X, 20) and freed == [1]
+        assert not holds(store, X, 10) and holds(store, X, 20) and freed == [1]
         await read(store, 50, 60, load, n=10)  # then the least recently used
-        assert not store.holds(X, 20) and freed == [1, 2]
+        assert not holds(store, X, 20) and freed == [1, 2]
         assert not runs[0].held and bytes(runs[0].data) == b""
 
     run(body)
@@ -238,7 +239,7 @@ def test_runs_served_from_cached_bytes_move_back_when_eviction_reaches_them() ->
             runs += got
             if first == 20:
                 store.hit(runs[0], 1)  # 0-9 served again from cached bytes: the oldest is 10-19 now
-        assert freed == [1] and store.holds(X, 0) and not runs[0].recent
+        assert freed == [1] and holds(store, X, 0) and not runs[0].recent
         for i in (2, 3, 0):  # every run held is marked: LRU order 20-29, 30-39, 0-9
             store.hit(runs[i], 1)
         assert store.free_a_slot() and freed == [1, 2]
@@ -389,12 +390,12 @@ def test_a_run_read_through_and_used_again_goes_back_to_the_lru_order() -> None:
         store.hit(runs[2], 1)  # and read again: back to the LRU order, after 0-9 and 10-19
         assert runs[2].had == []
         await read(store, 30, 40, load, n=10)  # evicts the oldest, 0-9, not 20-29
-        assert freed == [0] and store.holds(X, 20)
+        assert freed == [0] and holds(store, X, 20)
         assert store.read_along(runs[1], runs[1].lo, runs[1].hi)  # 10-19 read through
         again = await store.get(X, 10, 20, cut_by(10), load)  # a read through ``get``: back in the order
         store.release(again)
         await read(store, 40, 50, load, n=10)  # evicts the least recently used: 20-29
-        assert freed == [0, 2] and store.holds(X, 10) and store.holds(X, 30)
+        assert freed == [0, 2] and holds(store, X, 10) and holds(store, X, 30)
 
     run(body)
     assert store.statistics().evicted_read == 0
@@ -432,6 +433,6 @@ def test_put_raises_the_first_bad_chunk_and_keeps_the_others() -> None:
             store.put(X, 0, 5, loaded)
 
     run(body)
-    assert [store.holds(X, i) for i in range(5)] == [True, True, False, False, True]
+    assert [holds(store, X, i) for i in range(5)] == [True, True, False, False, True]
     assert store.vacant(X, 2, 4)
     assert all(run.pins == 0 for run in store._order)

@@ -16,9 +16,9 @@ SETTLE_DEADLINE = 10.0
 
 
 def loaded(stats: dict[str, Any]) -> int:
-    """The chunks that reads, prefetch and reads ahead in a xorb asked to be loaded: once every load is done
-    and none failed, the chunks decoded (``decode.chunks``)."""
-    return int(stats["cache"]["misses"] + stats["prefetch"]["chunks"] + stats["store"]["read_ahead"])
+    """The chunks that reads and prefetch (reading ahead in a xorb included) asked to be loaded: once every load
+    is done and none failed, the chunks decoded (``decode.chunks``)."""
+    return int(stats["cache"]["misses"] + stats["prefetch"]["chunks"])
 
 
 def chunk_set(store: OracleStore, name: str, reads: list[tuple[int, int]] | None = None) -> set[tuple[str, int]]:

@@ -1,4 +1,4 @@
-"""Run a coroutine in a trio run whose nursery also serves background work."""
+"""Run a coroutine in a trio run whose nursery also serves background work; what a run store holds."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import trio
+
+from xetfs.read.runs import RunStore
 
 T = TypeVar("T")
 
@@ -27,3 +29,8 @@ def run_served(start: Callable[[trio.Nursery], None], body: Callable[[], Awaitab
     if isinstance(result, Exception):
         raise result
     return result
+
+
+def holds(runs: RunStore, xorb_hash: bytes, chunk: int) -> bool:
+    """Whether a held run of ``runs`` has chunk ``chunk`` of the xorb."""
+    return runs.held(xorb_hash, chunk, chunk + 1) is not None

@@ -48,9 +48,10 @@ class LayoutCounters:
 
 @dataclass
 class PrefetchCounters:
-    """Decoding ahead of sequential readers (the reader and the run store); all 0 with ``--no-prefetch``."""
+    """Decoding ahead of sequential readers (the reader and the run store), and of small files read in the order
+    they were packed (``Loader.ahead``); all 0 with ``--no-prefetch``."""
 
-    requests: int = 0  # prefetch windows asked for
+    requests: int = 0  # prefetch windows asked for (a stretch of a xorb read ahead of small files is one)
     chunks: int = 0  # chunks decoded for them
     hits: int = 0  # of those, chunks a read later used (a prefetched run counts whole at its first read)
 
@@ -74,7 +75,6 @@ class StoreCounters:
     reads: int = 0  # reads of xorb chunk bytes
     bytes: int = 0  # their size
     layouts: int = 0  # xorb footers loaded
-    read_ahead: int = 0  # chunks after a small file's own that its read asked for too (``Loader.cut``)
 
 
 @dataclass

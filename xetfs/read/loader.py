@@ -10,22 +10,8 @@ Ranges worth a process round trip are read, decoded and verified into slots
 of shared memory (``slots.Slots``) by a decode worker (``pool.DecodePool``),
 or by the daemon while no worker can take them (starting, or lost); small
 ones, and any when every slot is in use, into the daemon's memory.
-``Loader.layout`` reads and checks a xorb's layout, and ``Loader.run_stop``
-says where a run ends.
-
-Reading ahead in a xorb (``Loader.cut``): a read of every chunk of its
-file's term (a small file read whole) whose chunks start where the last
-read's load of the same xorb ended (``goes_on``) takes in the chunks after
-them that no run or load has: ``READ_AHEAD_FIRST`` decoded bytes, twice as
-many each time a read goes on, up to one store read.  Small files read in
-the order they were packed then cost a store read every few dozen files,
-not one each: a request fewer each on a remote store, and on a local one a
-run decoded by a worker rather than each file decoded by the daemon on its
-way to the reader (``load_now``).  A read that goes on by chance waits for
-little more than its own chunks.  The width is kept across reads that do
-not go on: files packed a little out of order, or two kinds of files
-packed apart and read in turn, do not start it again.  A larger file, read
-in parts, has its own prefetch.
+``Loader.layout`` reads and checks a xorb's layout, ``Loader.run_stop``
+says where a run ends, and ``Loader.cut`` cuts a range into runs.
 
 Blocking store reads in the daemon go through ``io``, which may run them
 inline (fastest) or in a worker thread with a time bound.  Runs on one trio
@@ -38,7 +24,7 @@ import contextlib
 from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
-from itertools import pairwise, repeat
+from itertools import repeat
 from typing import Any, TypeVar
 
 import trio
@@ -47,8 +33,6 @@ from xetfs.base import hashes
 from xetfs.base.errors import StoreTimeoutError, XetfsError
 from xetfs.base.settings import (
     MAX_RUN_BYTES,
-    READ_AHEAD_FIRST,
-    READ_AHEAD_XORBS,
     RUN_BYTES,
     RUN_TAIL_SHARE,
     STORE_READ_THREADS,
@@ -125,14 +109,12 @@ class Loader:
         self._io = io
         self._inline = io is inline_io  # store reads never wait: small loads are done at once (``load_now``)
         self._pool = pool
-        self._run_bytes = pool.slot_size if pool is not None and store.local else run_bytes
+        self.run_bytes = pool.slot_size if pool is not None and store.local else run_bytes  # (of a run, at most)
         self._fetches = trio.CapacityLimiter(fetch_width) if fetch_width else None
         # Remote jobs in flight at most: what the workers fetch at once, so that a job's time bound
         # (``DecodePool.job_timeout``) is spent on its own fetch, not waiting behind others.
         self._remote_jobs = trio.CapacityLimiter(pool.worker_count * WORKER_FETCHES) if pool is not None else None
         self._remote = remote or RemoteCounters()
-        # By xorb: the chunk after the last one a read's load took, and how far that read read ahead (``cut``).
-        self._read_ends: dict[bytes, tuple[int, int]] = {}
         self._decode = DecodeCounters()
         self._store = StoreCounters()
 
@@ -178,47 +160,25 @@ class Loader:
         while (
             stop < limit
             and layout.phys_ends[stop] - layout.phys_start(start) <= MAX_RUN_BYTES
-            and layout.range_size(start, stop + 1) <= self._run_bytes
+            and layout.range_size(start, stop + 1) <= self.run_bytes
         ):
             stop += 1
         if (
             self._fetches is not None
             and stop < limit
-            and layout.range_size(stop, limit) < self._run_bytes // RUN_TAIL_SHARE
+            and layout.range_size(stop, limit) < self.run_bytes // RUN_TAIL_SHARE
             and layout.phys_ends[limit - 1] - layout.phys_start(start) <= MAX_RUN_BYTES
         ):
             stop = limit
         return stop
 
-    def cut(
-        self, xorb_hash: bytes, layout: XorbLayout, lo: int, hi: int, *, read: bool, ahead: bool = False
-    ) -> list[tuple[int, int]]:
-        """Chunks ``[lo, hi)``, which no run or load has, as store reads (``run_stop``): ``(first, stop)`` each.
-        A read (not a prefetch) of a whole term (``ahead``) may read ahead in its xorb (the module's docstring
-        says when, and how far)."""
-        own = hi
-        if read:
-            width = self._read_ends.get(xorb_hash, (-1, 0))[1]
-            if ahead and self.goes_on(xorb_hash, layout, lo, hi):
-                width = min(2 * width, self._run_bytes) if width else READ_AHEAD_FIRST
-                reach = min(layout.num_chunks, max(hi + 1, layout.chunk_at(layout.unpacked_start(lo) + width)))
-                to = self._runs.vacant_until(xorb_hash, hi, self.run_stop(layout, lo, reach))
-                self._store.read_ahead += max(0, to - hi)
-                hi = max(hi, to)
-            _read_end(self._read_ends, xorb_hash, hi, width)
-        pieces = []  # where a store read is no request, what is read ahead is one apart: its faults are not the read's
-        for a, b in pairwise((lo, own, hi) if self._fetches is None else (lo, hi)):
-            while a < b:
-                pieces.append((a, end := self.run_stop(layout, a, b)))
-                a = end
+    def cut(self, layout: XorbLayout, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Chunks ``[lo, hi)``, which no run or load has, as store reads (``run_stop``): ``(first, stop)`` each."""
+        pieces = []
+        while lo < hi:
+            pieces.append((lo, end := self.run_stop(layout, lo, hi)))
+            lo = end
         return pieces
-
-    def goes_on(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> bool:
-        """Whether a read of chunks ``[first, stop)`` starts where the last read's load of the xorb ended, with
-        chunks after it that no run or load has: then it reads ahead (``cut``)."""
-        mark = self._read_ends.get(xorb_hash)
-        after = min(stop + 1, layout.num_chunks)
-        return mark is not None and mark[0] == first and self._runs.vacant_until(xorb_hash, stop, after) > stop
 
     async def load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
         """Read, decode and verify chunks ``[first, stop)`` (one store read): in a worker if worth it, else here.
@@ -294,15 +254,13 @@ class Loader:
         worker, in a local file read inline (a local store on a local disk).  None where it would wait:
         run ``load`` then.
 
-        A small file's read needs only this: none of ``load``'s tasks, events and coroutines.  Where it ends
-        is the xorb's mark for reading ahead (``goes_on``).
+        A small file's read needs only this: none of ``load``'s tasks, events and coroutines.
         """
         if not self._inline or (self._pool is not None and layout.range_size(first, stop) >= self._pool.min_job_bytes):
             return None
         data = self.store.read_local(xorb_hash, layout.phys_start(first), layout.phys_ends[stop - 1], first, stop)
         if data is None:  # a remote store: fetched, or read from the disk cache (whose entries may fail)
             return None
-        _read_end(self._read_ends, xorb_hash, stop)
         return _runs(xorb_hash, layout, first, self._decode_here(xorb_hash, layout, first, stop, data))
 
     async def _here(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
@@ -401,16 +359,6 @@ class Loader:
 def _within(limiter: trio.CapacityLimiter | None) -> contextlib.AbstractAsyncContextManager[Any]:
     """``async with`` it: within the limiter, or with no limit when there is none."""
     return limiter if limiter is not None else contextlib.nullcontext()
-
-
-def _read_end(read_ends: dict[bytes, tuple[int, int]], xorb_hash: bytes, stop: int, width: int | None = None) -> None:
-    """Remember where a read's load of a xorb ended, and how far it read ahead (None: as far as the last read
-    of the xorb), of ``READ_AHEAD_XORBS`` xorbs at most."""
-    if width is None:
-        width = read_ends.get(xorb_hash, (-1, 0))[1]
-    if len(read_ends) >= READ_AHEAD_XORBS and xorb_hash not in read_ends:
-        read_ends.clear()
-    read_ends[xorb_hash] = (stop, width)
 
 
 def _runs(xorb_hash: bytes, layout: XorbLayout, first: int, chunks: Sequence[Buffer | XetfsError]) -> Loaded:

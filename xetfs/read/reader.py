@@ -20,6 +20,7 @@ import contextlib
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import trio
 from cachetools import TTLCache
@@ -50,6 +51,7 @@ from xetfs.read.cache import LoadingCache
 from xetfs.read.extents import Extent, Extents
 from xetfs.read.loader import Io, Loader, inline_io
 from xetfs.read.pool import DecodePool
+from xetfs.read.readahead import ReadAhead
 from xetfs.read.runs import Loaded, Run, RunStore
 from xetfs.storage.index import FileEntry, Index, TermSlice, chunk_range
 from xetfs.storage.store import Store
@@ -91,7 +93,7 @@ class Reader:
         ``fetch_width``: store reads in flight at most (None: no bound); ``remote``: the remote
         store's counters, where reads failed by the server are counted.  A remote store's reads
         wait on the network: several larger ones are in flight.  ``read_ahead``: small files read
-        in pack order read ahead in their xorb (``Loader.cut``)."""
+        in pack order read ahead in their xorb (``readahead``)."""
         self.index = index
         self._read_ahead = read_ahead and cache_size >= MIN_CACHE_FOR_PREFETCH  # (as prefetch: runs must stay)
         self._remote = remote or RemoteCounters()
@@ -99,11 +101,13 @@ class Reader:
         self.runs = RunStore(cache_size, pool.slots.free if pool else None, self._extents.forget)
         self._loader = Loader(store, self.runs, shared=index.shared, verify=verify, io=io, pool=pool,
                               run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote)  # fmt: skip
+        self._ahead = ReadAhead(self.runs.vacant_until, self._loader.run_stop, self._loader.run_bytes)
         self._layouts: LoadingCache[bytes, XorbLayout] = LoadingCache(LAYOUT_CACHE_SIZE, _layout_size)
         self._bad_layouts: TTLCache[bytes, XetfsError] = TTLCache(maxsize=1024, ttl=BAD_LAYOUT_SECONDS)
         self._errors = ErrorCounters()
         self._prefetch_requests = 0
         self._files: dict[bytes, FileCounters] = {}  # by file hash: what its reads decoded
+        self._nursery: trio.Nursery | None = None  # (reading ahead, from ``start`` on)
 
     @property
     def store(self) -> Store:
@@ -133,8 +137,9 @@ class Reader:
     # -- public API ---------------------------------------------------------
 
     def start(self, nursery: trio.Nursery) -> None:
-        """Start background work (collecting worker results) in ``nursery``."""
+        """Start background work (collecting worker results, reading ahead) in ``nursery``."""
         self._loader.start(nursery)
+        self._nursery = nursery
 
     async def wait_for_workers(self) -> None:
         """After ``start``: wait until decode workers take jobs, or none will (at once without a pool)."""
@@ -171,6 +176,7 @@ class Reader:
             # Bytes the store holds are served at once: no await, nothing pinned or loaded.
             spans = self._spans_now(entry, offset, size)
             if spans is not None:
+                self._read_ahead_of(spans)
                 now = self._load_now(entry, spans)  # a small read of chunks nobody has: at once
                 if now is not None:
                     held.append(now)
@@ -182,11 +188,12 @@ class Reader:
                     return self._join(entry, spans, found, read_through)
             else:
                 spans = await self._spans(entry, offset, size)
+                self._read_ahead_of(spans)
             for piece, layout, first, stop in spans:
-                whole = self._read_ahead and _whole_term(piece, first, stop)
                 try:
-                    held.append(await self._get(layout, piece.xorb_hash, first, stop, prefetch=False,
-                                                file_hash=entry.file_hash, ahead=whole))  # fmt: skip
+                    held.append(
+                        await self._get(layout, piece.xorb_hash, first, stop, prefetch=False, file_hash=entry.file_hash)
+                    )
                 except XetfsError as exc:
                     at = entry.term_start(piece.term) + piece.offset
                     exc.file_range = (at, at + piece.length)
@@ -238,11 +245,8 @@ class Reader:
         return run.data[lo - run.lo : hi - run.lo]  # the extent lies within the run
 
     async def prefetch(self, entry: FileEntry, offset: int, size: int) -> None:
-        """Load the chunks under ``[offset, offset + size)`` that no run holds; errors are ignored.
-
-        They will be met, counted and reported by the read that needs the
-        bytes.
-        """
+        """Load the chunks under ``[offset, offset + size)`` that no run holds; errors are ignored (the read
+        that needs the bytes meets, counts and reports them)."""
         self._prefetch_requests += 1
         with contextlib.suppress(XetfsError):
             for piece, layout, first, stop in await self._spans(entry, offset, size):
@@ -301,10 +305,13 @@ class Reader:
             return b""
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    async def _get(self, layout: XorbLayout, xorb_hash: bytes, first: int, stop: int, *, prefetch: bool,
-                   file_hash: bytes, ahead: bool = False) -> list[Run]:  # fmt: skip
-        def cut(lo: int, hi: int) -> list[tuple[int, int]]:  # (``ahead``: the read has its term's every chunk)
-            return self._loader.cut(xorb_hash, layout, lo, hi, read=not prefetch, ahead=ahead and hi == stop)
+    async def _get(
+        self, layout: XorbLayout, xorb_hash: bytes, first: int, stop: int, *, prefetch: bool, file_hash: bytes
+    ) -> list[Run]:
+        def cut(lo: int, hi: int) -> list[tuple[int, int]]:
+            if not prefetch:
+                self._ahead.loaded(xorb_hash, hi)
+            return self._loader.cut(layout, lo, hi)
 
         async def load(lo: int, hi: int) -> Loaded:
             loaded = await self._loader.load(xorb_hash, layout, lo, hi)
@@ -312,6 +319,18 @@ class Reader:
             return loaded
 
         return await self.runs.get(xorb_hash, first, stop, cut, load, prefetch=prefetch)
+
+    def _read_ahead_of(self, spans: list[_Span]) -> None:
+        """For a read of a small file (every chunk of one term), have the chunks its xorb's readers will want
+        next read in the background (``ReadAhead.stretch``): a prefetch, counted as one."""
+        if len(spans) == 1 and self._nursery is not None and self._read_ahead:
+            piece, layout, first, stop = spans[0]
+            x = piece.xorb_hash
+            due = self._ahead.stretch(x, layout, first, stop) if _whole_term(piece, first, stop) else None
+            if due is not None:  # (other files' chunks: counted for no file, as ``_tally`` says)
+                self._prefetch_requests += 1
+                cut, load = partial(self._loader.cut, layout), partial(self._loader.load, x, layout)
+                self.runs.get_soon(x, *due, cut, load, self._nursery)
 
     def _load_now(self, entry: FileEntry, spans: list[_Span]) -> list[Run] | None:
         """The runs of a read of one span that no run or load has any chunk of, loaded at once and pinned
@@ -323,21 +342,16 @@ class Reader:
             return None
         if self._loader.run_stop(layout, first, stop) < stop:  # more than one store read
             return None
-        if (
-            self._read_ahead
-            and _whole_term(piece, first, stop)
-            and self._loader.goes_on(piece.xorb_hash, layout, first, stop)
-        ):
-            return None  # the next small file: read ahead (``Loader.cut``)
         loaded = self._loader.load_now(piece.xorb_hash, layout, first, stop)
         if loaded is None:
             return None
+        self._ahead.loaded(piece.xorb_hash, stop)
         self._tally(entry.file_hash, loaded, layout, first, stop)
         return self.runs.put(piece.xorb_hash, first, stop, loaded)
 
     def _tally(self, file_hash: bytes, loaded: Loaded, layout: XorbLayout, first: int, stop: int) -> None:
         """Count what a read of the file ``file_hash`` loaded of chunks ``[first, stop)`` (the file whose read
-        loads a chunk is the one it is counted for; chunks it read ahead are other files')."""
+        loads a chunk is the one it is counted for; chunks read ahead in the background, for no file)."""
         tally = self._files.get(file_hash) or self._files.setdefault(file_hash, FileCounters())
         for run in loaded[0]:
             a, b = max(first, run.first), min(stop, run.stop)
@@ -385,5 +399,5 @@ def _layout_size(layout: XorbLayout) -> int:
 
 def _whole_term(piece: TermSlice, first: int, stop: int) -> bool:
     """Whether a read's chunks ``[first, stop)`` are every chunk of its term (a small file read whole, say):
-    then it may read ahead in the xorb (``Loader.cut``)."""
+    then it may read ahead in the xorb (``readahead``)."""
     return first == piece.start and stop == piece.stop

@@ -27,7 +27,7 @@ Single-threaded: call only from the trio thread that owns it.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
@@ -76,8 +76,8 @@ class Load:
     stop: int
     done: trio.Event = field(default_factory=trio.Event)
     runs: list[Run] = field(default_factory=list)
-    errors: dict[int, XetfsError] = field(default_factory=dict)  # chunk index -> what stopped it
-    waiters: int = 0  # ``get`` calls that will take its runs (the one loading it included)
+    errors: Mapping[int, Exception] = field(default_factory=dict)  # chunk index -> what stopped it
+    waiters: int = 0  # ``get`` calls that will take its runs (the one loading it included, if any)
 
 
 # What a loader made of chunks: runs for those that decoded, in order, and by chunk index the error of each
@@ -175,6 +175,11 @@ class RunStore:
             return []
         return [have[k] for k in sorted(have)]
 
+    def get_soon(self, xorb_hash: bytes, first: int, stop: int, cut: Cut, load: LoadFn, nursery: trio.Nursery) -> None:
+        """``get`` as a prefetch, in tasks of ``nursery``, its loads registered now: reads join them."""
+        for a, b in [piece for lo, hi in self._cover(xorb_hash, first, stop)[1] for piece in cut(lo, hi)]:
+            nursery.start_soon(self._load, xorb_hash, self._register(xorb_hash, a, b), load, True)
+
     def held(self, xorb_hash: bytes, first: int, stop: int) -> list[Run] | None:
         """The held runs covering chunks ``[first, stop)``, in order, or None if any chunk is not held.
 
@@ -199,12 +204,9 @@ class RunStore:
 
     def put(self, xorb_hash: bytes, first: int, stop: int, loaded: Loaded) -> list[Run]:
         """Hold what a read loaded at once, with no await in between, for chunks ``[first, stop)``, which were
-        ``vacant``: ``get`` without its single flight, for small reads (``Loader.load_now``).
-
-        Each chunk counts as one miss.  The runs come back pinned, as from
-        ``get``: ``release`` them.  Raises the error of the first chunk that
-        failed to load; the runs of the others are held all the same.
-        """
+        ``vacant``: ``get`` without its single flight, for small reads (``Loader.load_now``).  Each chunk counts
+        as one miss.  The runs come back pinned, as from ``get``: ``release`` them.  Raises the error of the
+        first chunk that failed to load; the runs of the others are held all the same."""
         runs, errors = loaded
         self._c.misses += stop - first
         entries = self._xorbs.setdefault(xorb_hash, [])
@@ -232,10 +234,6 @@ class RunStore:
             run.prefetched = False
             self._p.hits += run.stop - run.first
         self._order.mark(run)
-
-    def holds(self, xorb_hash: bytes, chunk: int) -> bool:
-        """Whether a held run has chunk ``chunk`` of the xorb."""
-        return self.held(xorb_hash, chunk, chunk + 1) is not None
 
     def release(self, runs: Iterable[Run]) -> None:
         """A read is done with ``runs`` (from ``get``); evict past capacity."""
@@ -325,7 +323,7 @@ class RunStore:
     async def _load(self, xorb_hash: bytes, ld: Load, load: LoadFn, prefetch: bool) -> None:
         try:
             ld.runs, ld.errors = await load(ld.first, ld.stop)
-        except XetfsError as exc:
+        except Exception as exc:  # (the reads that need the chunks raise it, not the task that loads them)
             ld.errors = dict.fromkeys(range(ld.first, ld.stop), exc)
         else:
             if prefetch:  # what prefetch decoded: not a load cancelled or failed
@@ -343,6 +341,8 @@ class RunStore:
                 del self._xorbs[xorb_hash]
             self._c.loading -= ld.stop - ld.first
             ld.done.set()
+            if not ld.waiters:  # (a load of ``get_soon`` that no read joined)
+                self.release(ld.runs)
 
     def _leave(self, ld: Load) -> None:
         """A ``get`` is done with a load it waited for: the last one unpins its runs."""
