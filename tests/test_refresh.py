@@ -144,12 +144,13 @@ def test_refresh_of_a_local_mount(imported: Imported) -> None:
 
 @fuse
 def test_refresh_over_http_and_a_stopped_server(imported: Imported) -> None:
-    """The mirror: packed on one side, pushed to the directory nginx serves, mounted by URL on the other."""
+    """The mirror: packed on one side, pushed to the directory nginx serves, mounted by URL on the other.  What
+    the refresh read is kept in the disk cache: a mount made again with the server down shows the new revision."""
     served = imported.tmp / "served"
     _push(imported, served)
     port = servers.free_port()
-    with servers.nginx(served, port=port) as web, mounted(web.url, "--cache-dir",
-                                                          str(imported.tmp / "disk-cache")) as m:  # fmt: skip
+    cache = ("--cache-dir", str(imported.tmp / "disk-cache"))
+    with servers.nginx(served, port=port) as web, mounted(web.url, *cache) as m:
         _while_reading(m, imported, push_to=served)
         names = sorted(os.listdir(m.path / "models--acme--tiny-bert" / "snapshots"))
         web.stop()
@@ -159,6 +160,9 @@ def test_refresh_over_http_and_a_stopped_server(imported: Imported) -> None:
         assert sorted(os.listdir(m.path / "models--acme--tiny-bert" / "snapshots")) == names
         stats = m.stats()
         assert stats["refresh"]["failures"] == 1 and stats["refresh"]["refreshes"] == 1, stats["refresh"]
+    with mounted(web.url, *cache) as again:  # (the server is down: from the disk cache alone)
+        assert sorted(os.listdir(again.path / "models--acme--tiny-bert" / "snapshots")) == names
+        assert "is not in the store" not in again.log(), again.log()
 
 
 @fuse

@@ -44,7 +44,7 @@ from xetfs.base.stats import RefreshCounters
 from xetfs.format.shard import parse_shard
 from xetfs.names.stabletree import Changes, TreeLike, renumber
 from xetfs.storage.catalogue import CATALOGUE_NAME
-from xetfs.storage.diskcache import uncached
+from xetfs.storage.diskcache import from_server
 from xetfs.storage.index import Index
 from xetfs.storage.layout import SHARD_NAME
 from xetfs.storage.manifest import MANIFEST_NAME
@@ -135,7 +135,7 @@ class Refresher:
     def _prepare(self, index: Index, tree: TreeLike) -> _Update | None:
         """The new index and tree, or None if nothing changed (in a thread; nothing the mount serves changes
         here: the store only learns of more objects, which nothing reads until the new index names them)."""
-        server = uncached(self.store.source)
+        server = from_server(self.store.source)
         # (Tags first: a change after them is seen by the next refresh.)
         tags = {name: server.tag(self.store.meta_place(name)) for name in self._tree_from or ()}
         same = self._tree_from is not None and tags == self._tags

@@ -53,7 +53,7 @@ from xetfs.storage.catalogue import (
     parse_catalogue,
     store_catalogue,
 )
-from xetfs.storage.diskcache import uncached
+from xetfs.storage.diskcache import from_server
 from xetfs.storage.index import FileEntry, Index
 from xetfs.storage.indexer import load_index
 from xetfs.storage.layout import find_root
@@ -172,7 +172,7 @@ class Contents:
     def _remote_catalogue(store: Store, *, server_only: bool = False) -> bytes | None:
         """The catalogue of a remote store, fetched (None if it has none).  With ``server_only``, from the
         server itself, never a copy in the disk cache (a timed look must not take an old copy for news)."""
-        source = uncached(store.source) if server_only else store.source
+        source = from_server(store.source) if server_only else store.source
         try:
             return source.read(store.meta_place(CATALOGUE_NAME), limit=MAX_CATALOGUE_BYTES, fresh=True)
         except MissingObjectError:
@@ -183,7 +183,7 @@ class Contents:
         """The server's tag of a remote store's catalogue (``ObjectSource.tag``), or None if it has none or
         cannot say now."""
         try:
-            return uncached(store.source).tag(store.meta_place(CATALOGUE_NAME))
+            return from_server(store.source).tag(store.meta_place(CATALOGUE_NAME))
         except (XetfsError, OSError):
             return None
 

@@ -292,9 +292,10 @@ def _no_copy(exc: StoreError | StoreTimeoutError, directory: Path, what: str) ->
     return type(exc)(f"{exc}; the disk cache {directory} has no copy {what}") if offline else exc
 
 
-def uncached(source: ObjectSource) -> ObjectSource:
-    """The server itself behind ``source``: past a disk cache, if one is in between."""
-    return source.inner if isinstance(source, CachedSource) else source
+def from_server(source: ObjectSource) -> ObjectSource:
+    """``source`` answered by the server itself, never from a copy: what it reads still goes into the disk
+    cache, if one is in between, so that a later mount with the server down finds it (a refresh's listing)."""
+    return CachedSource(source.inner, source.cache, fallback=False) if isinstance(source, CachedSource) else source
 
 
 def size_of(path: Path | str) -> int:
@@ -316,20 +317,22 @@ class CachedSource:
     ``chunkcache.ChunkCache`` of the same cache).
     """
 
-    def __init__(self, inner: ObjectSource, cache: DiskCache) -> None:
+    def __init__(self, inner: ObjectSource, cache: DiskCache, *, fallback: bool = True) -> None:
+        """``fallback``: copies in the cache stand in for a server that cannot be reached (else never read)."""
         self.inner = inner
         self.cache = cache
         self.location = inner.location
+        self.fallback = fallback
 
     def read(self, name: str, *, limit: int, fresh: bool = False) -> bytes:
         key = f"{self.location}\0object\0{name}"
-        if fresh:
+        if fresh or not self.fallback:
             try:
-                data = self.inner.read(name, limit=limit, fresh=True)
+                data = self.inner.read(name, limit=limit, fresh=fresh)
             except (ServerUnreachableError, StoreTimeoutError) as exc:  # (a refusal is said: wrong credentials)
-                cached = self.cache.get(key)
+                cached = self.cache.get(key) if self.fallback else None
                 if cached is None:
-                    raise _no_copy(exc, self.cache.directory, "of it") from None
+                    raise _no_copy(exc, self.cache.directory, "of it") if self.fallback else exc from None
                 log.warning("%s; using the copy in the disk cache", exc)
                 return cached
             self.cache.put(key, data)
@@ -364,6 +367,8 @@ class CachedSource:
         try:
             names = self.inner.list(prefix)
         except (ServerUnreachableError, StoreTimeoutError) as exc:
+            if not self.fallback:
+                raise
             cached = self.cache.get(key)
             if cached is None:
                 raise _no_copy(exc, self.cache.directory, "of the listing") from None

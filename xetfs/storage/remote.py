@@ -21,7 +21,7 @@ from xetfs.base.settings import IO_TIMEOUT
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.chunkcache import ChunkCache
 from xetfs.storage.dirsource import DirSource
-from xetfs.storage.diskcache import CachedSource, DiskCache, default_dir, uncached
+from xetfs.storage.diskcache import CachedSource, DiskCache, default_dir, from_server
 from xetfs.storage.layout import LISTING_NAME, MAX_LISTING_BYTES, Listing, check_listed, replace_file
 from xetfs.storage.objects import ObjectSource, ObstoreSource, RemoteOptions, is_url
 from xetfs.storage.store import Store
@@ -48,14 +48,8 @@ def publish(top: str | os.PathLike[str]) -> tuple[Path, Listing]:
     return path, listing
 
 
-def load_listing(source: ObjectSource, *, fallback: bool = True) -> Listing:
-    """The store's listing: listed by the service when it can, else its ``xetfs-listing.json``.
-
-    Without ``fallback``, a disk cache in between is not used when the server cannot answer: the
-    listing is the server's or an error (a refresh must not take an old listing for a new one).
-    """
-    if not fallback:
-        source = uncached(source)
+def load_listing(source: ObjectSource) -> Listing:
+    """The store's listing: listed by the service when it can, else its ``xetfs-listing.json``."""
     listed = _list(source)
     if listed is not None:
         return _listed(listed, source.location)
@@ -63,10 +57,11 @@ def load_listing(source: ObjectSource, *, fallback: bool = True) -> Listing:
 
 
 def listing_if_changed(source: ObjectSource, tag: str | None) -> tuple[Listing | None, str | None]:
-    """``load_listing`` from the server itself, or None where it cannot have changed: an HTTP store's
+    """``load_listing`` from the server itself (a refresh must not take an old listing for a new one; the new
+    one is kept in the disk cache, if any), or None where it cannot have changed: an HTTP store's
     ``LISTING_NAME`` whose ``ObjectSource.tag`` is still ``tag``.  With that tag (None for a store that
     lists itself, which is listed every time)."""
-    server = uncached(source)
+    server = from_server(source)
     listed = _list(server)
     if listed is not None:
         return _listed(listed, source.location), None
