@@ -307,6 +307,19 @@ def test_a_server_that_ignores_range_requests_fails_reads_at_once_and_says_so(pa
         assert "the server does not answer range requests (it sends whole objects)" in m.log(), m.log()
 
 
+def test_https_to_a_plain_http_server_fails_at_once_and_says_so(packed: Packed) -> None:
+    """A TLS handshake that fails is no transient error: not tried again until the deadline (30 s)."""
+    with servers.python_http_server(packed.top) as server:
+        url = server.url.replace("http://", "https://")
+        source = ObstoreSource(url, RemoteOptions(deadline=30))
+        started = time.monotonic()
+        with pytest.raises(StoreError) as failed:
+            source.read(LISTING_NAME, limit=1 << 20)
+    assert time.monotonic() - started < 5 and source.counters.requests == 1
+    assert str(failed.value) == (f"{url}/{LISTING_NAME}: the TLS handshake failed: the server does not speak TLS "
+                                 f"there (InvalidContentType): is the URL http://, not https://?")  # fmt: skip
+
+
 def test_a_request_refused_while_the_server_is_down_says_why() -> None:
     """The listing's request finds no server; the xorb read after it is not sent, and says so, naming the
     request that marked the server down (not quoting that request's error as its own)."""

@@ -352,6 +352,9 @@ class ObstoreSource:
                                          ) from None  # fmt: skip
                     if status is not None and 400 <= status < 500 and status not in (408, 429):
                         raise StoreError(f"{self._where(what)}: {message}") from None
+                    tls = _tls_failure(full)
+                    if tls is not None:  # (never transient: not tried again)
+                        raise StoreError(f"{self._where(what)}: the TLS handshake failed: {tls}") from None
                     if _unreachable(full):  # (the client's own words would repeat the URL, and time the attempt)
                         reason = _connect_reason(full)
                         self._mark_down(f"after {what or 'the listing'} failed: no connection ({reason})")
@@ -649,6 +652,20 @@ def _status(message: str) -> int | None:
 def _unreachable(message: str) -> bool:
     """Whether an error says no connection could be made at all (as opposed to one that broke)."""
     return "ConnectError" in message or "dns error" in message.lower()
+
+
+def _tls_failure(message: str) -> str | None:
+    """What went wrong in a TLS handshake that an error reports (rustls's words), for a message; None if not one."""
+    m = re.search(r"\b(InvalidMessage|InvalidCertificate|AlertReceived|PeerIncompatible|PeerMisbehaved)\(\s*(\w+)",
+                  message)  # fmt: skip
+    if m is None:
+        return None
+    kind, detail = m.groups()
+    if kind == "InvalidMessage":  # (a plain HTTP server's answer, most often)
+        return f"the server does not speak TLS there ({detail}): is the URL http://, not https://?"
+    if kind == "InvalidCertificate":
+        return f"its certificate was refused ({detail})"
+    return f"{kind} ({detail})"
 
 
 def _connect_reason(message: str) -> str:
