@@ -657,6 +657,7 @@ def test_stats_command_shows_required_keys(multi_store: OracleStore, cli: CliRun
                 assert table[group][key] == f"{doc[group][key]:,}", (group, key, table[group])
         ratio = cache["hits"] / (cache["hits"] + cache["misses"])
         assert table["cache"]["hit ratio"] == f"{ratio:.1%}"
+        assert table["remote"]["wait_s"] == "0.000"  # (seconds, as floats: to the millisecond)
 
 
 def test_stats_names_what_is_wrong_with_its_argument(cli: CliRunner, tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ from helpers.oracle import OracleStore, run_xetfs
 from xetfs.base import hashes
 from xetfs.base.exitstatus import MEANING, ExitStatus
 from xetfs.base.messages import plural
-from xetfs.storage.manifest import ManifestFile, dump_manifest
+from xetfs.commands.mount import format_stats
+from xetfs.storage.manifest import MAX_WARNINGS_PER_KIND, ManifestFile, dump_manifest
 
 REPO = oracle.REPO_ROOT
 VENV_XETFS = REPO / ".venv" / "bin" / "xetfs"
@@ -231,6 +232,13 @@ def test_ls_warns_in_the_style_of_every_other_command(basic_store: OracleStore, 
 
 
 @pytest.mark.integration
+def test_the_stats_table_shows_seconds_to_the_millisecond() -> None:
+    table = format_stats({"uptime_seconds": 12.345678, "remote": {"wait_s": 0.30516277387505397, "ranges": 1234}})
+    assert table.splitlines() == ["uptime_seconds          12.35", "remote:", "  wait_s                0.305",
+                                  "  ranges                1,234"]  # fmt: skip
+
+
+@pytest.mark.integration
 def test_counts_are_worded_with_their_plural() -> None:
     assert [plural(n, "file") for n in (0, 1, 2)] == ["0 files", "1 file", "2 files"]
     assert plural(1, "entry") == "1 entry" and plural(3, "entry") == "3 entries" and plural(2, "day") == "2 days"
@@ -314,6 +322,35 @@ def test_a_skipped_shard_is_reported_where_the_user_mounts(multi_store: OracleSt
     assert lines[0].startswith(f"xetfs: warning: skipping shard {victim.name}: "), lines
     assert lines[1] == f"xetfs: mounted {store.path} at {mnt} with 1 warning (log: {log})"
     assert victim.name in log.read_text()
+
+
+@pytest.mark.fuse
+def test_the_mount_counts_every_warning_the_log_sums_up(basic_store: OracleStore, tmp_path: Path, mnt: Path) -> None:
+    """Past ``MAX_WARNINGS_PER_KIND`` names of one kind skipped, the log sums the rest up in one line; the mount
+    still counts each."""
+    store = oracle.copy_store(basic_store, tmp_path / "store")
+    skipped = MAX_WARNINGS_PER_KIND + 10
+    # (hashes of 1 to N: all zeros is the empty file's)
+    named = [ManifestFile((f"gone{k}.bin",), bytes([k + 1]) * 32, None, None) for k in range(skipped)]
+    (store.path / "xetfs-manifest.json").write_bytes(dump_manifest(named))
+    log = tmp_path / "daemon.log"
+    proc = run_xetfs("mount", store.path, mnt, "--log-file", log)
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stderr.decode().splitlines()[-1]
+    assert last == f"xetfs: mounted {store.path} at {mnt} with {skipped} warnings (log: {log})", last
+    assert "names: ... and 10 more missing warnings" in log.read_text()
+
+
+@pytest.mark.integration
+def test_a_directory_of_plain_files_given_as_a_store_says_how_to_make_one(tmp_path: Path) -> None:
+    (tmp_path / "data" / "train").mkdir(parents=True)
+    (tmp_path / "data" / "train" / "a.json").write_text("{}")
+    proc = run_xetfs("ls", tmp_path / "data")
+    assert proc.returncode == 1
+    hint = f"; to make a store of the files there: xetfs pack {tmp_path / 'data'} STORE\n"
+    assert proc.stderr.decode().endswith(hint), proc.stderr
+    (tmp_path / "empty").mkdir()
+    assert "xetfs pack" not in run_xetfs("ls", tmp_path / "empty").stderr.decode()
 
 
 @pytest.mark.fuse

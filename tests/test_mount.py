@@ -763,5 +763,4 @@ def test_a_failing_read_is_logged_with_the_files_name(multi_store: OracleStore, 
     errors = [line for line in log.splitlines() if " ERROR " in line]
     named = f"read of weights/a.bin (file {victim.hash}) at file offset 0"
     assert errors and all(named in line for line in errors), errors
-    messages = [line.split(" ERROR ", 1)[1] for line in errors]
-    assert len(set(messages)) == len(messages) < failures  # the same failed read is logged once
+    assert len(errors) == 1 < failures, errors  # a failure at one offset is logged once (the kernel retries)

@@ -34,6 +34,8 @@ from xetfs.write.pack import (
     load_manifest,
     merge,
     plan_pack,
+    read_over_added,
+    store_bytes,
     upload,
 )
 
@@ -271,12 +273,15 @@ def test_merge_replaces_same_paths_and_drops_conflicts() -> None:
         (),
     )
     new: list[Entry] = [ManifestFile(("same",), H2, 2, None), ManifestFile(("x", "inner"), H3, 3, None), ("y",)]
-    merged, messages = merge(new, old, source=MANIFEST_NAME)
+    merged, messages, changes = merge(new, old, source=MANIFEST_NAME)
     assert {f.name: f.xet_hash for f in merged.files} == {"same": H2, "x/inner": H3, "keep": H1}
     assert set(merged.directories) == {("y",), ("old-dir",)}
-    assert messages[-1] == f"{MANIFEST_NAME}: replaced 1 existing path"
+    assert changes == (1, 0)  # ("same" names other bytes; "x" is dropped for "x/inner", with a warning)
     assert any("'x'" in m and "dropped" in m for m in messages)
-    assert merge(new, None, source="m")[1] == []
+    assert merge(new, None, source="m")[1:] == ([], (0, 0))
+    only, messages, changes = merge(new, old, source=MANIFEST_NAME, replace=True)
+    assert {f.name for f in only.files} == {"same", "x/inner"} and set(only.directories) == {("y",)}
+    assert changes == (1, 2) and messages == []  # ("keep" and "x" are no longer named)
 
 
 def test_pack_parser() -> None:
@@ -338,9 +343,10 @@ def test_pack_a_tree_then_list_it(tmp_path: Path, cli: CliRunner) -> None:
     assert proc.returncode == 4, proc.stderr  # complete but for the skipped link (ExitStatus.SKIPPED)
     total = sum(map(len, CONTENT.values()))
     n = len(CONTENT)
+    added = store_bytes(store)
     assert proc.stdout == (
-        f"packed {n} files ({total} bytes) into {store}; {store / MANIFEST_NAME} names {n} files; "
-        "skipped 1 path (see the warnings)\n"
+        f"packed {n} files ({total} bytes) into {store}: {added} store bytes added{read_over_added(total, added)}; "
+        f"{store / MANIFEST_NAME} names {n} files; skipped 1 path (see the warnings)\n"
     )
     assert proc.stderr == f"xetfs: warning: skipping symlink {src / 'link'}\n"
 
@@ -380,13 +386,29 @@ def test_packing_again_merges_the_manifest(tmp_path: Path) -> None:
     assert run_pack(tmp_path, first, store).returncode == 0
     before = read_manifest(store)
     proc = run_pack(tmp_path, second / "a", tmp_path / "first" / "b", store)
-    assert proc.returncode == 0, proc.stderr
-    assert "replaced 2 existing paths" in proc.stderr
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.endswith(f"{store / MANIFEST_NAME} names 2 files (1 with new bytes)\n"), proc.stdout
     after = read_manifest(store)
     assert set(after) == {"a", "b"}
     assert after["b"] == before["b"] and after["a"] != before["a"]
     assert after["a"]["lfs"] == {"oid": hashlib.sha256(b"two").hexdigest(), "size": 3}
     assert len(load_index(Store.open(store)).index) == 3  # both versions of "a" stay in the store
+
+
+def test_packing_again_with_replace_drops_the_names_of_deleted_files(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", {"a": b"one", "b": b"bee", "sub/c": b"sea"}, ())
+    store = tmp_path / "store"
+    assert run_pack(tmp_path, src, store).returncode == 0
+    (src / "b").unlink()
+    (src / "a").write_bytes(b"two")
+    kept = run_pack(tmp_path, src, store)  # (without --replace: "b" stays named)
+    assert kept.returncode == 0 and set(read_manifest(store)) == {"a", "b", "sub", "sub/c"}, kept.stdout
+    replaced = run_pack(tmp_path, src, store, "--replace")
+    assert replaced.returncode == 0, replaced.stderr
+    assert replaced.stdout.endswith(f"{store / MANIFEST_NAME} names 2 files (1 removed)\n"), replaced.stdout
+    assert set(read_manifest(store)) == {"a", "sub", "sub/c"}
+    refused = run_pack(tmp_path, src, store, "--replace", "--repo", "org/name")
+    assert refused.returncode != 0 and "--replace goes with pack SRC... STORE" in refused.stderr
 
 
 def test_pack_errors_are_one_line(tmp_path: Path) -> None:
@@ -420,10 +442,7 @@ def test_strict_refuses_skips_and_the_exit_status_tells_them(tmp_path: Path) -> 
     assert not store.exists()  # nothing uploaded
     loose = run_pack(tmp_path, src, store)
     assert loose.returncode == ExitStatus.SKIPPED and int(ExitStatus.SKIPPED) == 4, loose.stderr
-    assert loose.stdout == (
-        f"packed 1 file (1 byte) into {store}; {store / MANIFEST_NAME} names 1 file; "
-        "skipped 1 path (see the warnings)\n"
-    )
+    assert loose.stdout.endswith(f"; {store / MANIFEST_NAME} names 1 file; skipped 1 path (see the warnings)\n")
     assert set(read_manifest(store)) == {"one.txt"}
     clean = run_pack(tmp_path, src / "one.txt", store, "--strict")
     assert clean.returncode == 0 and "skipped" not in clean.stdout, clean.stderr

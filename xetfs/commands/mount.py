@@ -363,11 +363,11 @@ def format_stats(doc: dict[str, Any]) -> str:
     lines = []
     for group, values in doc.items():
         if not isinstance(values, dict):
-            lines.append(f"{group:<24}{values}")
+            lines.append(f"{group:<24}{f'{values:,.2f}' if isinstance(values, float) else values}")
             continue
         lines.append(f"{group}:")
         for key, value in values.items():
-            shown = f"{value:,}"
+            shown = f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"  # (seconds: to the millisecond)
             if ("bytes" in key or key == "bytes") and isinstance(value, int) and value >= 1024:
                 shown += f"  ({human_size(value)})"
             elif key.startswith("last_") and isinstance(value, int):  # (a time: Unix seconds, 0 if never)

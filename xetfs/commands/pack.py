@@ -56,6 +56,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() and not args.no_progress
     sources, store, cache_dir = pack_targets(args)
     done = ExitStatus.OK
+    if args.replace and (cache_dir is not None or args.repo):
+        raise PackUsageError("--replace goes with pack SRC... STORE (a revision of a repo names its files anyway)")
     if cache_dir is not None:
         if args.revision or args.commit or args.repo_type or args.follow_symlinks:
             raise PackUsageError("--revision, --commit, --repo-type and --follow-symlinks go with pack SRC... STORE")
@@ -74,7 +76,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
         return ExitStatus.SKIPPED if hub.skipped_count else done
     if args.revision or args.commit or args.repo_type:
         raise PackUsageError("--revision, --commit and --repo-type need --repo")
-    result = pack(sources, store, progress=show, strict=args.strict, follow_symlinks=args.follow_symlinks)
+    result = pack(sources, store, progress=show, strict=args.strict, follow_symlinks=args.follow_symlinks,
+                  replace=args.replace)  # fmt: skip
     print(result.line())
     return ExitStatus.SKIPPED if result.skipped else done
 
@@ -106,6 +109,10 @@ def add_pack_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], No
                    help=f"fail (exit status {int(ExitStatus.ERROR)}) before recording anything if any file "
                         "would be skipped; without it, a pack that skipped files exits with status "
                         f"{int(ExitStatus.SKIPPED)}")  # fmt: skip
+    p.add_argument("--replace", action="store_true",
+                   help=f"with SRC and no --repo: {MANIFEST_NAME} names only what SRC holds now, so files "
+                        "deleted from SRC since an earlier pack go (their bytes stay in the store); without it, "
+                        "a pack adds to the names already there")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_pack)
     add_common(p)

@@ -391,12 +391,12 @@ class XetFS(_ReadOnly):
             raise _fuse_error("read", exc) from None
 
     def _log_failed_read(self, session: Session, off: int, size: int, exc: XetfsError) -> None:
-        """Log a failed read, once in ``REPEATS_QUIET`` seconds for the same read and failure: the kernel
-        and readers try a failed read again (each try is counted in ``errors``)."""
-        message = f"read of {self._describe(session)} at file offset {off} ({size} bytes) failed: {exc}"
-        if message not in self._failures_logged:
-            self._failures_logged[message] = None
-            log.error("%s", message)
+        """Log a failed read, once in ``REPEATS_QUIET`` seconds for the same file, offset and failure: the
+        kernel and readers try a failed read again, in other sizes (each try is counted in ``errors``)."""
+        key = f"{session.key} {off} {exc}"
+        if key not in self._failures_logged:
+            self._failures_logged[key] = None
+            log.error("read of %s at file offset %d (%d bytes) failed: %s", self._describe(session), off, size, exc)
 
     def _describe(self, session: Session) -> str:
         """``path (file <hex>)`` for messages, or ``file <hex>`` when the file has no other name."""

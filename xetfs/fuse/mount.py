@@ -410,8 +410,10 @@ def _send_warnings(fd: int | None, messages: list[str]) -> None:
     lines = [f"warning: {m}".replace("\n", " ") for m in messages[:MAX_REPORTED_WARNINGS]]
     if len(messages) > MAX_REPORTED_WARNINGS:
         lines.append(f"warning: ... and {len(messages) - MAX_REPORTED_WARNINGS} more (see the log)")
+    # (A closing line of a ``WarningLog``, "... and N more <kind> warnings", stands for N warnings.)
+    count = sum(int(m.group(1)) if (m := re.search(r"\.\.\. and (\d+) more ", line)) else 1 for line in messages)
     with contextlib.suppress(OSError):
-        os.write(fd, "".join(f"{line}\n" for line in [*lines, f"warnings: {len(messages)}"]).encode())
+        os.write(fd, "".join(f"{line}\n" for line in [*lines, f"warnings: {count}"]).encode())
 
 
 def _report(fd: int | None, message: str) -> None:

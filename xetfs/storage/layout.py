@@ -14,6 +14,7 @@ and ``replace_file``.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -114,7 +115,18 @@ def find_root(path: Path) -> Path:
         root = path / rel
         if (root / "shards").is_dir():
             return root
-    raise StoreError(f"store {path}: no shards/ directory found (looked in {', '.join(str(path / r) for r in ROOTS)})")
+    looked = ", ".join(str(path / r) for r in ROOTS)
+    hint = f"; to make a store of the files there: xetfs pack {path} STORE" if _has_files(path) else ""
+    raise StoreError(f"store {path}: no shards/ directory found (looked in {looked}){hint}")
+
+
+def _has_files(path: Path, depth: int = 1) -> bool:
+    """Whether a directory holds a regular file among its first entries (its own, or ``depth`` levels down)."""
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in itertools.islice(entries, 64):
+            if entry.is_file() or (depth and entry.is_dir() and _has_files(Path(entry.path), depth - 1)):
+                return True
+    return False
 
 
 def store_top(path: Path) -> Path:

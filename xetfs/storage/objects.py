@@ -36,7 +36,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError, StoreTimeoutError
+from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError, StoreTimeoutError, XetfsError
 from xetfs.base.settings import (
     CONNECT_TIMEOUT,
     DOWN_SECONDS,
@@ -341,29 +341,13 @@ class ObstoreSource:
                     raise
                 except Exception as exc:  # obstore's errors, and our own _Transient
                     self._error()
-                    message, full = self._message(exc), str(exc)
-                    status = _status(full)
-                    if status == 404:
-                        raise MissingObjectError(f"{self._where(name or what)}: not found") from None
-                    if status in (401, 403):
-                        said = service_error(full)
-                        raise StoreError(f"{self._where(what)}: access refused (HTTP {status}"
-                                         f"{f': {said}' if said else ''}){access_hint(self._url, self.options)}"
-                                         ) from None  # fmt: skip
-                    if status is not None and 400 <= status < 500 and status not in (408, 429):
-                        raise StoreError(f"{self._where(what)}: {message}") from None
-                    tls = _tls_failure(full)
-                    if tls is not None:  # (never transient: not tried again)
-                        raise StoreError(f"{self._where(what)}: the TLS handshake failed: {tls}") from None
-                    if _unreachable(full):  # (the client's own words would repeat the URL, and time the attempt)
-                        reason = _connect_reason(full)
-                        self._mark_down(f"after {what or 'the listing'} failed: no connection ({reason})")
-                        raise ServerUnreachableError(f"{self._where(what)}: server unreachable: no connection "
-                                                     f"({reason})") from None  # fmt: skip
+                    final = self._final(what, name, exc)
+                    if final is not None:
+                        raise final from None
                     left = deadline - time.monotonic()
                     if left <= backoff:
                         raise StoreTimeoutError(
-                            f"{self._where(what)}: gave up after {self.options.deadline:g} s: {message}"
+                            f"{self._where(what)}: gave up after {self.options.deadline:g} s: {self._message(exc)}"
                         ) from None
                     with self.counters.lock:
                         self.counters.retries += 1
@@ -372,6 +356,27 @@ class ObstoreSource:
         finally:
             with self.counters.lock:
                 self.counters.in_flight -= 1
+
+    def _final(self, what: str, name: str | None, exc: Exception) -> XetfsError | None:
+        """The error to raise for a failed request that trying again cannot mend, or None (transient)."""
+        message, full = self._message(exc), str(exc)
+        status = _status(full)
+        if status == 404:
+            return MissingObjectError(f"{self._where(name or what)}: not found")
+        if status in (401, 403):
+            said = service_error(full)
+            return StoreError(f"{self._where(what)}: access refused (HTTP {status}{f': {said}' if said else ''})"
+                              f"{access_hint(self._url, self.options)}")  # fmt: skip
+        if status is not None and 400 <= status < 500 and status not in (408, 429):
+            return StoreError(f"{self._where(what)}: {message}")
+        tls = _tls_failure(full)
+        if tls is not None:
+            return StoreError(f"{self._where(what)}: the TLS handshake failed: {tls}")
+        if _unreachable(full):  # (the client's own words would repeat the URL, and time the attempt)
+            reason = _connect_reason(full)
+            self._mark_down(f"after {what or 'the listing'} failed: no connection ({reason})")
+            return ServerUnreachableError(f"{self._where(what)}: server unreachable: no connection ({reason})")
+        return None
 
     def _check_up(self, what: str) -> None:
         with self._lock:

@@ -14,7 +14,6 @@ names always give the same id; any change of a name or a byte gives another.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 from collections.abc import Callable, Sequence
@@ -38,10 +37,9 @@ from xetfs.storage.catalogue import (
     repo_id_problem,
     update_catalogue,
 )
-from xetfs.storage.layout import HF_XET_OWN
 from xetfs.storage.remote import publish
 from xetfs.write.hubcache import CachedRepo, Digests, digest_file, is_lfs_path, scan_cache
-from xetfs.write.pack import links_hint, plan_pack, refuse_skips, upload
+from xetfs.write.pack import links_hint, plan_pack, read_over_added, refuse_skips, store_bytes, upload
 
 Warn = Callable[[str], None]
 
@@ -178,19 +176,6 @@ def _mismatch(job: Job, actual: str | None) -> str:
     return f"skipping {job.local}: its content does not match its name (sha {actual})"
 
 
-def store_bytes(store_dir: Path) -> int:
-    """Bytes of the store's xorbs and shards (what a mount reads; hf_xet's own index and caches not counted)."""
-    total = 0
-    for root, _, files in os.walk(store_dir):
-        if os.path.basename(root) not in ("xorbs", "shards"):
-            continue
-        for name in files:
-            if not HF_XET_OWN.fullmatch(name):
-                with contextlib.suppress(FileNotFoundError):
-                    total += os.lstat(os.path.join(root, name)).st_size
-    return total
-
-
 # -- results ---------------------------------------------------------------------------------
 
 
@@ -206,12 +191,11 @@ class HubPackResult:
     skipped_count: int = 0  # the items ``skipped`` sums up
 
     def line(self, store: Path) -> str:
-        ratio = f"{self.cache_bytes / self.store_bytes:.2f}x" if self.store_bytes and self.cache_bytes else "n/a"
         return (
             f"imported {plural(self.repos, 'repo')}, {plural(self.revisions, 'revision')}, "
             f"{plural(self.files, 'file')} into {store}: {plural(self.uploaded, 'file')} read "
-            f"({plural(self.cache_bytes, 'byte')}) -> {plural(self.store_bytes, 'store byte')} added "
-            f"(dedup {ratio}); {self.skipped}"
+            f"({plural(self.cache_bytes, 'byte')}) -> {plural(self.store_bytes, 'store byte')} added"
+            f"{read_over_added(self.cache_bytes, self.store_bytes)}; {self.skipped}"
         )
 
 

@@ -28,6 +28,7 @@ subdirectories are real) gets a hint naming ``--hub-cache`` and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import warnings
@@ -40,7 +41,7 @@ from xetfs.base import hashes
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import plural, print_warning
 from xetfs.storage.index import EMPTY_SHA256
-from xetfs.storage.layout import find_beside, replace_file
+from xetfs.storage.layout import HF_XET_OWN, find_beside, replace_file
 from xetfs.storage.manifest import (
     MANIFEST_NAME,
     Entry,
@@ -322,22 +323,25 @@ def _uploaded(info: Any, path: Path) -> Uploaded:
 # -- the manifest --------------------------------------------------------------------
 
 
-def merge(new: Sequence[Entry], old: Manifest | None, *, source: str) -> tuple[Manifest, list[str]]:
-    """``new`` entries over an ``old`` manifest: same path replaced, conflicting old entries dropped.
+def merge(
+    new: Sequence[Entry], old: Manifest | None, *, source: str, replace: bool = False
+) -> tuple[Manifest, list[str], tuple[int, int]]:
+    """``new`` entries over an ``old`` manifest: same path replaced, conflicting old entries dropped; with
+    ``replace``, nothing of ``old`` kept.
 
-    Returns the merged manifest and messages about what changed in ``old``.
+    Returns the merged manifest, warnings about what was dropped from ``old``, and how many of its files
+    now name other bytes and how many are no longer named (``replace``).
     """
     if old is None:
-        return combine(new, source=source), []
-    new_files = {e.path for e in new if isinstance(e, ManifestFile)}
-    replaced = sum(f.path in new_files for f in old.files)
-    kept: list[Entry] = [f for f in old.files if f.path not in new_files]
-    merged = combine([*new, *kept, *old.directories], source=source)
-    messages = [f"not kept from the existing manifest: {msg}" for msg in old.warnings]
+        return combine(new, source=source), [], (0, 0)
+    new_files = {e.path: e.xet_hash for e in new if isinstance(e, ManifestFile)}
+    changed = sum(f.path in new_files and new_files[f.path] != f.xet_hash for f in old.files)
+    kept: list[Entry] = [] if replace else [f for f in old.files if f.path not in new_files]
+    merged = combine([*new, *kept, *([] if replace else old.directories)], source=source)
+    messages = [] if replace else [f"not kept from the existing manifest: {msg}" for msg in old.warnings]
     messages += [f"merging: {msg}" for msg in merged.warnings]
-    if replaced:
-        messages.append(f"{source}: replaced {plural(replaced, 'existing path')}")
-    return Manifest(merged.files, merged.directories, ()), messages
+    removed = sum(f.path not in new_files for f in old.files) if replace else 0
+    return Manifest(merged.files, merged.directories, ()), messages, (changed, removed)
 
 
 def write_manifest(path: Path, manifest: Manifest) -> None:
@@ -356,14 +360,40 @@ class PackResult:
     manifest: Path
     manifest_files: int  # files named by the manifest after the merge
     skipped: int = 0  # paths of the sources left out (each had a warning)
+    store_bytes: int = 0  # what the store grew by
+    changed: int = 0  # paths named before that now name other bytes
+    removed: int = 0  # paths named before and no more (``--replace``)
 
     def line(self) -> str:
         """The summary line ``pack`` prints."""
+        news = [plural(self.changed, "with new bytes", "with new bytes")] if self.changed else []
+        news += [f"{self.removed} removed"] if self.removed else []
         skipped = f"; skipped {plural(self.skipped, 'path')} (see the warnings)" if self.skipped else ""
         return (
-            f"packed {plural(self.files, 'file')} ({plural(self.bytes, 'byte')}) into {self.store}; "
-            f"{self.manifest} names {plural(self.manifest_files, 'file')}{skipped}"
+            f"packed {plural(self.files, 'file')} ({plural(self.bytes, 'byte')}) into {self.store}: "
+            f"{plural(self.store_bytes, 'store byte')} added{read_over_added(self.bytes, self.store_bytes)}; "
+            f"{self.manifest} names {plural(self.manifest_files, 'file')}"
+            f"{' (' + ', '.join(news) + ')' if news else ''}{skipped}"
         )
+
+
+def read_over_added(read: int, added: int) -> str:
+    """`` (Nx smaller)``: the bytes a pack read over the bytes the store grew by (deduplication and
+    compression), for its summary line; nothing if the store did not grow."""
+    return f" ({read / added:.2f}x smaller: dedup and compression)" if read and added else ""
+
+
+def store_bytes(store_dir: Path) -> int:
+    """Bytes of the store's xorbs and shards (what a mount reads; hf_xet's own index and caches not counted)."""
+    total = 0
+    for root, _, files in os.walk(store_dir):
+        if os.path.basename(root) not in ("xorbs", "shards"):
+            continue
+        for name in files:
+            if not HF_XET_OWN.fullmatch(name):
+                with contextlib.suppress(FileNotFoundError):
+                    total += os.lstat(os.path.join(root, name)).st_size
+    return total
 
 
 def refuse_skips(skipped: int, what: str = "path") -> None:
@@ -380,8 +410,10 @@ def pack(
     warn: Warn = print_warning,
     strict: bool = False,
     follow_symlinks: bool = False,
+    replace: bool = False,
 ) -> PackResult:
-    """Upload ``sources`` into ``store`` and merge their names into its manifest.
+    """Upload ``sources`` into ``store`` and merge their names into its manifest (with ``replace``, the
+    manifest names only what ``sources`` hold).
 
     With ``strict``, a source path that would be skipped (``Plan.skipped``)
     stops the pack before anything is uploaded.  Raises ``XetfsError`` or
@@ -402,16 +434,18 @@ def pack(
     with locked(store_dir, lambda: warn(f"another pack is writing {store_dir}: waiting for it to finish")):
         manifest_path = store_dir / MANIFEST_NAME
         old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
+        before = store_bytes(store_dir)
         results = upload([f.local for f in plan.files], store_dir, progress=progress)
         new: list[Entry] = [
             ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns)
             for f, r in zip(plan.files, results, strict=True)
         ]
         new.extend(plan.directories)
-        merged, messages = merge(new, old, source=MANIFEST_NAME)
+        merged, messages, (changed, removed) = merge(new, old, source=MANIFEST_NAME, replace=replace)
         for message in messages:
             warn(message)
         write_manifest(manifest_path, merged)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
+        grown = store_bytes(store_dir) - before
     return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files),
-                      len(plan.skipped))  # fmt: skip
+                      len(plan.skipped), grown, changed, removed)  # fmt: skip
