@@ -40,7 +40,7 @@ def _label(row: Mapping[str, Any]) -> str:
     return f"{label} ({unit}; target {row['target']})" if row.get("target") else f"{label} ({unit})"
 
 
-def _run_line(meta: Mapping[str, Any], source: str) -> str:
+def run_line(meta: Mapping[str, Any], source: str) -> str:
     parts = [f"commit {meta.get('xetfs_commit', '?')}"]
     if meta.get("size") is not None:
         parts.append(f"{int(meta['size']) / 2**20:,.0f} MiB per data set")
@@ -55,8 +55,9 @@ def _run_line(meta: Mapping[str, Any], source: str) -> str:
     return f"From `{source}`: " + ", ".join(parts) + ". Each cell: median [min–max] over the rounds."
 
 
-def render_markdown(doc: Mapping[str, Any], source: str = "bench.json") -> str:
-    """The tables of ``doc``: a heading per section, then its rows over its columns."""
+def render_markdown(doc: Mapping[str, Any], source: str = "bench.json", *, headline: bool = True) -> str:
+    """The tables of ``doc``: a heading per section, then its rows over its columns; first, with ``headline``,
+    a line saying what was measured (``run_line``)."""
     rows: Sequence[Mapping[str, Any]] = doc.get("rows", [])
     sections: dict[str, dict[tuple[str, str], dict[str, Mapping[str, Any]]]] = {}
     columns: dict[str, list[str]] = {}
@@ -68,7 +69,7 @@ def render_markdown(doc: Mapping[str, Any], source: str = "bench.json") -> str:
         cols = columns.setdefault(section, [])
         if column not in cols:
             cols.append(column)
-    out = [_run_line(doc.get("meta", {}), source)]
+    out = [run_line(doc.get("meta", {}), source)] if headline else []
     for section, table in sections.items():
         cols = columns[section]
         heads = [COLUMN_LABEL.get(c, c) or "value" for c in cols]
@@ -79,6 +80,25 @@ def render_markdown(doc: Mapping[str, Any], source: str = "bench.json") -> str:
     if errors:
         out += ["", "Errors reported by the run:", ""] + [f"* {e}" for e in errors]
     return "\n".join(out) + "\n"
+
+
+def target_rows(runs: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """One table of every row with a target, each from the first of ``runs`` (name, JSON; newest first) that
+    has it: the latest figure of each target, and the run it comes from."""
+    seen: dict[tuple[str, str, str], tuple[str, Mapping[str, Any], Mapping[str, Any]]] = {}
+    for name, doc in runs:
+        for row in doc.get("rows", []):
+            key = (str(row["section"]), str(row["key"]), str(row.get("column") or ""))
+            if row.get("target") and not row.get("variant") and key not in seen:
+                seen[key] = (name, doc.get("meta", {}), row)
+    out = ["| section | row | data | median [min–max] | target | from |", "|---|---|---|---|---|---|"]
+    for (section, _key, column), (name, meta, row) in sorted(seen.items(), key=lambda i: i[0][0]):
+        label = str(row["label"]).replace("|", "\\|")
+        data = COLUMN_LABEL.get(column, column) or "-"
+        size = f"{int(meta['size']) >> 20} MiB" if meta.get("size") is not None else "?"
+        run = f"[{name}](bench-tables.md#{name.replace('.', '')}), {meta.get('xetfs_commit', '?')}, {size}"
+        out.append(f"| {section} | {label} | {data} | {_cell(row)} | {row['target']} | {run} |")
+    return "\n".join(out)
 
 
 def main(argv: list[str]) -> int:

@@ -38,7 +38,9 @@ README_LIMIT = 16 * 1024
 # -- generated pages -----------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["docs/usage.md", "docs/stats.md", "docs/performance.md", "README.md"])
+@pytest.mark.parametrize(
+    "name", ["docs/usage.md", "docs/stats.md", "docs/performance.md", "docs/bench-tables.md", "README.md"]
+)
 def test_generated_pages_are_current(name: str) -> None:
     path = REPO / name
     assert path.read_text() == gendocs.pages()[path], f"{name} is stale: run scripts/gendocs.py"
@@ -64,7 +66,7 @@ def test_the_readme_figures_come_from_the_bench_json(tmp_path: Path, monkeypatch
 def test_check_mode_names_a_stale_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     docs = tmp_path / "docs"
     docs.mkdir()
-    for name in ("usage.md", "stats.md", "performance.md"):
+    for name in ("usage.md", "stats.md", "performance.md", "bench-tables.md"):
         (docs / name).write_text((REPO / "docs" / name).read_text())
     for bench in (REPO / "docs").glob("bench*.json"):  # (the runs the performance page's tables come from)
         (docs / bench.name).write_text(bench.read_text())
@@ -174,16 +176,26 @@ def test_bench_tables_from_a_sample_json(tmp_path: Path) -> None:
 
 
 def test_the_performance_page_takes_the_committed_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The performance page's targets and the bench tables page come from every ``docs/bench*.json``, and
+    a target's figure from the newest run that has it."""
     bench = tmp_path / "bench.json"
     monkeypatch.setattr(gendocs, "BENCH_JSON", bench)
     page = (REPO / "docs" / "performance.md").read_text()
     assert "No bench JSON is committed yet" in gendocs.performance_page(page)
-    bench.write_text(json.dumps(sample_bench_json()))
-    with_tables = gendocs.performance_page(page)
-    assert "| row a (GB/s) | 3.00 [2.00–4.00] | 3.00 [2.00–4.00] |" in with_tables
-    assert with_tables.startswith(page.partition(gendocs.TABLES_BEGIN)[0])
-    assert with_tables.endswith(page.partition(gendocs.TABLES_END)[2])
-    assert gendocs.performance_page(with_tables) == with_tables  # rendering again changes nothing
+    old, new = sample_bench_json(), sample_bench_json()
+    old["meta"] = {**old["meta"], "started": "2026-01-01T00:00:00Z", "xetfs_commit": "0ldc0de"}  # type: ignore[dict-item]
+    new["meta"] = {**new["meta"], "started": "2026-02-01T00:00:00Z"}  # type: ignore[dict-item]
+    bench.write_text(json.dumps(old))
+    (tmp_path / "bench-later.json").write_text(json.dumps(new))
+    with_targets = gendocs.performance_page(page)
+    target = next(ln for ln in with_targets.splitlines() if ln.startswith("| cold | a / b | text (LZ4) |"))
+    assert "PASS | >= 1.0 | [bench-later.json](bench-tables.md#bench-laterjson), 0123abc, 64 MiB |" in target
+    assert with_targets.startswith(page.partition(gendocs.TABLES_BEGIN)[0])
+    assert with_targets.endswith(page.partition(gendocs.TABLES_END)[2])
+    assert gendocs.performance_page(with_targets) == with_targets  # rendering again changes nothing
+    tables = gendocs.bench_tables_page()
+    assert tables.index("## bench-later.json") < tables.index("## bench.json")  # (newest first)
+    assert "| row a (GB/s) | 3.00 [2.00–4.00] | 3.00 [2.00–4.00] |" in tables
 
 
 # -- links and anchors -----------------------------------------------------------

@@ -307,6 +307,7 @@ def meta(
         "kernel": platform.release(),
         "python": platform.python_version(),
         "xetfs_commit": git_describe(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - elapsed)),  # (UTC)
         "elapsed_s": round(elapsed, 1),
         "read_ahead_kb": {k: sorted_ra(v) for k, v in mounts.read_ahead_seen.items()},
         "mount_opt": args.mount_opt,
