@@ -169,6 +169,7 @@ def stats_page() -> str:
 
     path = Path(stats.__file__)
     docs = counter_docs(path)
+    floats = [f"{g}.{f.name}" for g, cls in stats.GROUPS.items() for f in fields(cls) if f.type in ("float", float)]
     out = [
         "# Stats keys",
         "",
@@ -178,7 +179,8 @@ def stats_page() -> str:
         "Every mount has a hidden file `MNT/.xetfs/stats`: a JSON document of live counters, taken afresh at",
         "every open (while a reader holds it open, its size and bytes do not change). `xetfs stats MNT`",
         "prints it as a table, `xetfs stats MNT --json` as JSON. Each group is counted by the component",
-        "where its events happen; every value is an integer, except `uptime_seconds` and `refresh_error`.",
+        "where its events happen; every value is an integer, except `refresh_error` (a string) and, in",
+        f"seconds as floats, `uptime_seconds`{''.join(f', `{k}`' for k in floats)}.",
         "",
         "| group | what it counts |",
         "|---|---|",
@@ -198,7 +200,24 @@ def stats_page() -> str:
             if not doc:
                 raise UndocumentedCounter(f"{path.name}: {cls.__name__}.{f.name} has no comment saying what it counts")
             out.append(f"| `{group}.{f.name}` | {_cell(doc)} |")
+    out += file_stats_section()
     return "\n".join(out).replace("``", "`") + "\n"  # (reST literals in docstrings: Markdown ones here)
+
+
+def file_stats_section() -> list[str]:
+    """The stats page's section on one file's counters: ``xetfs stats MNT FILE``."""
+    from xetfs.commands.mount import AMPLIFICATION_KEYS
+    from xetfs.fuse.fs import FILE_STATS_KEYS
+
+    out = ["", "## One file", "",
+           "`xetfs stats MNT FILE` shows what the reads of one file of the mount decoded, and how that",
+           "compares with the file (1.00x: every chunk decoded once); `--json` prints these keys. FILE is a",
+           "path under MNT, or relative to MNT. A chunk counts for the file whose read or prefetch decoded it,",
+           "and chunks read ahead in a xorb for small files count for none: a file that shares chunks with files",
+           "read before it, or whose chunks were read ahead, shows less than 1.00x.", "",
+           "| key | meaning |", "|---|---|"]  # fmt: skip
+    out += [f"| `{k}` | {v} |" for k, v in {**FILE_STATS_KEYS, **AMPLIFICATION_KEYS}.items()]
+    return out
 
 
 # -- performance ---------------------------------------------------------------

@@ -172,10 +172,50 @@ def test_every_mount_option_has_an_o_spelling() -> None:
         expand_options(["-o", "workers"], table)
     with pytest.raises(argparse.ArgumentTypeError, match="takes no value"):
         expand_options(["-o", "strict=1"], table)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"mount option foreground: not as -o .* give -f"):
+        expand_options(["-o", "foreground"], table)
 
 
 def test_unknown_o_option_is_refused(cli: CliRunner, tmp_path: Path) -> None:
+    """A usage error (exit status 2), naming every option -o takes, the common ones (log_level) too."""
     (tmp_path / "mnt").mkdir()
     out = cli(SAMPLE, tmp_path / "mnt", "-o", "cache_size=1M,bogus")
-    assert out.returncode != 0 and "bogus" in out.stderr
+    assert out.returncode == 2 and "unknown mount option(s): bogus" in out.stderr, out.stderr
+    assert "log_level" in out.stderr and "debug" in out.stderr and "cache_size" in out.stderr, out.stderr
     assert not is_mounted(tmp_path / "mnt")
+
+
+@pytest.mark.parametrize(
+    ("option", "said"),
+    [
+        (["--io-timeout", "-1"], "--io-timeout: not a usable time: '-1' (seconds, more than 0)"),
+        (["-o", "io_mode=thread,io_timeout=0"], "--io-timeout: not a usable time: '0' (seconds, more than 0)"),
+        (["--refresh-every", "-3"], "--refresh-every: not a usable time: '-3'"),
+        (["--uid", "-5"], "--uid: -5 is out of range (0 to 4294967294)"),
+        (["--gid", "4294967296"], "--gid: 4294967296 is out of range (0 to 4294967294)"),
+        (["--workers", "-1"], "--workers: -1 is out of range (0 to 256)"),
+        (["--read-ahead", "3G"], "--read-ahead: 3G is more than 64M"),
+    ],
+)
+def test_values_that_cannot_work_are_refused_before_mounting(tmp_path: Path, option: list[str], said: str) -> None:
+    (tmp_path / "mnt").mkdir()
+    out = subprocess.run([sys.executable, "-m", "xetfs", "mount", str(SAMPLE), str(tmp_path / "mnt"), *option],
+                         capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 2 and said in out.stderr, out.stderr
+    assert not is_mounted(tmp_path / "mnt")
+
+
+def test_more_workers_than_cpus_or_a_cache_beyond_memory_is_said(capsys: pytest.CaptureFixture[str]) -> None:
+    from xetfs.commands.mount import _warn_of_waste
+    from xetfs.fuse.mount import MountConfig
+
+    cpus = os.cpu_count() or 1
+    _warn_of_waste(MountConfig(store="s", mountpoint=Path("/m"), workers=cpus, cache_size=1 << 20))
+    assert capsys.readouterr().err == ""
+    _warn_of_waste(MountConfig(store="s", mountpoint=Path("/m"), workers=cpus + 1, cache_size=1 << 45))
+    err = capsys.readouterr().err.splitlines()
+    assert (
+        err[0] == f"xetfs: warning: --workers {cpus + 1}: more decode workers than CPUs ({cpus}) add processes "
+        "and memory, not speed"
+    )
+    assert err[1].startswith("xetfs: warning: --cache-size 32.0 TiB: more than this machine's memory ("), err

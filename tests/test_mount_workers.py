@@ -76,17 +76,22 @@ def test_workers_0_decodes_in_the_daemon(basic_store: OracleStore) -> None:
 
 
 def _read_killing_the_workers(m: Mount, f: OracleFile) -> None:
-    """Read ``f`` through ``m``, killing both decode workers after its first 8 MiB; every byte must come."""
+    """Read ``f`` through ``m``, killing both decode workers after its first 8 MiB; every byte must come, and
+    two workers are started in their place."""
     path = m / f".xetfs/by-hash/{f.hash}"
     _wait_for_workers(m, 2)
     with open(path, "rb") as src:
         src.read(8 << 20)  # the workers are busy with prefetch now
-        for pid in _workers(m):
+        killed = _workers(m)
+        for pid in killed:
             os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not _workers(m), 10, "the killed workers to be reaped", m.proc, m.log_path)
+        wait_until(lambda: not any(_alive(p) for p in killed), 10, "the killed workers to be reaped", m.proc,
+                   m.log_path)  # fmt: skip
         rest = src.read()
     assert len(rest) == f.size - (8 << 20)
     assert _sha256(path) == f.sha256
+    wait_until(lambda: m.stats()["workers"]["alive"] == 2, 20, "workers started in their place", m.proc, m.log_path)
+    assert not set(killed) & set(_workers(m))
 
 
 def test_a_killed_worker_costs_no_read(big_store: OracleStore) -> None:

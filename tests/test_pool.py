@@ -35,6 +35,7 @@ from xetfs.base.errors import (
     XetfsError,
     XorbFormatError,
 )
+from xetfs.base.settings import WORKER_RESTARTS
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
@@ -344,8 +345,10 @@ def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodeP
     assert _free_slots(pool) == total
 
 
-def test_a_dead_worker_costs_speed_not_reads(tmp_path: Path, pool: DecodePool) -> None:
-    store, file_hash, xorb_hash = _store(tmp_path)
+def test_a_dead_worker_costs_speed_not_reads_and_is_started_again(tmp_path: Path, pool: DecodePool) -> None:
+    """Workers killed (by the out-of-memory killer, say): the jobs that meet them are decoded in the daemon,
+    and the pool starts others in their place, which decode the next reads."""
+    store, file_hash, _ = _store(tmp_path)
     shards = [parse_shard(store.read_shard(f), where=f.name) for f in store.shard_files()]
     idx = index.build(shards)
     entry = idx.get(file_hash)
@@ -358,23 +361,40 @@ def test_a_dead_worker_costs_speed_not_reads(tmp_path: Path, pool: DecodePool) -
 
     reader = Reader(idx, store, pool=pool, cache_size=0)
 
-    async def body() -> bytes:
+    async def body() -> tuple[bytes, int, bytes]:
         first = bytes(await reader.read(entry, 0, entry.size))  # the jobs meet the dead workers
-        await trio.sleep(0)
-        second = bytes(await reader.read(entry, 0, entry.size))  # the pool is known dead now
-        assert first == second
-        return first
+        fallbacks = reader.statistics().decode.worker_fallbacks
+        with trio.fail_after(30):
+            while not (pool.usable and pool.statistics().alive == 2):  # started again
+                await trio.sleep(0.02)
+        return first, fallbacks, bytes(await reader.read(entry, 0, entry.size))  # (nothing kept: decoded again)
 
-    assert _run(pool, body) == expected
+    first, fallbacks, second = _run(pool, body)
+    assert first == second == expected
     s = reader.statistics()
-    assert s.decode.worker_fallbacks >= 1
-    assert s.decode.in_workers == 0
-    assert not pool.usable
-    chunks = chunk_run(store.load_layout(xorb_hash), 0, 1, verify=True)
-    with pytest.raises(WorkerLost):
-        _run(pool, lambda: decode_one(pool, 0, str(store.xorb_path(xorb_hash)), xorb_hash, chunks))
+    assert fallbacks >= 1 and s.decode.in_workers > 0 and s.decode.worker_fallbacks == fallbacks
+    assert (s.workers.lost, s.workers.alive, s.workers.hung) == (2, 2, 0)
     reader.runs.clear()
     assert _free_slots(pool) == pool.statistics().slots  # no slot kept by the jobs that met dead workers
+
+
+def test_workers_that_keep_dying_are_not_started_again(pool: DecodePool, caplog: pytest.LogCaptureFixture) -> None:
+    """Past ``WORKER_RESTARTS`` deaths within ``WORKER_RESTARTS_WINDOW``, a worker that dies stays dead (the
+    daemon decodes its work): a worker that cannot run is not started over and over."""
+
+    async def body() -> None:
+        for death in range(1, WORKER_RESTARTS + 2):
+            worker = pool._workers[0]
+            os.kill(worker.process.pid, signal.SIGKILL)
+            with trio.fail_after(30):
+                while pool.statistics().lost < death or (death <= WORKER_RESTARTS and not pool._workers[0].ready):
+                    await trio.sleep(0.02)
+
+    _run(pool, body)
+    s = pool.statistics()
+    assert (s.lost, s.alive) == (WORKER_RESTARTS + 1, 1)  # (the other worker was not touched)
+    number = pool._workers[0].number
+    assert f"decode worker {number} is not started again: {WORKER_RESTARTS + 1} workers died within" in caplog.text
 
 
 def _whole_file(store: Store, idx: index.Index, file_hash: bytes) -> list[bytes | memoryview]:

@@ -105,6 +105,7 @@ def test_stretches_read_ahead_start_small_and_double_up_to_a_run_from_half_way_t
     fresh = b"z" * 32
     assert read(fresh, 0, 1) is None
     assert read(fresh, 1, 2) == (2, 2 + f)  # (each xorb its own)
+    assert read(fresh, 4, 8) == (8, 16)  # a file past the stretch's end: the next starts after its chunks
 
 
 def test_the_last_reads_of_a_bounded_number_of_xorbs_are_remembered() -> None:

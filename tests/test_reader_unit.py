@@ -298,7 +298,7 @@ def test_a_small_read_of_a_local_store_is_loaded_at_once(
 def test_small_files_read_in_the_order_they_were_packed_read_ahead_on_a_local_store(tmp_path: Path) -> None:
     """A small file read whole where the last read of its xorb ended (the next file, in pack order) has the
     chunks after it read in the background, one run for the files that follow, which their reads then join or
-    find held (``Loader.ahead``).  Each file's stats count the chunks its own read loaded."""
+    find held (``read.readahead``).  Each file's stats count the chunks its own read loaded."""
     rng = random.Random(22)
     b = StoreBuilder(tmp_path)
     contents = [_content(rng, 3000) for _ in range(6)]

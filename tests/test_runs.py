@@ -436,3 +436,40 @@ def test_put_raises_the_first_bad_chunk_and_keeps_the_others() -> None:
     assert [holds(store, X, i) for i in range(5)] == [True, True, False, False, True]
     assert store.vacant(X, 2, 4)
     assert all(run.pins == 0 for run in store._order)
+
+
+def test_loads_started_soon_are_joined_by_reads_and_leave_no_pin() -> None:
+    """``get_soon``: its loads are registered at once (a read that comes first joins them, and loads nothing
+    itself); once done, their runs are held unpinned, joined or not; cancelled, they leave nothing behind."""
+    store, load = RunStore(10_000), FakeLoader(gated=True)
+
+    async def body() -> None:
+        async with trio.open_nursery() as nursery:
+            store.get_soon(X, 0, 8, cut_by(4), load, nursery.start_soon)
+            assert store.statistics().loading == 8 and not store.vacant(X, 0, 1)  # (registered before any task ran)
+            got: list[bytes] = []
+
+            async def reader() -> None:
+                got.append(await read(store, 1, 3, load))
+
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            load.gate.set()
+        assert got == [expected(1, 3)] and sorted(load.calls) == [(0, 4), (4, 8)]  # (the read loaded nothing)
+        c = store.statistics()
+        assert (c.hits, c.misses, c.joined, c.loading, c.chunks) == (2, 0, 2, 0, 8)
+        assert all(r.pins == 0 for r in store.held(X, 0, 8) or ()), "a run left pinned"
+        assert store.prefetch_statistics().chunks == 8
+
+    run(body)
+    cancelled = RunStore(10_000)
+
+    async def cancel() -> None:
+        async with trio.open_nursery() as nursery:
+            cancelled.get_soon(X, 0, 8, cut_by(4), FakeLoader(gated=True), nursery.start_soon)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()  # (at unmount)
+
+    run(cancel)
+    c = cancelled.statistics()
+    assert (c.loading, c.runs) == (0, 0) and cancelled.vacant(X, 0, 8)

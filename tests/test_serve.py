@@ -547,6 +547,11 @@ def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(pac
         xetfs_serve(web.url, "--workers", "2", "--rescan", "1", "--disk-cache-size", "0") as serving,
     ):
         assert main_commits(serving) == {old}
+
+        def processes() -> set[int]:  # (the ones that answered: each has loaded the catalogue by then)
+            return {json.loads(request(serving, "GET", "/health")[2])["process"] for _ in range(20)}
+
+        wait_until(lambda: len(processes()) == 2, 20, "both server processes to answer")
         mark = web.log_mark()  # looks at an unchanged catalogue ask for its tag, and fetch nothing
 
         def asked(method: str) -> int:

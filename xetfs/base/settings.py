@@ -20,6 +20,7 @@ GiB = 1024 * MiB
 # -- the mount ---------------------------------------------------------------------------------
 CACHE_SIZE = 512 * MiB  # --cache-size: decoded chunks kept, shared memory of the decode workers included
 READ_AHEAD = 1 * MiB  # --read-ahead: the kernel's read-ahead for the mount
+MOST_READ_AHEAD = 64 * MiB  # --read-ahead: at most this (FUSE read requests are 1 MiB at most anyway)
 IO_TIMEOUT = 30.0  # --io-timeout: a threaded or remote store read that takes longer fails
 IO_MODE = "auto"  # --io-mode
 LAYOUT = "auto"  # --layout
@@ -65,6 +66,9 @@ MIN_JOB_BYTES = 256 * KiB  # smaller runs are decoded in the daemon
 IOV_MAX = 1024  # buffers one preadv or writev may take (Linux)
 EXIT_GRACE = 0.25  # when the mount stops, a decode worker has this long to end its job before it is killed
 MAX_WORKERS = 8  # --workers by default: one per CPU, at most this many
+MOST_WORKERS = 256  # --workers: at most this many (more than the CPUs only adds processes: a warning says so)
+WORKER_RESTARTS = 3  # decode workers that died on their own are started again, unless more died within
+WORKER_RESTARTS_WINDOW = 60.0  # this many seconds (workers that cannot run: the daemon decodes)
 WORKER_FETCHES = 4  # fetches of a remote store under way at once, per worker (and remote jobs sent to it)
 STORE_READ_THREADS = 64  # threads the daemon's own store reads may hold at once (stuck ones included)
 

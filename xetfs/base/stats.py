@@ -18,7 +18,9 @@ from typing import Any, ClassVar
 
 @dataclass
 class CacheCounters:
-    """The store of decoded runs (``runs.RunStore``); hits and misses count chunk lookups by reads."""
+    """The store of decoded runs (``runs.RunStore``); hits and misses count chunk lookups by reads.  A chunk
+    that prefetch decoded before a read asked for it counts as a hit: a first read of a file that prefetch kept
+    ahead of shows a high hit ratio."""
 
     capacity_bytes: int = 0  # the bound of decoded bytes held (--cache-size)
     bytes: int = 0  # decoded bytes held now, shared memory included
@@ -29,7 +31,7 @@ class CacheCounters:
     misses: int = 0  # chunks a read had to load itself
     joined: int = 0  # of the hits, chunks another request was loading
     loading: int = 0  # chunks being loaded now, for reads and prefetch (not yet in ``chunks``)
-    evictions: int = 0  # runs let go to stay within capacity (or to free a slot)
+    evictions: int = 0  # runs let go to stay within capacity, or to give their slot to a new run
     evicted_read: int = 0  # of those, runs a sequential reader had read through (let go first)
 
 
@@ -49,7 +51,7 @@ class LayoutCounters:
 @dataclass
 class PrefetchCounters:
     """Decoding ahead of sequential readers (the reader and the run store), and of small files read in the order
-    they were packed (``Loader.ahead``); all 0 with ``--no-prefetch``."""
+    they were packed (``read.readahead``); all 0 with ``--no-prefetch``."""
 
     requests: int = 0  # prefetch windows asked for (a stretch of a xorb read ahead of small files is one)
     chunks: int = 0  # chunks decoded for them
@@ -83,7 +85,7 @@ class WorkerCounters:
 
     workers: int = 0  # started
     alive: int = 0  # still running
-    slots: int = 0  # shared-memory slots (one run each)
+    slots: int = 0  # shared-memory slots (one run each; address space: only runs held use memory, in --cache-size)
     slot_bytes: int = 0  # the size of one slot
     free_slots: int = 0  # slots holding no run
     jobs: int = 0  # decode jobs done

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from xetfs.base import settings
@@ -33,6 +34,52 @@ def parse_size(text: str) -> int:
     return int(value * units[unit])
 
 
+def seconds(text: str) -> float:
+    """A time in seconds, more than 0 (``--io-timeout``)."""
+    value = interval(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"not a usable time: {text!r} (seconds, more than 0)")
+    return value
+
+
+def interval(text: str) -> float:
+    """A time in seconds, 0 or more (``--refresh-every``: 0 is never)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"not a usable time: {text!r} (seconds, more than 0)")
+    return value
+
+
+def whole(low: int, high: int) -> Callable[[str], int]:
+    """An argument type: a whole number from ``low`` to ``high``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({low} to {high})")
+        return value
+
+    return parse
+
+
+def up_to(most: int) -> Callable[[str], int]:
+    """An argument type: a size (``parse_size``) of at most ``most`` bytes."""
+
+    def parse(text: str) -> int:
+        value = parse_size(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{text} is more than {size_text(most)}")
+        return value
+
+    return parse
+
+
 def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> None:
     p.add_argument("--header", dest="headers", action="append", default=[], metavar="'NAME: VALUE'",
                    help=f"extra HTTP header for a remote store (also from ${HEADERS_ENV}, one per line; "
@@ -43,7 +90,7 @@ def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> N
                    help="bound of the on-disk cache, e.g. 10G; 0 turns it off "
                         f"(default {size_text(settings.DISK_CACHE_SIZE)})")  # fmt: skip
     if io_timeout:
-        p.add_argument("--io-timeout", type=float, default=settings.IO_TIMEOUT, metavar="SECONDS",
+        p.add_argument("--io-timeout", type=seconds, default=settings.IO_TIMEOUT, metavar="SECONDS",
                        help=f"a remote read that takes longer fails (default {settings.IO_TIMEOUT:g})")  # fmt: skip
 
 

@@ -27,6 +27,7 @@ from xetfs.base.exitstatus import ExitStatus
 from xetfs.base.messages import UserFormatter, plural, print_error, print_warning
 from xetfs.base.settings import CAT_BLOCK, CAT_CACHE_SIZE
 from xetfs.commands.args import UsageError, parse_size
+from xetfs.commands.mountopts import option_table
 from xetfs.read.reader import Reader
 from xetfs.storage.catalogue import Catalogue
 from xetfs.storage.index import FileEntry, Index
@@ -110,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     for choice in sub.choices.values():
         if not any(a.dest == "debug" for a in choice._actions):
             _add_common(choice)
+    sub.choices["mount"].set_defaults(o_names=sorted(option_table(sub.choices["mount"])))  # (for messages)
     return parser
 
 

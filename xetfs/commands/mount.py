@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 from xetfs.base import settings
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import human_size, plural, print_warning
-from xetfs.commands.mountopts import option_table
 from xetfs.fuse.daemonlog import LogFile
 from xetfs.storage.store import Store
 
@@ -29,6 +28,7 @@ if TYPE_CHECKING:
 # that ``xetfs ls`` and friends start fast and work without FUSE.
 
 STATS_PATH = ".xetfs/stats"
+ID_MOST = 2**32 - 2  # the largest uid or gid (2**32 - 1 stands for none)
 
 
 def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
@@ -43,7 +43,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                    help="stay attached, log to stderr, say 'xetfs: mounted STORE at MOUNTPOINT' once the mount "
                         "answers; Ctrl-C unmounts and exits 130")  # fmt: skip
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPT[,OPT]",
-                   help="mount options: every long option below as NAME=VALUE or NAME "
+                   help="mount options: every long option below but --foreground as NAME=VALUE or NAME "
                         "(-o cache_size=2G,workers=4,no_prefetch), FUSE's allow_other, allow_root, nonempty, "
                         "nodev, nosuid, noexec; mount(8)'s generic ones (defaults, rw, _netdev, nofail, "
                         "x-systemd.*, ...) are ignored")  # fmt: skip
@@ -56,7 +56,7 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
     _add_tree_options(p)
     _add_io_options(p)
     _add_daemon_options(p)
-    p.set_defaults(func=cmd_mount, o_names=sorted(option_table(p)))  # (-o NAME=VALUE: for messages)
+    p.set_defaults(func=cmd_mount)  # (and o_names, the -o names of its options, once they are all there)
 
     _add_admin_parsers(sub)
 
@@ -71,21 +71,23 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
 
 def _add_view_options(p: argparse.ArgumentParser) -> None:
     """``mount``'s options of how files look to the kernel: owner, group, direct I/O."""
-    p.add_argument("--uid", type=int, help="owner shown for every file (default: yours)")
-    p.add_argument("--gid", type=int, help="group shown for every file (default: yours)")
+    from xetfs.commands.args import whole
+
+    p.add_argument("--uid", type=whole(0, ID_MOST), help="owner shown for every file (default: yours)")
+    p.add_argument("--gid", type=whole(0, ID_MOST), help="group shown for every file (default: yours)")
     p.add_argument("--direct-io", action="store_true", help="bypass the kernel page cache")
 
 
 def _add_cache_options(p: argparse.ArgumentParser) -> None:
     """``mount``'s options of what is kept and read ahead."""
-    from xetfs.commands.args import parse_size, size_text
+    from xetfs.commands.args import parse_size, size_text, up_to
 
     p.add_argument("--cache-size", type=parse_size, default=settings.CACHE_SIZE,
                    help="decoded chunks kept, shared memory included, e.g. 512M, 2G; 0 keeps nothing "
                         f"beyond the reads in progress (default {size_text(settings.CACHE_SIZE)})")  # fmt: skip
-    p.add_argument("--read-ahead", type=parse_size, default=settings.READ_AHEAD,
-                   help=f"kernel read-ahead for the mount (default {size_text(settings.READ_AHEAD)}; "
-                        "needs root)")  # fmt: skip
+    p.add_argument("--read-ahead", type=up_to(settings.MOST_READ_AHEAD), default=settings.READ_AHEAD,
+                   help=f"kernel read-ahead for the mount (default {size_text(settings.READ_AHEAD)}; from 4K "
+                        f"to {size_text(settings.MOST_READ_AHEAD)}; needs root)")  # fmt: skip
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="decode no chunks before a read asks for them")  # fmt: skip
 
@@ -104,17 +106,19 @@ def _add_tree_options(p: argparse.ArgumentParser) -> None:
 
 def _add_io_options(p: argparse.ArgumentParser) -> None:
     """``mount``'s options of how the store is read: threads, time bound, decode workers, refreshes."""
+    from xetfs.commands.args import interval, seconds, whole
+
     p.add_argument("--io-mode", choices=["auto", "inline", "thread"], default=settings.IO_MODE,
                    help="read the store inline (fastest) or in worker threads with a time bound; "
                         "auto: threads when the store is on a network or FUSE filesystem")  # fmt: skip
-    p.add_argument("--io-timeout", type=float, default=settings.IO_TIMEOUT, metavar="SECONDS",
+    p.add_argument("--io-timeout", type=seconds, default=settings.IO_TIMEOUT, metavar="SECONDS",
                    help="with threaded or remote store reads, fail a read that takes longer with EIO "
                         f"(default {settings.IO_TIMEOUT:g})")  # fmt: skip
-    p.add_argument("--workers", type=int, default=None, metavar="N",
+    p.add_argument("--workers", type=whole(0, settings.MOST_WORKERS), default=None, metavar="N",
                    help=f"decode worker processes (default: one per CPU, up to {settings.MAX_WORKERS}; "
-                        "0: decode in the daemon)")  # fmt: skip
-    p.add_argument("--refresh-every", type=float, default=None, metavar="SECONDS",
-                   help="load what was added to the store every SECONDS, as xetfs refresh does (default: "
+                        f"0: decode in the daemon; at most {settings.MOST_WORKERS})")  # fmt: skip
+    p.add_argument("--refresh-every", type=interval, default=None, metavar="SECONDS",
+                   help="load what was added to the store every SECONDS, as xetfs refresh does (default, or 0: "
                         "only when asked)")  # fmt: skip
 
 
@@ -162,10 +166,21 @@ def _add_admin_parsers(sub: Any) -> None:
     p.set_defaults(func=cmd_publish)
 
 
+def _fuse_options(args: argparse.Namespace) -> frozenset[str]:
+    """The FUSE options of the ``-o`` lists; an unknown one is a usage error."""
+    from xetfs.commands.args import UsageError
+    from xetfs.fuse.mount import MountError, parse_options
+
+    try:
+        return parse_options(args.options, also=getattr(args, "o_names", ()))
+    except MountError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def _config(args: argparse.Namespace) -> MountConfig:
     """The mount's configuration from its command line: each field of ``MountConfig`` from the option of
     its name, those below made absolute or converted."""
-    from xetfs.fuse.mount import MountConfig, parse_options
+    from xetfs.fuse.mount import MountConfig
     from xetfs.storage.objects import is_url
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(MountConfig) if hasattr(args, f.name)}
@@ -173,12 +188,24 @@ def _config(args: argparse.Namespace) -> MountConfig:
         **values,
         "store": args.store if is_url(args.store) else str(Path(args.store).resolve()),
         "mountpoint": Path(args.mountpoint).resolve(),
-        "options": parse_options(args.options, also=getattr(args, "o_names", ())),
+        "options": _fuse_options(args),
         "names": args.names.resolve() if args.names else None,
         "read_ahead_kb": max(4, args.read_ahead // 1024),
         "cache_dir": args.cache_dir.absolute() if args.cache_dir else None,
         "headers": tuple(args.headers),
     })  # fmt: skip
+
+
+def _warn_of_waste(config: MountConfig) -> None:
+    """Say so when the mount asks for more decode workers than there are CPUs, or a cache larger than memory."""
+    cpus = os.cpu_count() or 1
+    if config.workers is not None and config.workers > cpus:
+        print_warning(f"--workers {config.workers}: more decode workers than CPUs ({cpus}) add processes and "
+                      "memory, not speed")  # fmt: skip
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if config.cache_size > memory:
+        print_warning(f"--cache-size {human_size(config.cache_size)}: more than this machine's memory "
+                      f"({human_size(memory)})")  # fmt: skip
 
 
 def daemon_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
@@ -206,6 +233,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         config = read_config(args.config_fd)
     else:
         config = _config(args)
+        _warn_of_waste(config)
     if args.foreground:
         handler = None
         if args.log_file:
@@ -304,6 +332,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
         if not Path(args.mountpoint).is_dir():
             raise XetfsError(f"{args.mountpoint}: no such directory") from None
         raise XetfsError(f"{args.mountpoint}: not a xetfs mount (no {STATS_PATH})") from None
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise
+        raise XetfsError(f"{args.mountpoint}: a stale mount, whose daemon is gone (clean it with: xetfs umount "
+                         f"{args.mountpoint})") from None  # fmt: skip
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -313,6 +346,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 FILE_STATS_XATTR = "user.xetfs.stats"  # (as fs.FILE_STATS_XATTR; fs needs pyfuse3 to import)
+
+
+# What ``xetfs stats MNT FILE --json`` adds to the file's counters (``fs.FILE_STATS_KEYS``).
+AMPLIFICATION_KEYS = {
+    "bytes_amplification": "decoded_bytes / size (null for an empty file)",
+    "chunks_amplification": "decoded_chunks / chunks (null for an empty file)",
+}
 
 
 def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
@@ -337,7 +377,7 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
             raise
         raise XetfsError(f"{path}: not a file of the xetfs mount {mountpoint}") from None
     size, chunks = doc["size"], doc["chunks"]
-    doc["bytes_amplification"] = round(doc["decoded_bytes"] / size, 4) if size else None
+    doc["bytes_amplification"] = round(doc["decoded_bytes"] / size, 4) if size else None  # (AMPLIFICATION_KEYS)
     doc["chunks_amplification"] = round(doc["decoded_chunks"] / chunks, 4) if chunks else None
     if as_json:
         json.dump(doc, sys.stdout, indent=2)

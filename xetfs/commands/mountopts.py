@@ -98,6 +98,9 @@ def expand_options(args: Sequence[str], table: dict[str, tuple[str, bool]]) -> l
                 if not takes_value and sep:
                     raise argparse.ArgumentTypeError(f"mount option {name} takes no value (got {option!r})")
                 out += [flag, value] if takes_value else [flag]
+            elif key == "foreground":
+                raise argparse.ArgumentTypeError("mount option foreground: not as -o (mount(8) would wait for "
+                                                 "the mount to end); give -f")  # fmt: skip
             elif option in IGNORED or option.startswith(IGNORED_PREFIXES):
                 log.debug("mount option %s ignored", option)
             else:

@@ -110,9 +110,10 @@ def add_pack_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], No
                         "would be skipped; without it, a pack that skipped files exits with status "
                         f"{int(ExitStatus.SKIPPED)}")  # fmt: skip
     p.add_argument("--replace", action="store_true",
-                   help=f"with SRC and no --repo: {MANIFEST_NAME} names only what SRC holds now, so files "
-                        "deleted from SRC since an earlier pack go (their bytes stay in the store); without it, "
-                        "a pack adds to the names already there")  # fmt: skip
+                   help=f"with SRC and no --repo: {MANIFEST_NAME} names only what this pack's SRC hold now: "
+                        "names from earlier packs that are not among them go, files deleted from SRC since "
+                        "included (their bytes stay in the store); without it, a pack adds to the names "
+                        "there")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_pack)
     add_common(p)

@@ -68,15 +68,25 @@ def _xattrs(node: Node) -> dict[bytes, bytes]:
     return out
 
 
+# The keys of ``FILE_STATS_XATTR``, and what each says (``docs/stats.md`` lists them).
+FILE_STATS_KEYS = {
+    "hash": "the file's xet hash (hex)",
+    "size": "its size in bytes",
+    "chunks": "its distinct chunks",
+    "decoded_chunks": "chunks decoded by reads and prefetch of this file (a chunk decoded for another file that "
+    "shares it counts for that one)",
+    "decoded_bytes": "their decoded bytes",
+}
+
+
 def _file_stats(reader: Reader, node: Node) -> bytes | None:
     """``FILE_STATS_XATTR`` of ``node``: its size and distinct chunks, and what its reads decoded (JSON)."""
     entry = node.entry
     if node.kind is not Kind.FILE or entry is None:
         return None
     decoded = reader.file_statistics(entry.file_hash)
-    doc = {"hash": entry.hex, "size": entry.size, "chunks": entry.num_chunks,
-           "decoded_chunks": decoded.chunks, "decoded_bytes": decoded.bytes}  # fmt: skip
-    return json.dumps(doc).encode()
+    values = (entry.hex, entry.size, entry.num_chunks, decoded.chunks, decoded.bytes)
+    return json.dumps(dict(zip(FILE_STATS_KEYS, values, strict=True))).encode()
 
 
 def _fuse_error(op: str, exc: Exception) -> pyfuse3.FUSEError:

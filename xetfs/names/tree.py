@@ -297,7 +297,7 @@ class TreeBuilder:
 def _pack_order(index: Index) -> Callable[[FileEntry], tuple[bytes, int, bytes]]:
     """The key that orders files by where their first chunk lies (its xorb, the chunk), then their hash: files
     numbered in this order are read in the order they were packed by tools that read a directory in inode
-    order (``cp -r``), so that a read's read-ahead serves the next small files (``Loader.cut``)."""
+    order (``cp -r``), so that a read's read-ahead serves the next small files (``read.readahead``)."""
     xorbs = index.xorbs
 
     def key(e: FileEntry) -> tuple[bytes, int, bytes]:

@@ -30,7 +30,16 @@ from dataclasses import dataclass, field, replace
 import trio
 
 from xetfs.base.errors import StoreTimeoutError
-from xetfs.base.settings import EXIT_GRACE, KEEP_FREE_SLOTS, MAX_WORKERS, MIN_JOB_BYTES, SLOT_SIZE, SLOTS_PER_WORKER
+from xetfs.base.settings import (
+    EXIT_GRACE,
+    KEEP_FREE_SLOTS,
+    MAX_WORKERS,
+    MIN_JOB_BYTES,
+    SLOT_SIZE,
+    SLOTS_PER_WORKER,
+    WORKER_RESTARTS,
+    WORKER_RESTARTS_WINDOW,
+)
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.xorb import ChunkRun, XorbLayout
 from xetfs.read.decode_worker import FRAME, Job, Ready, Result, Setup, encode_frame
@@ -96,6 +105,39 @@ class _Worker:
     def takes_jobs(self) -> bool:
         return self.alive and self.collecting and self.ready
 
+    def write(self, frame: bytes) -> bool:
+        """Write what the input pipe takes of ``frame`` now, and keep the rest after ``unsent`` (``drain``),
+        frames whole and in order; False if the pipe broke (the worker is gone).
+
+        A blocking write could stop the daemon for good: a worker writing a large result (a layout) into a
+        full results pipe reads no more jobs, and the daemon, stuck in the write, would never read the
+        results that would let it go on.
+        """
+        if not self.unsent:
+            try:
+                frame = frame[os.write(self.jobs_fd, frame) :]
+            except BlockingIOError:
+                pass
+            except OSError:
+                return False
+        self.unsent += frame
+        return True
+
+    async def drain(self) -> bool:
+        """Write ``unsent`` as the input pipe takes it; False if the pipe broke."""
+        try:
+            while self.unsent and self.alive:
+                await trio.lowlevel.wait_writable(self.jobs_fd)
+                try:
+                    del self.unsent[: os.write(self.jobs_fd, self.unsent)]
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return False
+            return True
+        finally:
+            self.sending = False
+
 
 class DecodePool:
     def __init__(
@@ -128,7 +170,8 @@ class DecodePool:
         self._workers: list[_Worker] = []
         self._some_ready = trio.Event()  # set once a worker is ready (or none can be)
         self._nursery: trio.Nursery | None = None  # where ``start`` runs the pool's tasks
-        self._stopped: list[_Worker] = []  # workers killed for a hung job: ``close`` closes their pipes
+        self._spawned: list[_Worker] = []  # every worker started, replaced ones too: ``close`` ends them all
+        self._deaths: list[float] = []  # when workers died on their own (``trio.current_time``), lately
 
     def statistics(self) -> WorkerCounters:
         """A snapshot of the pool's counters."""
@@ -161,7 +204,7 @@ class DecodePool:
         say) may start the same pool again.
         """
         if not self._workers:
-            self._workers = [_spawn(n, self.slots, self._setup) for n in range(self._count)]
+            self._workers = [self._spawn(n) for n in range(self._count)]
             log.info("started %d decode worker processes", self._count)
         self._nursery = nursery
         if self.job_timeout is not None:
@@ -257,8 +300,7 @@ class DecodePool:
             self.slots.fence(pending.slots)
         fenced = [slot for p in worker.pending.values() for slot in p.slots]
         self._counters.hung += 1
-        self._stopped.append(worker)
-        self._lose(worker)
+        self._lose(worker, restart=False)  # (replaced below, whatever the count of deaths)
         if self._nursery is not None:
             self._nursery.start_soon(self._replace, worker)
             self._nursery.start_soon(self._unfence_when_gone, worker, fenced)
@@ -272,15 +314,13 @@ class DecodePool:
         other workers and the daemon go on.
         """
         try:
-            replacement = await trio.to_thread.run_sync(
-                _spawn, worker.number, self.slots, self._setup, abandon_on_cancel=True
-            )
+            replacement = await trio.to_thread.run_sync(self._spawn, worker.number, abandon_on_cancel=True)
         except OSError as exc:  # no process could be started (descriptors, memory): one worker fewer
             log.error("could not start a decode worker in the place of worker %d: %s", worker.number, exc)
             return
         if self._closed:
-            replacement.process.kill()
-            return
+            return  # (``close`` ended it)
+        worker.process.poll()  # (reaped, if it has exited: a worker that died on its own has)
         self._workers[self._workers.index(worker)] = replacement
         replacement.collecting = True
         assert self._nursery is not None
@@ -293,41 +333,16 @@ class DecodePool:
         self.slots.unfence(slots)
 
     def _send(self, worker: _Worker, frame: bytes) -> None:
-        """Write ``frame`` to ``worker``'s input without blocking: what the pipe does not take now,
-        ``_flush`` writes as it drains, frames kept whole and in order.
-
-        A blocking write could stop the daemon for good: a worker writing a large result (a
-        layout) into a full results pipe reads no more jobs, and the daemon, stuck in the write,
-        would never read the results that would let it go on.
-        """
-        if not worker.unsent:
-            try:
-                frame = frame[os.write(worker.jobs_fd, frame) :]
-            except BlockingIOError:
-                pass
-            except OSError:  # the worker is gone
-                self._lose(worker)
-                return
-            if not frame:
-                return
-        worker.unsent += frame
-        if not worker.sending and self._nursery is not None:
+        """Write ``frame`` to ``worker``'s input without blocking (``_Worker.write``; the rest as the pipe drains)."""
+        if not worker.write(frame):
+            self._lose(worker)
+        elif worker.unsent and not worker.sending and self._nursery is not None:
             self._nursery.start_soon(self._flush, worker)
             worker.sending = True
 
     async def _flush(self, worker: _Worker) -> None:
-        """Write ``worker.unsent`` as its input pipe takes it."""
-        try:
-            while worker.unsent and worker.alive:
-                await trio.lowlevel.wait_writable(worker.jobs_fd)
-                try:
-                    del worker.unsent[: os.write(worker.jobs_fd, worker.unsent)]
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    self._lose(worker)
-        finally:
-            worker.sending = False
+        if not await worker.drain():
+            self._lose(worker)
 
     async def _collect(self, worker: _Worker) -> None:
         """Finish ``worker``'s jobs as their results arrive, until it exits (or this is cancelled)."""
@@ -367,12 +382,30 @@ class DecodePool:
             self.slots.free_all(pending.slots)
         pending.done.set()
 
-    def _lose(self, worker: _Worker) -> None:
+    def _restart(self, worker: _Worker) -> None:
+        """Start a worker in the place of one that died (killed, out of memory), unless more than
+        ``WORKER_RESTARTS`` died within ``WORKER_RESTARTS_WINDOW`` seconds (workers that cannot run)."""
+        now = trio.current_time()
+        self._deaths = [t for t in self._deaths if now - t < WORKER_RESTARTS_WINDOW] + [now]
+        if self._closed or self._nursery is None:
+            return
+        if len(self._deaths) > WORKER_RESTARTS:
+            log.error("decode worker %d is not started again: %d workers died within %g s", worker.number,
+                      len(self._deaths), WORKER_RESTARTS_WINDOW)  # fmt: skip
+            return
+        log.info("starting decode worker %d again", worker.number)
+        self._nursery.start_soon(self._replace, worker)
+
+    def _lose(self, worker: _Worker, *, restart: bool = True) -> None:
+        """``worker`` is gone (its pipes broke, or it was stopped): its jobs go back to their callers, and
+        one that died on its own is started again (``_restart``)."""
         if worker.alive:
             worker.alive = False
             code = worker.process.poll()
             log.error("decode worker %d stopped (exit status %s); decoding in the daemon", worker.number, code)
             self._counters.lost += 1
+            if restart:
+                self._restart(worker)
         if not any(w.alive for w in self._workers):
             self._some_ready.set()  # nobody is left to wait for
         for pending in worker.pending.values():
@@ -382,23 +415,36 @@ class DecodePool:
         worker.pending.clear()
         worker.unsent.clear()
 
+    def _spawn(self, number: int) -> _Worker:
+        """Start decode worker ``number`` (``_start``), kept for ``close``; one started after ``close`` (in a
+        thread ``_replace`` gave up waiting for) is ended at once."""
+        worker = _start(number, self.slots, self._setup)
+        self._spawned.append(worker)
+        if self._closed:
+            _end([worker], EXIT_GRACE)
+        return worker
+
     def close(self, timeout: float = 2.0) -> None:
         """Stop the workers (closing their input ends them) and free the shared memory.
 
         Runs still held in slots must be let go first (``RunStore.clear``).
         """
         self._closed = True
-        workers = self._workers + [w for w in self._stopped if w not in self._workers]
-        for worker in workers:
-            worker.alive = False
-            for fd in (worker.jobs_fd, worker.results_fd):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        _wait_for_exits(workers, timeout)
+        _end(list(self._spawned), timeout)
         self.slots.close()
 
 
-def _spawn(number: int, slots: Slots, setup: Setup) -> _Worker:
+def _end(workers: list[_Worker], timeout: float) -> None:
+    """Close the workers' pipes (which ends them) and wait for them, killing those that linger."""
+    for worker in workers:
+        worker.alive = False
+        for fd in (worker.jobs_fd, worker.results_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+    _wait_for_exits(workers, timeout)
+
+
+def _start(number: int, slots: Slots, setup: Setup) -> _Worker:
     """Start decode worker ``number`` over ``slots``, and send it ``setup`` (its first frame)."""
     shm = (str(slots.memfd), str(slots.count), str(slots.slot_size))
     argv = [sys.executable, "-m", "xetfs.read.decode_worker", *shm]

@@ -67,8 +67,8 @@ class ReadAhead:
             # stretch (as wide as theirs had come to be) read from the next read on.
             start, width, wider = stop, READ_AHEAD_FIRST, last[2] if last else 2 * READ_AHEAD_FIRST
             at_once = last is not None
-        elif last is not None and last[1] <= first < last[0]:
-            start, width, wider, at_once = last[0], last[2], min(2 * last[2], self._run_bytes), False
+        elif last is not None and last[1] <= first < last[0]:  # (from after the read's own chunks: they are its)
+            start, width, wider, at_once = max(last[0], stop), last[2], min(2 * last[2], self._run_bytes), False
         else:
             return None
         to = start

@@ -89,11 +89,10 @@ class Reader:
         remote: RemoteCounters | None = None,
         read_ahead: bool = True,
     ) -> None:
-        """``run_bytes``: decoded bytes per run without decode workers (with them, a slot);
-        ``fetch_width``: store reads in flight at most (None: no bound); ``remote``: the remote
-        store's counters, where reads failed by the server are counted.  A remote store's reads
-        wait on the network: several larger ones are in flight.  ``read_ahead``: small files read
-        in pack order read ahead in their xorb (``readahead``)."""
+        """``run_bytes``: decoded bytes per run without decode workers (with them, a slot); ``fetch_width``:
+        store reads in flight at most (None: no bound); ``remote``: the remote store's counters, where reads
+        failed by the server are counted.  A remote store's reads wait on the network: several larger ones
+        are in flight.  ``read_ahead``: small files read in pack order read ahead in their xorb (``readahead``)."""
         self.index = index
         self._read_ahead = read_ahead and cache_size >= MIN_CACHE_FOR_PREFETCH  # (as prefetch: runs must stay)
         self._remote = remote or RemoteCounters()
@@ -107,7 +106,7 @@ class Reader:
         self._errors = ErrorCounters()
         self._prefetch_requests = 0
         self._files: dict[bytes, FileCounters] = {}  # by file hash: what its reads decoded
-        self._nursery: trio.Nursery | None = None  # (reading ahead, from ``start`` on)
+        self._nursery: trio.Nursery | None = None  # (reading ahead, from ``start`` on; else in system tasks)
 
     @property
     def store(self) -> Store:
@@ -323,14 +322,15 @@ class Reader:
     def _read_ahead_of(self, spans: list[_Span]) -> None:
         """For a read of a small file (every chunk of one term), have the chunks its xorb's readers will want
         next read in the background (``ReadAhead.stretch``): a prefetch, counted as one."""
-        if len(spans) == 1 and self._nursery is not None and self._read_ahead:
+        if len(spans) == 1 and self._read_ahead:
             piece, layout, first, stop = spans[0]
             x = piece.xorb_hash
             due = self._ahead.stretch(x, layout, first, stop) if _whole_term(piece, first, stop) else None
             if due is not None:  # (other files' chunks: counted for no file, as ``_tally`` says)
                 self._prefetch_requests += 1
                 cut, load = partial(self._loader.cut, layout), partial(self._loader.load, x, layout)
-                self.runs.get_soon(x, *due, cut, load, self._nursery)
+                spawn = self._nursery.start_soon if self._nursery else trio.lowlevel.spawn_system_task  # (cat, serve)
+                self.runs.get_soon(x, *due, cut, load, spawn)
 
     def _load_now(self, entry: FileEntry, spans: list[_Span]) -> list[Run] | None:
         """The runs of a read of one span that no run or load has any chunk of, loaded at once and pinned

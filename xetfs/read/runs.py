@@ -84,6 +84,7 @@ class Load:
 # that did not.
 Loaded = tuple[list[Run], dict[int, XetfsError]]
 Cut = Callable[[int, int], Sequence[tuple[int, int]]]
+Spawn = Callable[..., object]  # starts a task: a nursery's ``start_soon``, say
 LoadFn = Callable[[int, int], Awaitable[Loaded]]
 Entry = Run | Load
 _FIRST = attrgetter("first")  # entries of a xorb are kept sorted by it
@@ -175,10 +176,10 @@ class RunStore:
             return []
         return [have[k] for k in sorted(have)]
 
-    def get_soon(self, xorb_hash: bytes, first: int, stop: int, cut: Cut, load: LoadFn, nursery: trio.Nursery) -> None:
-        """``get`` as a prefetch, in tasks of ``nursery``, its loads registered now: reads join them."""
+    def get_soon(self, xorb_hash: bytes, first: int, stop: int, cut: Cut, load: LoadFn, spawn: Spawn) -> None:
+        """``get`` as a prefetch, in tasks that ``spawn`` starts, its loads registered now: reads join them."""
         for a, b in [piece for lo, hi in self._cover(xorb_hash, first, stop)[1] for piece in cut(lo, hi)]:
-            nursery.start_soon(self._load, xorb_hash, self._register(xorb_hash, a, b), load, True)
+            spawn(self._load, xorb_hash, self._register(xorb_hash, a, b), load, True)
 
     def held(self, xorb_hash: bytes, first: int, stop: int) -> list[Run] | None:
         """The held runs covering chunks ``[first, stop)``, in order, or None if any chunk is not held.

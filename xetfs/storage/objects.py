@@ -370,8 +370,9 @@ class ObstoreSource:
         if status is not None and 400 <= status < 500 and status not in (408, 429):
             return StoreError(f"{self._where(what)}: {message}")
         tls = _tls_failure(full)
-        if tls is not None:
-            return StoreError(f"{self._where(what)}: the TLS handshake failed: {tls}")
+        if tls is not None:  # (a refused certificate: as a server out of reach, the disk cache's copies serve)
+            kind = ServerUnreachableError if "certificate" in tls else StoreError
+            return kind(f"{self._where(what)}: the TLS handshake failed: {tls}")
         if _unreachable(full):  # (the client's own words would repeat the URL, and time the attempt)
             reason = _connect_reason(full)
             self._mark_down(f"after {what or 'the listing'} failed: no connection ({reason})")

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchkit.paths import REPO
 from benchkit.rounds import Runner, Task
@@ -37,7 +37,8 @@ from benchkit.sections.common import run_json
 from benchkit.util import BenchError, children_cpu
 
 sys.path.insert(0, str(REPO / "tests"))
-from helpers import hub_cache
+if TYPE_CHECKING:
+    from helpers import hub_cache  # (imported where it is used: it needs numpy, which --help does not)
 
 COLUMN = ""
 TENSOR_MIB, QUICK_TENSOR_MIB = 16, 2
@@ -160,6 +161,8 @@ def pack(cache: Path, store: Path) -> tuple[int, int, float, float]:
 
 def prepared(r: Runner) -> tuple[hub_cache.CacheSpec, Path]:
     """The cache (made once per run) and a store imported from it (once), for the loads."""
+    from helpers import hub_cache
+
     if "hub" not in r.extra:
         work = r.work_dir("hub")
         r.extra["hub"] = hub_cache.make_hub_cache(work / "cache", floats=tensor_mib(r.args) * 2**20 // 4)
@@ -170,6 +173,8 @@ def prepared(r: Runner) -> tuple[hub_cache.CacheSpec, Path]:
 
 def load(r: Runner, cache: Path) -> dict[str, Any]:
     """The loader in a fresh process with ``HF_HUB_CACHE=cache``; every load must give the same tensors."""
+    from helpers import hub_cache
+
     _, store = prepared(r)
     env = dict(os.environ, HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1", HF_HOME=str(store.parent / "hf_home"),
                TRANSFORMERS_VERBOSITY="error", HF_HUB_DISABLE_TELEMETRY="1")  # fmt: skip
