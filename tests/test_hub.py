@@ -39,7 +39,7 @@ from xetfs.storage.store import Store
 fuse = pytest.mark.fuse
 SUMMARY = re.compile(
     r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) files? read \((\d+) bytes?\) -> "
-    r"(-?\d+) store bytes? added(?: \(([\d.]+)x smaller: dedup and compression\))?; (.*)"
+    r"(-?\d+) store bytes? added(?: \(read / added: ([\d.]+)x, dedup and compression\))?; (.*)"
 )
 
 

@@ -378,9 +378,9 @@ class PackResult:
 
 
 def read_over_added(read: int, added: int) -> str:
-    """`` (Nx smaller)``: the bytes a pack read over the bytes the store grew by (deduplication and
+    """`` (read / added: Nx, ...)``: the bytes a pack read over the bytes the store grew by (deduplication and
     compression), for its summary line; nothing if the store did not grow (or shrank: files deleted meanwhile)."""
-    return f" ({read / added:.2f}x smaller: dedup and compression)" if read > 0 and added > 0 else ""
+    return f" (read / added: {read / added:.2f}x, dedup and compression)" if read > 0 and added > 0 else ""
 
 
 def store_bytes(store_dir: Path) -> int:
