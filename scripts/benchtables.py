@@ -84,15 +84,16 @@ def render_markdown(doc: Mapping[str, Any], source: str = "bench.json", *, headl
 
 def target_rows(runs: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
     """One table of every row with a target, each from the first of ``runs`` (name, JSON; newest first) that
-    has it: the latest figure of each target, and the run it comes from."""
-    seen: dict[tuple[str, str, str], tuple[str, Mapping[str, Any], Mapping[str, Any]]] = {}
+    has it for its size of data sets: the latest figure of each target, and the run it comes from."""
+    seen: dict[tuple[str, int, str, str], tuple[str, Mapping[str, Any], Mapping[str, Any]]] = {}
     for name, doc in runs:
+        size = int(doc.get("meta", {}).get("size") or 0)
         for row in doc.get("rows", []):
-            key = (str(row["section"]), str(row["key"]), str(row.get("column") or ""))
+            key = (str(row["section"]), size, str(row["key"]), str(row.get("column") or ""))
             if row.get("target") and not row.get("variant") and key not in seen:
                 seen[key] = (name, doc.get("meta", {}), row)
     out = ["| section | row | data | median [min–max] | target | from |", "|---|---|---|---|---|---|"]
-    for (section, _key, column), (name, meta, row) in sorted(seen.items(), key=lambda i: i[0][0]):
+    for (section, _size, _key, column), (name, meta, row) in sorted(seen.items(), key=lambda i: i[0][:2]):
         label = str(row["label"]).replace("|", "\\|")
         data = COLUMN_LABEL.get(column, column) or "-"
         size = f"{int(meta['size']) >> 20} MiB" if meta.get("size") is not None else "?"
