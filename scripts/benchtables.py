@@ -96,8 +96,8 @@ def target_rows(runs: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
     for (section, _size, _key, column), (name, meta, row) in sorted(seen.items(), key=lambda i: i[0][:2]):
         label = str(row["label"]).replace("|", "\\|")
         data = COLUMN_LABEL.get(column, column) or "-"
-        size = f"{int(meta['size']) >> 20} MiB" if meta.get("size") is not None else "?"
-        run = f"[{name}](bench-tables.md#{name.replace('.', '')}), {meta.get('xetfs_commit', '?')}, {size}"
+        mib = f"{int(meta['size']) >> 20} MiB" if meta.get("size") is not None else "?"
+        run = f"[{name}](bench-tables.md#{name.replace('.', '')}), {meta.get('xetfs_commit', '?')}, {mib}"
         out.append(f"| {section} | {label} | {data} | {_cell(row)} | {row['target']} | {run} |")
     return "\n".join(out)
 

@@ -39,7 +39,7 @@ from typing import Protocol
 import pyfuse3
 import trio
 
-from xetfs.base.errors import XetfsError
+from xetfs.base.errors import ServerUnreachableError, XetfsError
 from xetfs.base.stats import RefreshCounters
 from xetfs.format.shard import parse_shard
 from xetfs.names.stabletree import Changes, TreeLike, renumber
@@ -98,6 +98,9 @@ class Refresher:
         async with self._lock:
             try:
                 update = await trio.to_thread.run_sync(self._prepare, self.fs.current_index(), self.fs.current_tree())
+            except ServerUnreachableError as exc:  # (its first request may be for a file the store does not have)
+                self._failed(f"the store's server cannot be reached ({exc})")
+                return
             except (XetfsError, OSError) as exc:
                 self._failed(str(exc))
                 return
