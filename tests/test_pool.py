@@ -374,6 +374,7 @@ def test_a_dead_worker_costs_speed_not_reads_and_is_started_again(tmp_path: Path
     s = reader.statistics()
     assert fallbacks >= 1 and s.decode.in_workers > 0 and s.decode.worker_fallbacks == fallbacks
     assert (s.workers.lost, s.workers.alive, s.workers.hung) == (2, 2, 0)
+    assert sorted(map(id, pool._spawned)) == sorted(map(id, pool._workers))  # (the dead ones ended, pipes closed)
     reader.runs.clear()
     assert _free_slots(pool) == pool.statistics().slots  # no slot kept by the jobs that met dead workers
 

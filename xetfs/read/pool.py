@@ -320,7 +320,9 @@ class DecodePool:
             return
         if self._closed:
             return  # (``close`` ended it)
-        worker.process.poll()  # (reaped, if it has exited: a worker that died on its own has)
+        if worker.process.poll() is not None and not (worker.collecting or worker.sending):  # (no task uses its pipes)
+            _end([worker], 0)  # (exited: its pipes closed now, not at ``close``, however many die)
+            self._spawned.remove(worker)
         self._workers[self._workers.index(worker)] = replacement
         replacement.collecting = True
         assert self._nursery is not None
