@@ -17,6 +17,12 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity: a container's limit, ``taskset``), not the machine's."""
+    return len(os.sched_getaffinity(0))
+
+
 # -- the mount ---------------------------------------------------------------------------------
 CACHE_SIZE = 512 * MiB  # --cache-size: decoded chunks kept, shared memory of the decode workers included
 READ_AHEAD = 1 * MiB  # --read-ahead: the kernel's read-ahead for the mount
@@ -145,7 +151,7 @@ SERVE_URL_TTL = 3600  # seconds a signed xorb-range URL lives
 SERVE_MAX_FETCH = 8 * MiB  # serialized bytes of a xorb range in a reconstruction answer
 SERVE_CHECKS = 8  # xorb ranges read and checked at the same time, per server process
 SERVE_WORKERS_MAX = 4  # --workers default: one server process per core, at most this many
-SERVE_WORKERS = max(1, min(len(os.sched_getaffinity(0)), SERVE_WORKERS_MAX))
+SERVE_WORKERS = max(1, min(usable_cpus(), SERVE_WORKERS_MAX))
 SERVE_TREE_PAGE = 1000  # entries per page of a tree listing, as the Hub
 SERVE_RESCAN = 2.0  # --rescan for a directory; and a URL that missed something is loaded again at most this often
 SERVE_REMOTE_RESCAN = 30.0  # --rescan for a URL: its catalogue is fetched again this often (a moved branch)

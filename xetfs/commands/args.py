@@ -36,20 +36,21 @@ def parse_size(text: str) -> int:
 
 def seconds(text: str) -> float:
     """A time in seconds, more than 0 (``--io-timeout``)."""
-    value = interval(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"not a usable time: {text!r} (seconds, more than 0)")
-    return value
+    return _seconds(text, "more than 0", lambda value: value > 0)
 
 
 def interval(text: str) -> float:
     """A time in seconds, 0 or more (``--refresh-every``: 0 is never)."""
+    return _seconds(text, "0 or more", lambda value: value >= 0)
+
+
+def _seconds(text: str, usable: str, ok: Callable[[float], bool]) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"not a usable time: {text!r} (seconds, more than 0)")
+    if not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"not a usable time: {text!r} (seconds, {usable})")
     return value
 
 

@@ -197,8 +197,8 @@ def _config(args: argparse.Namespace) -> MountConfig:
 
 
 def _warn_of_waste(config: MountConfig) -> None:
-    """Say so when the mount asks for more decode workers than there are CPUs, or a cache larger than memory."""
-    cpus = os.cpu_count() or 1
+    """Say so when the mount asks for more decode workers than it has CPUs, or a cache larger than memory."""
+    cpus = settings.usable_cpus()
     if config.workers is not None and config.workers > cpus:
         print_warning(f"--workers {config.workers}: more decode workers than CPUs ({cpus}) add processes and "
                       "memory, not speed")  # fmt: skip

@@ -39,6 +39,7 @@ from xetfs.base.settings import (
     SLOTS_PER_WORKER,
     WORKER_RESTARTS,
     WORKER_RESTARTS_WINDOW,
+    usable_cpus,
 )
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.xorb import ChunkRun, XorbLayout
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 def default_workers() -> int:
     """One worker per CPU the daemon may use, at most ``MAX_WORKERS``."""
-    return min(MAX_WORKERS, len(os.sched_getaffinity(0)))
+    return min(MAX_WORKERS, usable_cpus())
 
 
 def slots_for(cache_size: int, workers: int) -> int:

@@ -366,7 +366,7 @@ class PackResult:
 
     def line(self) -> str:
         """The summary line ``pack`` prints."""
-        news = [plural(self.changed, "with new bytes", "with new bytes")] if self.changed else []
+        news = [f"{self.changed} with new bytes"] if self.changed else []
         news += [f"{self.removed} removed"] if self.removed else []
         skipped = f"; skipped {plural(self.skipped, 'path')} (see the warnings)" if self.skipped else ""
         return (
