@@ -116,7 +116,8 @@ async def xorb_range(request: Request) -> Response:
     snap = await state.contents.snapshot()
     try:
         if not snap.store.has_xorb(xorb):  # signed after this process last looked? (then the xorb may be new)
-            snap = await state.contents.looked_at_since(int(expires) - state.settings.url_ttl)
+            # (Signed before ``expires - url_ttl + 1``: ``expires`` counts from the signing time's whole second.)
+            snap = await state.contents.looked_at_since(int(expires) - state.settings.url_ttl + 1)
         layout = await snap.reader.layout(xorb)
         if not 0 <= first < stop <= layout.num_chunks:
             return error(416, None, f"xorb {xorb_hex} has {layout.num_chunks} chunks, not [{first}, {stop})")
