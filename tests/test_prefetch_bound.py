@@ -20,7 +20,7 @@ from xetfs.base import hashes, settings
 from xetfs.fuse.fs import XetFS
 from xetfs.fuse.mount import MountConfig, build_fs
 from xetfs.names.tree import BY_HASH_INODE
-from xetfs.read import sessions as sessions_module
+from xetfs.read import runs as runs_module
 from xetfs.read.runs import Run, RunStore
 from xetfs.storage.index import FileEntry
 
@@ -54,7 +54,7 @@ def test_prefetch_in_flight_is_bounded_over_all_files(tmp_path: Path, monkeypatc
         data = rng.randbytes(FILE_SIZE)
         contents[b.add_file(data, chunk_size=64 * 1024)] = data
     b.finish()
-    monkeypatch.setattr(sessions_module, "MIN_CACHE_FOR_PREFETCH", CACHE)
+    monkeypatch.setattr(runs_module, "MIN_CACHE_FOR_PREFETCH", CACHE)
     peak = [0]
     hold = RunStore._hold
 
@@ -101,7 +101,7 @@ def test_a_file_whose_prefetch_stalls_leaves_room_for_the_others(
     stuck, other = b.add_file(rng.randbytes(8 * MiB), chunk_size=64 * 1024), b.add_file(rng.randbytes(4 * MiB))
     b.finish()
     cache = 4 * MiB
-    monkeypatch.setattr(sessions_module, "MIN_CACHE_FOR_PREFETCH", cache)
+    monkeypatch.setattr(runs_module, "MIN_CACHE_FOR_PREFETCH", cache)
     fs = build_fs(MountConfig(store=tmp_path, mountpoint=Path("/nonexistent"), cache_size=cache, workers=0))
     assert fs.options.prefetch_max == 1 * MiB
     prefetch = fs.reader.prefetch

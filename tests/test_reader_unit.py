@@ -24,6 +24,7 @@ from xetfs.base import hashes
 from xetfs.base.errors import IntegrityError, MissingObjectError, ObjectReadError, XorbFormatError
 from xetfs.base.settings import MiB
 from xetfs.format.shard import parse_shard
+from xetfs.format.xorb import decode_run
 from xetfs.read import loader as loader_module
 from xetfs.read.pool import DecodePool, slots_for
 from xetfs.read.reader import Reader
@@ -424,16 +425,23 @@ def test_corrupted_chunk(tmp_path: Path, footer: bool) -> None:
                 read(idx, reader, fh, 0, 1)
 
 
-def test_unverified_read_returns_the_corruption(tmp_path: Path) -> None:
+def test_the_flipped_byte_still_decodes_only_the_hash_check_catches_it(tmp_path: Path) -> None:
+    """The control of the corruption tests: the damage they make decodes to other bytes of the right size, with
+    no error, so that only the check against the chunk's hash can refuse it."""
     b = StoreBuilder(tmp_path)
-    fh = b.add_file(bytes(3000), chunk_size=1000)
+    b.add_file(bytes(3000), chunk_size=1000)
     b.finish()
     ((xorb_hash, built),) = b.xorbs.items()
     _corrupt(b.xorb_paths[xorb_hash], built.payload_range(1)[0])
-    with opened(tmp_path, verify=False) as (idx, reader):
-        got = read(idx, reader, fh)
-        assert got != bytes(3000) and len(got) == 3000
-        assert reader.statistics().errors.integrity == 0
+    store = Store.open(tmp_path)
+    layout = store.load_layout(xorb_hash)
+    data = b.xorb_paths[xorb_hash].read_bytes()[: layout.phys_ends[-1]]
+    unchecked = decode_run(data, xorb_hash, layout, 0, layout.num_chunks, verify=False)
+    chunks = [c for c in unchecked if isinstance(c, bytes) and len(c) == 1000]
+    assert len(chunks) == 3 and b"".join(chunks) != bytes(3000)
+    checked = decode_run(data, xorb_hash, layout, 0, layout.num_chunks, verify=True)
+    assert [type(c) for c in checked] == [bytes, IntegrityError, bytes]
+    store.close()
 
 
 def test_missing_xorb(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from helpers.mounting import mounted, wait_until
 from helpers.oracle import CliRunner, hf_xet_env
 from helpers.writer import StoreBuilder
 
-from xetfs.base.errors import ServerUnreachableError, StoreError
+from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError
 from xetfs.base.settings import TAIL_BYTES
 from xetfs.base.stats import RemoteCounters
 from xetfs.read.reader import Reader
@@ -750,6 +750,25 @@ def test_range_reads_fill_parts_straight_from_the_socket_and_fall_back_for_other
         server.shutdown()
         server.server_close()
         thread.join(10)
+
+
+def test_range_reads_of_the_own_client_fail_as_the_general_clients_do(packed: Packed, web: servers.Server) -> None:
+    """The plain HTTP client of range reads (``read_range_into``) says what failed by the errors it raises, not
+    by words the general client's errors are read for: a missing object is ``MissingObjectError`` at once, a
+    refusal a ``StoreError`` at once, and a server nobody answers for is unreachable at once (not tried again
+    until the deadline)."""
+    options = RemoteOptions(deadline=20, request_timeout=5, connect_timeout=2)
+    source = ObstoreSource(web.url, options)
+    buffer = bytearray(10)
+    began = time.monotonic()
+    with pytest.raises(MissingObjectError, match="not found"):
+        source.read_range_into("xet/xorbs/xorbs/" + "0" * 64, 0, 10, [memoryview(buffer)])
+    with pytest.raises(StoreError, match=r"access refused \(HTTP 403"):  # (nginx: a directory without an index)
+        source.read_range_into("xet/xorbs/", 0, 10, [memoryview(buffer)])
+    closed = ObstoreSource(f"http://127.0.0.1:{servers.free_port()}", options)
+    with pytest.raises(ServerUnreachableError, match="server unreachable: no connection"):
+        closed.read_range_into("x", 0, 10, [memoryview(buffer)])
+    assert time.monotonic() - began < 5 and source.counters.retries == closed.counters.retries == 0
 
 
 @pytest.fixture(scope="module")

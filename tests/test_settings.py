@@ -40,6 +40,47 @@ def test_every_setting_is_used() -> None:
     assert not unused, f"settings nothing uses: {unused}"
 
 
+# Numbers that are not tuning: none, one, minus one (a count's start, a step, "no bound").
+PLAIN_NUMBERS = {0, 1, -1}
+
+
+def literal_defaults(source: str, where: str) -> list[str]:
+    """Numbers written as defaults in the module ``source``: of a function's parameters, of a class's fields,
+    and of a command-line option (``add_argument(default=...)``), other than ``PLAIN_NUMBERS``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        values: list[ast.expr] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            values += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+        elif isinstance(node, ast.ClassDef):
+            values += [s.value for s in node.body if isinstance(s, ast.AnnAssign) and s.value is not None]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            values += [k.value for k in node.keywords if k.arg == "default"]
+        for value in values:
+            if any(isinstance(sub, ast.Constant) and type(sub.value) in (int, float) and sub.value not in PLAIN_NUMBERS
+                   for sub in ast.walk(value)):  # fmt: skip
+                found.append(f"{where}:{value.lineno}: {ast.unparse(value)}")
+    return found
+
+
+def test_no_default_is_a_number_written_in_place() -> None:
+    """A default of a function, a field or an option is a name from settings (or a format's own limit), so
+    that changing it is one line and the docs generated from settings say it."""
+    found = [line for p in sorted(PACKAGE.rglob("*.py")) if p != SETTINGS
+             for line in literal_defaults(p.read_text(), str(p.relative_to(PACKAGE)))]  # fmt: skip
+    assert not found, f"numbers written as defaults (name them in xetfs/base/settings.py): {found}"
+
+
+def test_the_default_check_finds_each_kind() -> None:
+    source = """
+def f(size: int = 1, *, timeout: float = 600.0) -> None: ...
+class C:
+    limit: int = 4 * 1024
+p.add_argument("--timeout", type=float, default=30.0)
+"""
+    assert literal_defaults(source, "m.py") == ["m.py:2: 600.0", "m.py:4: 4 * 1024", "m.py:5: 30.0"]
+
+
 def test_the_checks_see_a_definition() -> None:
     assert top_level_names(SETTINGS) >= NAMES
 

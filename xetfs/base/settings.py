@@ -34,14 +34,18 @@ DISK_CACHE_SIZE = 10 * GiB  # --disk-cache-size: bound of the disk cache of remo
 READY_TIMEOUT = 120.0  # the mounting command waits this long for the daemon to report
 FAILED_DAEMON_EXIT = 5.0  # and this long for a daemon that failed to exit, before it tidies its log
 JOB_TIMEOUT_MARGIN = 5.0  # a worker's job on a remote store may take this long past --io-timeout
+MAX_REPORTED_WARNINGS = 20  # the mounting command prints this many of the daemon's warnings, then how many more
+REFRESH_TIMEOUT = 600.0  # xetfs refresh --timeout: how long it waits for the mount's refresh to end
 
 # -- the FUSE adapter --------------------------------------------------------------------------
 BLOCK_SIZE = 1 * MiB  # st_blksize: tells tools to read in large pieces
-ENTRY_TIMEOUT = 3600.0  # the tree never changes while mounted
+ENTRY_TIMEOUT = 3600.0  # the kernel keeps names and attributes this long; a refresh invalidates what it changes
 REPEATS_QUIET = 10.0  # the same failed read is not logged again for this long
+FAILED_READS_LOGGED = 256  # failed reads remembered for that (then the oldest are forgotten)
+NAMES_KEPT = 1024  # paths of open files kept for messages (then all are forgotten)
 
 # -- runs and store reads ----------------------------------------------------------------------
-RUN_BYTES = 1 * MiB  # decoded bytes per run at most (without workers; with them, a slot)
+RUN_BYTES = 1 * MiB  # decoded bytes per store read at most (local store: a slot with workers; remote: below)
 MAX_RUN_BYTES = 8 * MiB  # one store read covers at most this much of a xorb
 # Where each store read is a request, a run takes in the chunks left in its gap when they decode to less than
 # 1/RUN_TAIL_SHARE of a run, rather than make a request of their own.
@@ -50,12 +54,13 @@ REMOTE_RUN_BYTES = 4 * MiB  # decoded bytes (about 64 chunks) per request to a r
 REMOTE_FETCH_WIDTH = 8  # requests in flight to a remote store
 TAIL_BYTES = 128 * KiB  # a remote xorb's footer is read with one request for this much of its end
 # Small files read whole in the order they were packed read ahead in their xorb: first this many decoded bytes,
-# twice as many with every read that goes on, up to a run (``read.loader``).
+# twice as many with every read that goes on, up to a store read (``read.readahead``).
 READ_AHEAD_FIRST = 256 * KiB
-READ_AHEAD_XORBS = 4096  # xorbs whose last read the loader remembers (then it forgets them all)
+READ_AHEAD_XORBS = 4096  # xorbs whose last read the read-ahead remembers (then it forgets them all)
 MAX_OPEN_FILES = 64  # xorb files kept open, by the daemon and by each worker
 LAYOUT_CACHE_SIZE = 32 * MiB  # xorb layouts (footers) kept by the reader
 BAD_LAYOUT_SECONDS = 30.0  # a layout that failed its check is not checked again for this long
+BAD_LAYOUTS_KEPT = 1024  # failed layouts remembered for that
 EXTENTS_LIMIT = 65536  # held runs the reader finds by position
 PAGED_MAX = 256 * KiB  # extents up to this size are also found by page: small random reads' runs
 
@@ -71,6 +76,9 @@ KEEP_FREE_SLOTS = 4
 MIN_JOB_BYTES = 256 * KiB  # smaller runs are decoded in the daemon
 IOV_MAX = 1024  # buffers one preadv or writev may take (Linux)
 EXIT_GRACE = 0.25  # when the mount stops, a decode worker has this long to end its job before it is killed
+KILLED_WORKER_WAIT = 2.0  # and then this long to exit once killed (one that does not is left, with a warning)
+WATCHDOG_PERIOD = 1.0  # jobs are looked at for one over its timeout this often (and at least 4 times per timeout)
+FENCED_POLL = 0.1  # a killed worker whose slots are fenced off is looked at this often until it has exited
 MAX_WORKERS = 8  # --workers by default: one per CPU, at most this many
 MOST_WORKERS = 256  # --workers: at most this many (more than the CPUs only adds processes: a warning says so)
 WORKER_RESTARTS = 3  # decode workers that died on their own are started again, unless more died within
@@ -102,6 +110,7 @@ PREFETCH_JUMP_SHARE = 16
 PREFETCH_FILES_KEPT = 4096  # files whose first read (tail or not) is remembered once their last handle closed
 PREFETCH_TASKS = 2  # prefetch windows of one file decoding at once: the next starts while the last finishes
 MIN_CACHE_FOR_PREFETCH = 64 * MiB  # with a smaller --cache-size, nothing is prefetched
+PREFETCH_CACHE_SHARE = 4  # a window is at most 1/4 of --cache-size, so that what it decodes stays until it is read
 
 # -- the disk cache of remote stores --------------------------------------------------------
 DISK_CACHE_LOW_WATER = 0.9  # eviction deletes the oldest entries until the cache is below this share of its bound
@@ -109,6 +118,7 @@ DISK_CACHE_LOW_WATER = 0.9  # eviction deletes the oldest entries until the cach
 # down) as if it had been used this much later than it was: chunk ranges go first, unless the entry is stale.
 META_EVICTION_GRACE = 30 * 24 * 3600.0
 STALE_TMP_SECONDS = 3600.0  # a temporary file older than this is a crashed writer's
+DISK_CACHE_RECOUNT_SHARE = 20  # other mounts write too: the cache is counted again after 1/20 of it was written here
 # A decode worker writes entries with O_DIRECT (``storage.entryfile``), in blocks of DIRECT_IO_ALIGN.  Its direct
 # writes are judged by DIRECT_IO_WINDOW bytes at a time: slower than DIRECT_IO_MIN_RATE (bytes a second), the disk
 # would hold back the reads whose bytes it keeps, so the next DIRECT_IO_RETRY bytes are ordinary writes (the page
@@ -125,6 +135,7 @@ MALLOC_MMAP_THRESHOLD = 8 * MiB  # buffers up to this size come from the heap, n
 # -- remote stores -----------------------------------------------------------------------------
 REQUEST_TIMEOUT = 10.0  # one request, when no --io-timeout says otherwise
 CONNECT_TIMEOUT = 5.0
+HTTP_IDLE_CONNECTIONS = 16  # kept-alive connections to a plain HTTP(S) server kept per process
 DOWN_SECONDS = 2.0  # a store that failed is not asked again for this long
 FAILED_READS_KEPT = 16  # per file: reads the store failed, failed again at once for DOWN_SECONDS when asked again
 FIRST_BACKOFF = 0.05
@@ -148,6 +159,7 @@ SERVE_HOST = "127.0.0.1"  # this machine only
 SERVE_PORT = 8080
 SERVE_TOKEN_TTL = 3600  # seconds a Xet access token lives
 SERVE_URL_TTL = 3600  # seconds a signed xorb-range URL lives
+SERVE_BLOCK = 8 * MiB  # xetfs serve: bytes read from the store per step of a plain download
 SERVE_MAX_FETCH = 8 * MiB  # serialized bytes of a xorb range in a reconstruction answer
 SERVE_CHECKS = 8  # xorb ranges read and checked at the same time, per server process
 SERVE_WORKERS_MAX = 4  # --workers default: one server process per core, at most this many

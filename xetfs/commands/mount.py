@@ -136,10 +136,12 @@ def _add_daemon_options(p: argparse.ArgumentParser) -> None:
 def _add_admin_parsers(sub: Any) -> None:
     """Add ``refresh``, ``umount``, ``stats`` and ``publish``: the sub-commands about a mount or a store
     that is already there."""
+    from xetfs.commands.args import seconds
+
     p = sub.add_parser("refresh", help="make a live mount load what was added to its store since it was mounted")
     p.add_argument("mountpoint", help="where the store is mounted (the mount's owner or root)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
-                   help="how long to wait for the mount to finish (default 600)")  # fmt: skip
+    p.add_argument("--timeout", type=seconds, default=settings.REFRESH_TIMEOUT, metavar="SECONDS",
+                   help=f"how long to wait for the refresh to end (default {settings.REFRESH_TIMEOUT:g})")  # fmt: skip
     p.set_defaults(func=cmd_refresh)
 
     p = sub.add_parser("umount", help="unmount a xetfs mount")

@@ -66,7 +66,6 @@ PUSH_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss")
 
 # The phases, in the order they are pushed.
 XORBS, SHARDS, OTHER, LISTING, META = range(5)
-PHASE_NAMES = ("xorbs", "shards", "other files", "listing", "manifest and catalogue")
 _META_ORDER = (MANIFEST_NAME, CATALOGUE_NAME)  # phase META, one after the other
 
 

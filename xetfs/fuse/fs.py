@@ -3,10 +3,13 @@
 Requests are translated to calls on the tree (names, attributes) and the
 reader (bytes).  Handlers never let an exception other than ``FUSEError``
 escape — pyfuse3 would take the mount down — so every handler runs under
-``_guard`` (``read``, the hot path, calls what it calls itself), and
-``_fuse_error`` is the one place that maps errors to errno: unknown names are
-``ENOENT``, corrupt or missing data ``EIO`` (logged once, counted in stats),
-every write ``EROFS``.
+``_guard``, except the three a reader sends for every file (``lookup``,
+``open``, ``read``), which catch what they call themselves; ``_fuse_error``
+is the one place that maps errors to errno: unknown names are ``ENOENT``,
+corrupt or missing data ``EIO``, every write ``EROFS``.  A failed read is
+logged once per file, offset and failure for ``REPEATS_QUIET`` seconds (the
+kernel asks again, in other sizes) and counted in stats; other failed
+requests are logged each time.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import trio
 from cachetools import TTLCache
 
 from xetfs.base.errors import XetfsError
-from xetfs.base.settings import BLOCK_SIZE, ENTRY_TIMEOUT, PREFETCH_MAXIMUM, REPEATS_QUIET
+from xetfs.base.settings import (
+    BLOCK_SIZE,
+    ENTRY_TIMEOUT,
+    FAILED_READS_LOGGED,
+    NAMES_KEPT,
+    PREFETCH_MAXIMUM,
+    REPEATS_QUIET,
+)
 from xetfs.base.stats import IndexCounters, ReadCounters, RefreshCounters, document
 from xetfs.names.stabletree import TreeLike
 from xetfs.names.tree import Kind, Node
@@ -41,7 +51,6 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-XATTRS = (b"user.xet.hash", b"user.xet.sha256", b"user.xet.terms")
 # A file's decode counters as JSON, for ``xetfs stats MNT FILE``.  Not listed by listxattr: its value
 # changes with every read, and ``getfattr -d`` shows what a file is, not how it was read.
 FILE_STATS_XATTR = b"user.xetfs.stats"
@@ -58,7 +67,8 @@ class FsOptions:
 
 
 def _xattrs(node: Node) -> dict[bytes, bytes]:
-    """The extended attributes ``listxattr`` shows for ``node`` (``XATTRS``): a file's hash, terms, sha256."""
+    """The extended attributes ``listxattr`` shows for ``node``: a file's hash, its terms and its sha256 (when
+    its shard records one)."""
     entry = node.entry
     if node.kind is not Kind.FILE or entry is None:
         return {}
@@ -183,7 +193,7 @@ class XetFS(_ReadOnly):
         self._handles: dict[int, Session] = {}  # the read session of each open file of the store
         self._snapshots: dict[int, bytes] = {}  # the bytes fixed at open of each other open file (stats, a Hub ref)
         self._names: dict[int, str] = {}  # inode -> a path, for messages about failing files
-        self._failures_logged: TTLCache[str, None] = TTLCache(maxsize=256, ttl=REPEATS_QUIET)
+        self._failures_logged: TTLCache[str, None] = TTLCache(maxsize=FAILED_READS_LOGGED, ttl=REPEATS_QUIET)
         self._total_bytes = sum(e.size for e in reader.index)  # for statfs; the store only grows (``replace``)
         self.refresh = RefreshCounters()  # counted by the daemon's refresher (refresh.Refresher)
         self.refresh_error = ""  # why the last refresh failed ("" after one that did not)
@@ -413,7 +423,7 @@ class XetFS(_ReadOnly):
         inode, entry = session.key, session.entry
         name = self._names.get(inode)
         if name is None:
-            if len(self._names) >= 1024:
+            if len(self._names) >= NAMES_KEPT:
                 self._names.clear()
             name = self._names[inode] = self.tree.name_of(inode) or ""
         return f"{name} (file {entry.hex})" if name and name != entry.hex else f"file {entry.hex}"

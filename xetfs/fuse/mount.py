@@ -39,6 +39,8 @@ from xetfs.base.settings import (
     IO_TIMEOUT,
     JOB_TIMEOUT_MARGIN,
     LAYOUT,
+    MAX_REPORTED_WARNINGS,
+    PREFETCH_CACHE_SHARE,
     PREFETCH_MAXIMUM,
     READ_AHEAD,
     READY_TIMEOUT,
@@ -46,6 +48,7 @@ from xetfs.base.settings import (
     REMOTE_PREFETCH,
     REMOTE_RUN_BYTES,
     RUN_BYTES,
+    KiB,
     user_home,
 )
 from xetfs.base.stats import RemoteCounters
@@ -85,7 +88,7 @@ class MountConfig:
     direct_io: bool = False
     cache_size: int = CACHE_SIZE
     names: Path | None = None
-    read_ahead_kb: int = READ_AHEAD // 1024
+    read_ahead_kb: int = READ_AHEAD // KiB
     strict: bool = False
     prefetch: bool = True
     io_mode: str = IO_MODE  # "inline", "thread" or "auto" (thread on network/FUSE filesystems)
@@ -210,8 +213,7 @@ def build_fs(config: MountConfig) -> XetFS:
         direct_io=config.direct_io,
         mtime_ns=int(store.mtime * 1e9),
         prefetch=config.prefetch,
-        # A window is at most a quarter of the cache, so that what it decodes stays until it is read.
-        prefetch_max=min(REMOTE_PREFETCH if remote else PREFETCH_MAXIMUM, max(config.cache_size // 4, 1 << 20)),
+        prefetch_max=min(REMOTE_PREFETCH if remote else PREFETCH_MAXIMUM, config.cache_size // PREFETCH_CACHE_SHARE),
     )
     return XetFS(tree, reader, options, counters)
 
@@ -398,9 +400,6 @@ async def _refresh_every(refresher: Refresher, seconds: float) -> None:
     while True:
         await trio.sleep(seconds)
         await refresher.refresh()
-
-
-MAX_REPORTED_WARNINGS = 20
 
 
 def _send_warnings(fd: int | None, messages: list[str]) -> None:

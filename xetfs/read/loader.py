@@ -90,7 +90,6 @@ class Loader:
         runs: RunStore,
         *,
         shared: Callable[[bytes], bool],
-        verify: bool = True,
         io: Io = inline_io,
         pool: DecodePool | None = None,
         run_bytes: int = RUN_BYTES,
@@ -103,7 +102,6 @@ class Loader:
         the daemon's own store reads in flight at most (None: no bound); ``remote``: a remote
         store's counters, to which the workers' fetches are added."""
         self.store = store
-        self.verify = verify
         self._runs = runs
         self._shared = shared
         self._io = io
@@ -225,7 +223,7 @@ class Loader:
             slots = _take_slots(pool.slots, self._runs, [layout.range_size(a, b) for a, b in parts])
         if pool is None or slots is None:
             return await self._here(src, xorb_hash, layout, first, stop)
-        jobs = [(slot, chunk_run(layout, a, b, verify=self.verify)) for slot, (a, b) in zip(slots, parts, strict=True)]
+        jobs = [(slot, chunk_run(layout, a, b, verify=True)) for slot, (a, b) in zip(slots, parts, strict=True)]
         try:
             sizes = await self._in_worker(pool, src, xorb_hash, first, stop, jobs) if pool.usable else None
         except WorkerLost:  # stopped while it might still write into the slots (fenced): decode elsewhere
@@ -275,7 +273,7 @@ class Loader:
         self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int, data: Buffer
     ) -> list[Buffer | XetfsError]:
         """Chunks ``[first, stop)`` decoded and verified from their serialized bytes ``data``, in the daemon."""
-        decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=self.verify))
+        decoded = decode_chunks(data, xorb_hash, chunk_run(layout, first, stop, verify=True))
         sizes = [len(memoryview(c)) for c in decoded if not isinstance(c, XetfsError)]
         self._count(len(memoryview(data)), len(sizes), sum(sizes))
         return decoded

@@ -32,11 +32,14 @@ import trio
 from xetfs.base.errors import StoreTimeoutError
 from xetfs.base.settings import (
     EXIT_GRACE,
+    FENCED_POLL,
     KEEP_FREE_SLOTS,
+    KILLED_WORKER_WAIT,
     MAX_WORKERS,
     MIN_JOB_BYTES,
     SLOT_SIZE,
     SLOTS_PER_WORKER,
+    WATCHDOG_PERIOD,
     WORKER_RESTARTS,
     WORKER_RESTARTS_WINDOW,
     usable_cpus,
@@ -55,14 +58,20 @@ def default_workers() -> int:
     return min(MAX_WORKERS, usable_cpus())
 
 
-def slots_for(cache_size: int, workers: int) -> int:
+def min_slot_run(slot_size: int) -> int:
+    """The shortest run that stays in a slot once decoded there: half of it (``Loader.load`` copies shorter
+    ones out, and gives the slot back)."""
+    return slot_size // 2
+
+
+def slots_for(cache_size: int, workers: int, slot_size: int = SLOT_SIZE) -> int:
     """Slots for a cache of ``cache_size`` bytes, and the jobs in flight.
 
-    A run held in a slot fills at least half of it (``Loader.load`` copies shorter ones out:
-    ``DecodePool.min_slot_run``), so the cache can fill with them before the slots run out.  Each
-    process maps every slot: twice the cache in address space, touched only as far as runs reach.
+    A run held in a slot fills at least ``min_slot_run`` of it, so the cache can fill with them before the
+    slots run out.  Each process maps every slot: twice the cache in address space, touched only as far as
+    runs reach.
     """
-    return max(0, cache_size) // (SLOT_SIZE // 2) + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
+    return max(0, cache_size) // min_slot_run(slot_size) + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
 
 
 class WorkerLost(Exception):
@@ -159,7 +168,7 @@ class DecodePool:
         self.job_timeout = job_timeout
         self.slot_size = slot_size
         self.min_job_bytes = MIN_JOB_BYTES
-        self.min_slot_run = slot_size // 2  # a run decoded into a slot stays there only from this long on
+        self.min_slot_run = min_slot_run(slot_size)
         self.capacity = workers * SLOTS_PER_WORKER  # jobs worth keeping in flight
         slots = max(slots or 0, self.capacity + KEEP_FREE_SLOTS)
         self._counters = WorkerCounters(workers=workers, slots=slots, slot_bytes=slot_size)
@@ -275,7 +284,7 @@ class DecodePool:
         """Stop the worker of every job older than ``timeout`` seconds, looking a few times per timeout
         (one timer for all jobs, not one per job)."""
         while not self._closed:
-            await trio.sleep(min(1.0, timeout / 4))
+            await trio.sleep(min(WATCHDOG_PERIOD, timeout / 4))
             now = trio.current_time()
             for worker in self._workers:
                 oldest = next(iter(worker.pending.values()), None)  # (jobs are sent, and kept, in order)
@@ -332,7 +341,7 @@ class DecodePool:
     async def _unfence_when_gone(self, worker: _Worker, slots: list[int]) -> None:
         """Give fenced slots back once the killed worker has exited (it cannot write any more)."""
         while worker.process.poll() is None:
-            await trio.sleep(0.1)
+            await trio.sleep(FENCED_POLL)
         self.slots.unfence(slots)
 
     def _send(self, worker: _Worker, frame: bytes) -> None:
@@ -427,7 +436,7 @@ class DecodePool:
             _end([worker], EXIT_GRACE)
         return worker
 
-    def close(self, timeout: float = 2.0) -> None:
+    def close(self, timeout: float = KILLED_WORKER_WAIT) -> None:
         """Stop the workers (closing their input ends them) and free the shared memory.
 
         Runs still held in slots must be let go first (``RunStore.clear``).

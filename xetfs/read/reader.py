@@ -34,7 +34,7 @@ from xetfs.base.errors import (
     StoreTimeoutError,
     XetfsError,
 )
-from xetfs.base.settings import BAD_LAYOUT_SECONDS, CACHE_SIZE, LAYOUT_CACHE_SIZE, MIN_CACHE_FOR_PREFETCH, RUN_BYTES
+from xetfs.base.settings import BAD_LAYOUT_SECONDS, BAD_LAYOUTS_KEPT, CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES
 from xetfs.base.stats import (
     CacheCounters,
     DecodeCounters,
@@ -52,7 +52,7 @@ from xetfs.read.extents import Extent, Extents
 from xetfs.read.loader import Io, Loader, inline_io
 from xetfs.read.pool import DecodePool
 from xetfs.read.readahead import ReadAhead
-from xetfs.read.runs import Loaded, Run, RunStore
+from xetfs.read.runs import Loaded, Run, RunStore, room_to_read_ahead
 from xetfs.storage.index import FileEntry, Index, TermSlice, chunk_range
 from xetfs.storage.store import Store
 
@@ -81,7 +81,6 @@ class Reader:
         store: Store,
         *,
         cache_size: int = CACHE_SIZE,
-        verify: bool = True,
         io: Io = inline_io,
         pool: DecodePool | None = None,
         run_bytes: int = RUN_BYTES,
@@ -89,20 +88,20 @@ class Reader:
         remote: RemoteCounters | None = None,
         read_ahead: bool = True,
     ) -> None:
-        """``run_bytes``: decoded bytes per run without decode workers (with them, a slot); ``fetch_width``:
+        """``run_bytes``: decoded bytes per store read (a local store with decode workers: a slot); ``fetch_width``:
         store reads in flight at most (None: no bound); ``remote``: the remote store's counters, where reads
         failed by the server are counted.  A remote store's reads wait on the network: several larger ones
         are in flight.  ``read_ahead``: small files read in pack order read ahead in their xorb (``readahead``)."""
         self.index = index
-        self._read_ahead = read_ahead and cache_size >= MIN_CACHE_FOR_PREFETCH  # (as prefetch: runs must stay)
         self._remote = remote or RemoteCounters()
         self._extents = Extents()
         self.runs = RunStore(cache_size, pool.slots.free if pool else None, self._extents.forget)
-        self._loader = Loader(store, self.runs, shared=index.shared, verify=verify, io=io, pool=pool,
+        self._read_ahead = read_ahead and room_to_read_ahead(cache_size)
+        self._loader = Loader(store, self.runs, shared=index.shared, io=io, pool=pool,
                               run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote)  # fmt: skip
         self._ahead = ReadAhead(self.runs.vacant_until, self._loader.run_stop, self._loader.run_bytes)
         self._layouts: LoadingCache[bytes, XorbLayout] = LoadingCache(LAYOUT_CACHE_SIZE, _layout_size)
-        self._bad_layouts: TTLCache[bytes, XetfsError] = TTLCache(maxsize=1024, ttl=BAD_LAYOUT_SECONDS)
+        self._bad_layouts: TTLCache[bytes, XetfsError] = TTLCache(maxsize=BAD_LAYOUTS_KEPT, ttl=BAD_LAYOUT_SECONDS)
         self._errors = ErrorCounters()
         self._prefetch_requests = 0
         self._files: dict[bytes, FileCounters] = {}  # by file hash: what its reads decoded

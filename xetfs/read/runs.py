@@ -34,6 +34,7 @@ from operator import attrgetter
 import trio
 
 from xetfs.base.errors import XetfsError
+from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH
 from xetfs.base.stats import CacheCounters, PrefetchCounters
 from xetfs.read.order import EvictionOrder
 
@@ -88,6 +89,12 @@ Spawn = Callable[..., object]  # starts a task: a nursery's ``start_soon``, say
 LoadFn = Callable[[int, int], Awaitable[Loaded]]
 Entry = Run | Load
 _FIRST = attrgetter("first")  # entries of a xorb are kept sorted by it
+
+
+def room_to_read_ahead(capacity: int) -> bool:
+    """Whether a cache of ``capacity`` bytes is large enough to read ahead of readers (prefetch, read-ahead in a
+    xorb): what is read ahead must stay until it is read."""
+    return capacity >= MIN_CACHE_FOR_PREFETCH
 
 
 class RunStore:

@@ -46,6 +46,7 @@ from xetfs.base.settings import (
 )
 from xetfs.read.policy import Session
 from xetfs.read.reader import Reader
+from xetfs.read.runs import room_to_read_ahead
 from xetfs.storage.index import FileEntry
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class Sessions:
         self._waits = (0, 0.0)  # range requests answered, and their waits, when ``slow_store`` last decided
         self._slow = False
         self.keep_cache = keep_cache
-        self.prefetch = prefetch and reader.runs.capacity >= MIN_CACHE_FOR_PREFETCH
+        self.prefetch = prefetch and room_to_read_ahead(reader.runs.capacity)
         if prefetch and not self.prefetch:
             log.info("prefetch off: the cache is smaller than %d MiB", MIN_CACHE_FOR_PREFETCH >> 20)
         self.room = 2 * PREFETCH_TASKS * prefetch_max  # prefetch windows being decoded, over all files, at most

@@ -38,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from xetfs.base.errors import XetfsError
+from xetfs.base.settings import SERVE_BLOCK
 from xetfs.serve import hub
 from xetfs.serve.common import BadRange, State, byte_range, error, raw_path, read_error, segments, unauthorized
 from xetfs.serve.contents import Snapshot
@@ -46,7 +47,6 @@ from xetfs.storage.index import FileEntry
 
 log = logging.getLogger("xetfs.serve")
 
-BLOCK = 8 * 1024 * 1024  # bytes read from the store per step of a plain download
 _API_ACTIONS = ("revision", "tree", "xet-read-token", "paths-info", "refs")
 NOT_SERVED = "xetfs serve does not answer this (it serves downloads, listings and revision info)"
 PATHS_INFO_MAX = 1000  # paths one paths-info request may ask for (the Hub's bound)
@@ -150,7 +150,7 @@ async def _send(request: Request, snap: Snapshot, entry: FileEntry, headers: dic
     if request.method == "HEAD":
         return Response(None, status, headers, media_type="application/octet-stream")
     try:  # the first block before the status line: a damaged start fails with a clean error
-        first = await snap.read(entry, start, min(BLOCK, end - start)) if end > start else b""
+        first = await snap.read(entry, start, min(SERVE_BLOCK, end - start)) if end > start else b""
     except XetfsError as exc:
         log.error("%s: %s", what, exc)
         return read_error(exc)
@@ -160,7 +160,7 @@ async def _send(request: Request, snap: Snapshot, entry: FileEntry, headers: dic
         pos = start + len(first)
         while pos < end:
             try:
-                data = await snap.read(entry, pos, min(BLOCK, end - pos))
+                data = await snap.read(entry, pos, min(SERVE_BLOCK, end - pos))
             except XetfsError as exc:
                 # The status is sent: cutting the body short is the only way left to fail.
                 log.error("%s at byte %d: %s; body cut short", what, pos, exc)

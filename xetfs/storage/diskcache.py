@@ -57,7 +57,13 @@ import blake3
 
 from xetfs.base.errors import ServerUnreachableError, StoreError, StoreTimeoutError
 from xetfs.base.messages import human_size
-from xetfs.base.settings import DISK_CACHE_LOW_WATER, META_EVICTION_GRACE, STALE_TMP_SECONDS, user_home
+from xetfs.base.settings import (
+    DISK_CACHE_LOW_WATER,
+    DISK_CACHE_RECOUNT_SHARE,
+    META_EVICTION_GRACE,
+    STALE_TMP_SECONDS,
+    user_home,
+)
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.objects import ObjectSource, RemoteOptions
 
@@ -168,8 +174,8 @@ class DiskCache:
             self._total = max(0, self._total + size)  # (an entry another mount wrote since the last count: not in it)
             self._since_scan += max(0, size)
             self.counters.disk_bytes = self._total
-            # Other mounts write too: count the whole cache again after a twentieth of it was written here.
-            due = self._total > self.capacity or self._since_scan > self.capacity // 20
+            # Other mounts write too: count the whole cache again after a share of it was written here.
+            due = self._total > self.capacity or self._since_scan > self.capacity // DISK_CACHE_RECOUNT_SHARE
         if due:
             self.evict()
 

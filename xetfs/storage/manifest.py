@@ -51,6 +51,7 @@ MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
 MAX_PATH_BYTES = 4096  # PATH_MAX: longer paths are unusable by ordinary tools
 MAX_WARNINGS_PER_KIND = 20
+SHOWN_CHARS = 120  # of a bad value, quoted in a message
 
 PathParts = tuple[str, ...]
 
@@ -132,9 +133,10 @@ def path_problem(path: str) -> str | None:
     return None
 
 
-def _show(value: object, limit: int = 120) -> str:
+def _show(value: object) -> str:
+    """``value`` as a message quotes it: its ``repr``, cut to ``SHOWN_CHARS``."""
     text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 3] + "..."
 
 
 # -- parsing -------------------------------------------------------------------

@@ -4,9 +4,13 @@ A remote store is a store directory served over HTTP(S) or copied to an
 object store (``s3://``, ``gs://``, ``az://``).  ``ObstoreSource`` reads its
 objects with obstore (Rust, releases the GIL): whole small objects (shards,
 listings, manifests), exact byte ranges of xorbs, and, where the service can
-list, the names under a prefix.  The store layer above (``remote.py``) turns
-``(xorb, chunk range)`` into such range reads; it does not know which kind
-of source it reads from, and a ``diskcache.CachedSource`` can sit between.
+list, the names under a prefix.  From a plain HTTP(S) server, the xorb ranges
+that decode workers fetch go through ``_HttpRanges`` instead (``http.client``
+on kept-alive connections, the body read straight into the worker's slots):
+about half the CPU of obstore's client.  ``Store`` turns ``(xorb, chunk
+range)`` into range reads (``Store.read_xorb``; a decode worker, from its
+job); it does not know which kind of source it reads from, and a
+``diskcache.CachedSource`` can sit between.
 
 Every call is bounded: one request may take at most ``request_timeout``
 seconds, failed requests (connection errors, resets, truncated bodies,
@@ -41,6 +45,7 @@ from xetfs.base.settings import (
     CONNECT_TIMEOUT,
     DOWN_SECONDS,
     FIRST_BACKOFF,
+    HTTP_IDLE_CONNECTIONS,
     IO_TIMEOUT,
     IOV_MAX,
     MAX_BACKOFF,
@@ -360,7 +365,8 @@ class ObstoreSource:
     def _final(self, what: str, name: str | None, exc: Exception) -> XetfsError | None:
         """The error to raise for a failed request that trying again cannot mend, or None (transient)."""
         message, full = self._message(exc), str(exc)
-        status = _status(full)
+        ours = exc if isinstance(exc, _Transient) else None
+        status = ours.status if ours is not None else _status(full)
         if status == 404:
             return MissingObjectError(f"{self._where(name or what)}: not found")
         if status in (401, 403):
@@ -373,8 +379,8 @@ class ObstoreSource:
         if tls is not None:  # (a refused certificate: as a server out of reach, the disk cache's copies serve)
             kind = ServerUnreachableError if "certificate" in tls else StoreError
             return kind(f"{self._where(what)}: the TLS handshake failed: {tls}")
-        if _unreachable(full):  # (the client's own words would repeat the URL, and time the attempt)
-            reason = _connect_reason(full)
+        if ours.unreachable if ours is not None else _unreachable(full):  # (the client's words would repeat the URL)
+            reason = str(ours) if ours is not None else _connect_reason(full)
             self._mark_down(f"after {what or 'the listing'} failed: no connection ({reason})")
             return ServerUnreachableError(f"{self._where(what)}: server unreachable: no connection ({reason})")
         return None
@@ -477,7 +483,14 @@ def access_hint(url: str, options: RemoteOptions, env: Mapping[str, str] | None 
 
 
 class _Transient(Exception):
-    """A response that was not what was asked for (e.g. a short body); worth another try."""
+    """A request of our own client that failed: worth another try unless ``_final`` says otherwise, from
+    ``status`` (the server's answer, if it gave one) and ``unreachable`` (no connection could be made).
+    obstore's errors say these in their text only."""
+
+    def __init__(self, message: str, *, status: int | None = None, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.unreachable = unreachable
 
 
 class _NotRanges(StoreError):
@@ -489,13 +502,12 @@ class _HttpRanges:
     """Range requests to a plain HTTP(S) store with ``http.client``, into the caller's buffer.
 
     Only for URLs without credentials or a query (which the general client
-    handles); its errors read as the general client's do to ``_call``
-    (``status code: N``, ``ConnectError``), so retries, deadlines and health
-    are the same.  Connections are kept alive in a small pool that any
-    thread takes from and gives back to.
+    handles); its errors are ``_Transient`` with the server's status or that
+    no connection could be made, which ``_call`` and ``_final`` judge as they
+    judge obstore's, so retries, deadlines and health are the same.
+    Connections are kept alive in a small pool that any thread takes from
+    and gives back to.
     """
-
-    IDLE = 16  # idle connections kept at most
 
     def __init__(self, scheme: str, host: str, port: int, base: str, options: RemoteOptions) -> None:
         # Loaded now, not with the module (a local store never needs it), nor at the first read: the import
@@ -531,10 +543,10 @@ class _HttpRanges:
             waited = time.monotonic() - began
         except ConnectionRefusedError as exc:
             conn.close()
-            raise _Transient(f"ConnectError: {exc.strerror}") from None
+            raise _Transient(exc.strerror or "connection refused", unreachable=True) from None
         except socket.gaierror as exc:
             conn.close()
-            raise _Transient(f"dns error: {exc}") from None
+            raise _Transient(f"dns error: {exc}", unreachable=True) from None
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             raise _Transient(f"request failed: {exc}") from None
@@ -542,7 +554,7 @@ class _HttpRanges:
             conn.close()
             if response.status == 200 or 300 <= response.status < 400:
                 raise _NotRanges(f"answered a range request with {response.status}")
-            raise _Transient(f"server answered with status code: {response.status}")
+            raise _Transient(f"server answered with status code: {response.status}", status=response.status)
         try:
             if _scatter_ok(conn, response, end - start):
                 got = _scatter_body(conn.sock, response, parts)
@@ -569,7 +581,7 @@ class _HttpRanges:
 
     def _give_back(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
-            if len(self._idle) < self.IDLE:
+            if len(self._idle) < HTTP_IDLE_CONNECTIONS:
                 self._idle.append(conn)
                 return
         conn.close()

@@ -127,7 +127,7 @@ def open_store(
     io_timeout: float = IO_TIMEOUT,
     headers: Sequence[str] = (),
     cache_dir: Path | None = None,
-    disk_cache_size: int = 0,
+    disk_cache_size: int,
     counters: RemoteCounters | None = None,
 ) -> Store:
     """The store at ``location``: a directory, or a URL.

@@ -16,9 +16,10 @@ index, ``shard-cache/``) is ignored.  The files ``pack`` writes (names,
 catalogue, listing) lie beside ``shards/`` or above it (``read_meta``).
 
 The read path takes xorb bytes from here: ``load_layout`` (a xorb's checked
-footer) and ``read_chunks`` (the raw serialized chunks ``[first, stop)``,
-headers included, as they lie in the xorb); ``xorb_file`` tells decode
-workers where a local xorb lies, so that they read it themselves.
+footer), ``chunk_source`` (where the stored chunks ``[first, stop)`` lie: a
+local file, a disk-cache entry, or the source, with what a decode worker
+needs to read them itself) and ``read_source`` (their stored bytes, headers
+included, for the daemon's own decoding).
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from xetfs.storage.chunkcache import CachedRange, ChunkCache
 
 MAX_SHARD_BYTES = 1 << 30  # builders aim at 64 MiB
-MAX_META_BYTES = 64 * 1024 * 1024  # a manifest or catalogue file
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,7 +163,7 @@ class Store:
             raise ShardFormatError(f"shard {shard.name}: bad shard magic at offset 0")
         return data
 
-    def read_meta(self, name: str, limit: int = MAX_META_BYTES) -> bytes | None:
+    def read_meta(self, name: str, *, limit: int) -> bytes | None:
         """The small file ``name`` (a manifest, a catalogue) beside the store's objects, or None
         (``meta_path``); refused if larger than ``limit`` bytes."""
         path = self.meta_path(name)
