@@ -29,10 +29,10 @@ class Boom(Exception):
 
 
 class FakeLoader:
-    """Counts calls; can hold every call until ``release()`` and fail on demand."""
+    """Counts calls (the keys loaded, in order); can hold every call until ``release()`` and fail on demand."""
 
     def __init__(self, *, gated: bool = False) -> None:
-        self.calls: list[list[int]] = []
+        self.calls: list[int] = []
         self.gate = trio.Event()
         if not gated:
             self.gate.set()
@@ -42,18 +42,19 @@ class FakeLoader:
     def release(self) -> None:
         self.gate.set()
 
-    async def __call__(self, keys: Sequence[int]) -> dict[int, bytes]:
-        self.calls.append(list(keys))
+    async def __call__(self, key: int) -> bytes:
+        self.calls.append(key)
         self.started.set()
         await self.gate.wait()
         if self.fail_next:
             self.fail_next -= 1
-            raise Boom(f"cannot load {list(keys)}")
-        return {k: value_of(k) for k in keys}
+            raise Boom(f"cannot load {key}")
+        return value_of(key)
 
-    @property
-    def loaded(self) -> list[int]:
-        return [k for call in self.calls for k in call]
+
+async def get_all(cache: LoadingCache[int, bytes], keys: Sequence[int], load: FakeLoader) -> list[bytes]:
+    """``cache.get`` of each key in turn."""
+    return [await cache.get(key, load) for key in keys]
 
 
 def _cache(capacity: int) -> LoadingCache[int, bytes]:
@@ -75,12 +76,12 @@ def test_hits_misses_and_values() -> None:
     async def main() -> None:
         cache = _cache(1000)
         load = FakeLoader()
-        assert await cache.get_many([1, 2, 3], load) == [value_of(1), value_of(2), value_of(3)]
-        assert load.calls == [[1, 2, 3]]  # one call for all misses
-        assert await cache.get_many([3, 4, 1], load) == [value_of(3), value_of(4), value_of(1)]
-        assert load.calls == [[1, 2, 3], [4]]
+        assert await get_all(cache, [1, 2, 3], load) == [value_of(1), value_of(2), value_of(3)]
+        assert load.calls == [1, 2, 3]
+        assert await get_all(cache, [3, 4, 1], load) == [value_of(3), value_of(4), value_of(1)]
+        assert load.calls == [1, 2, 3, 4]
         assert (cache.counters.hits, cache.counters.misses) == (2, 4)
-        assert await cache.get_many([], load) == []
+        assert await get_all(cache, [], load) == []
         assert cache.counters.capacity_bytes == 1000
         assert 2 in cache and 99 not in cache
         _check_invariants(cache, 6)
@@ -102,15 +103,14 @@ def test_random_workload_against_a_model(capacity: int, seed: int) -> None:
         for _ in range(300):
             keys = rng.sample(range(40), rng.randint(0, 6))
             missing = []
-            for k in keys:
+            for k in keys:  # (looked up one after the other: a load may evict a key looked up before it)
                 lookups += 1
                 if k in model:
                     hits += 1
                     model.move_to_end(k)
-                else:
-                    misses += 1
-                    missing.append(k)
-            for k in missing:
+                    continue
+                misses += 1
+                missing.append(k)
                 size = len(value_of(k))
                 if capacity and size <= capacity:
                     while sum(model.values()) + size > capacity:
@@ -118,8 +118,8 @@ def test_random_workload_against_a_model(capacity: int, seed: int) -> None:
                         evictions += 1
                     model[k] = size
             before = len(load.calls)
-            assert await cache.get_many(keys, load) == [value_of(k) for k in keys]
-            assert len(load.calls) == before + (1 if missing else 0)
+            assert await get_all(cache, keys, load) == [value_of(k) for k in keys]
+            assert load.calls[before:] == missing
             assert sorted(cache.keys()) == sorted(model)
             c = cache.counters
             assert (c.hits, c.misses, c.evictions) == (hits, misses, evictions)
@@ -133,15 +133,15 @@ def test_lru_evicts_least_recently_used() -> None:
         # keys 0, 7, 14, 21 all load to 1 byte; room for three
         cache = _cache(3)
         load = FakeLoader()
-        await cache.get_many([0, 7, 14], load)
-        await cache.get_many([0], load)  # touch 0: now 7 is the oldest
-        await cache.get_many([21], load)
+        await get_all(cache, [0, 7, 14], load)
+        await get_all(cache, [0], load)  # touch 0: now 7 is the oldest
+        await get_all(cache, [21], load)
         assert 7 not in cache and {0, 14, 21} <= set(cache.keys())
         assert cache.counters.evictions == 1
-        await cache.get_many([28], load)  # then 14
+        await get_all(cache, [28], load)  # then 14
         assert 14 not in cache and {0, 21, 28} <= set(cache.keys())
-        await cache.get_many([7], load)  # reloaded; evicts 0, untouched since
-        assert load.loaded == [0, 7, 14, 21, 28, 7]
+        await get_all(cache, [7], load)  # reloaded; evicts 0, untouched since
+        assert load.calls == [0, 7, 14, 21, 28, 7]
         assert set(cache.keys()) == {21, 28, 7}
         assert cache.counters.evictions == 3
         _check_invariants(cache, 7)
@@ -153,9 +153,9 @@ def test_membership_test_does_not_touch() -> None:
     async def main() -> None:
         cache = _cache(2)
         load = FakeLoader()
-        await cache.get_many([0, 7], load)
+        await get_all(cache, [0, 7], load)
         assert 0 in cache
-        await cache.get_many([14], load)
+        await get_all(cache, [14], load)
         assert 0 not in cache and set(cache.keys()) == {7, 14}
 
     trio.run(main)
@@ -166,8 +166,8 @@ def test_capacity_zero_retains_nothing() -> None:
         cache = _cache(0)
         load = FakeLoader()
         for _ in range(3):
-            assert await cache.get_many([1, 2], load) == [value_of(1), value_of(2)]
-        assert load.calls == [[1, 2]] * 3
+            assert await get_all(cache, [1, 2], load) == [value_of(1), value_of(2)]
+        assert load.calls == [1, 2] * 3
         assert cache.keys() == [] and cache.size == 0
         assert (cache.counters.hits, cache.counters.misses, cache.counters.evictions) == (0, 6, 0)
         _check_invariants(cache, 6)
@@ -179,7 +179,7 @@ def test_negative_capacity_is_zero() -> None:
     async def main() -> None:
         cache = _cache(-5)
         assert cache.capacity == 0
-        assert await cache.get_many([3], FakeLoader()) == [value_of(3)]
+        assert await get_all(cache, [3], FakeLoader()) == [value_of(3)]
         assert cache.size == 0
 
     trio.run(main)
@@ -189,8 +189,8 @@ def test_value_larger_than_capacity_is_returned_not_kept() -> None:
     async def main() -> None:
         cache = _cache(4)
         load = FakeLoader()
-        await cache.get_many([0, 1], load)  # 1 + 2 bytes
-        assert await cache.get_many([6], load) == [value_of(6)]  # 7 bytes > capacity
+        await get_all(cache, [0, 1], load)  # 1 + 2 bytes
+        assert await get_all(cache, [6], load) == [value_of(6)]  # 7 bytes > capacity
         assert cache.keys() == [0, 1]  # nothing evicted for it
         assert cache.counters.evictions == 0
         _check_invariants(cache, 3)
@@ -207,11 +207,11 @@ def test_loader_failure_propagates_and_nothing_is_cached() -> None:
         load = FakeLoader()
         load.fail_next = 1
         with pytest.raises(Boom):
-            await cache.get_many([1, 2], load)
+            await cache.get(1, load)
         assert cache.keys() == []
-        assert await cache.get_many([1, 2], load) == [value_of(1), value_of(2)]  # no stale flight left
-        assert load.calls == [[1, 2], [1, 2]]
-        _check_invariants(cache, 4)
+        assert await get_all(cache, [1, 2], load) == [value_of(1), value_of(2)]  # no stale flight left
+        assert load.calls == [1, 1, 2]
+        _check_invariants(cache, 3)
 
     trio.run(main)
 
@@ -224,10 +224,10 @@ def test_single_flight(waiters: int) -> None:
     async def main() -> None:
         cache = _cache(1000)
         load = FakeLoader(gated=True)
-        results: list[list[bytes]] = []
+        results: list[bytes] = []
 
         async def ask() -> None:
-            results.append(await cache.get_many([5, 6], load))
+            results.append(await cache.get(5, load))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(ask)
@@ -235,36 +235,41 @@ def test_single_flight(waiters: int) -> None:
             for _ in range(waiters):
                 nursery.start_soon(ask)
             await trio.testing.wait_all_tasks_blocked()
-            assert load.calls == [[5, 6]]  # the others are waiting, not loading
+            assert load.calls == [5]  # the others are waiting, not loading
             load.release()
-        assert load.calls == [[5, 6]]
-        assert results == [[value_of(5), value_of(6)]] * (waiters + 1)
+        assert load.calls == [5]
+        assert results == [value_of(5)] * (waiters + 1)
         c = cache.counters
-        assert (c.misses, c.hits, c.joined) == (2, 2 * waiters, 2 * waiters)
-        _check_invariants(cache, 2 * (waiters + 1))
+        assert (c.misses, c.hits, c.joined) == (1, waiters, waiters)
+        _check_invariants(cache, waiters + 1)
 
     trio.run(main)
 
 
-def test_single_flight_partial_overlap() -> None:
+def test_single_flight_per_key() -> None:
+    """A lookup of another key while one loads is not held up by it, and loads its own."""
+
     async def main() -> None:
         cache = _cache(1000)
-        load = FakeLoader(gated=True)
-        got: dict[str, list[bytes]] = {}
+        slow = FakeLoader(gated=True)
+        got: dict[str, bytes] = {}
 
-        async def ask(name: str, keys: list[int]) -> None:
-            got[name] = await cache.get_many(keys, load)
+        async def ask(name: str, key: int, load: FakeLoader) -> None:
+            got[name] = await cache.get(key, load)
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(ask, "a", [1, 2, 3])
-            await load.started.wait()
-            nursery.start_soon(ask, "b", [3, 4, 1])
+            nursery.start_soon(ask, "a", 1, slow)
+            await slow.started.wait()
+            other = FakeLoader()
+            await ask("b", 2, other)  # answered while 1 still loads
+            assert got == {"b": value_of(2)} and other.calls == [2]
+            nursery.start_soon(ask, "c", 1, other)  # joins the load of 1
             await trio.testing.wait_all_tasks_blocked()
-            load.release()
-        assert load.calls == [[1, 2, 3], [4]]  # 4 is the only key nobody was loading
-        assert got == {"a": [value_of(k) for k in (1, 2, 3)], "b": [value_of(k) for k in (3, 4, 1)]}
+            slow.release()
+        assert got == {"a": value_of(1), "b": value_of(2), "c": value_of(1)}
+        assert slow.calls == [1] and other.calls == [2]
         c = cache.counters
-        assert (c.misses, c.hits, c.joined) == (4, 2, 2)
+        assert (c.misses, c.hits, c.joined) == (2, 1, 1)
 
     trio.run(main)
 
@@ -280,7 +285,7 @@ def test_failed_load_is_shared_with_its_waiters_then_retried_later() -> None:
 
         async def attempt(name: str) -> None:
             try:
-                outcome[name] = await cache.get_many([8], load)
+                outcome[name] = await cache.get(8, load)
             except Boom as exc:
                 outcome[name] = exc
 
@@ -292,13 +297,12 @@ def test_failed_load_is_shared_with_its_waiters_then_retried_later() -> None:
             await trio.testing.wait_all_tasks_blocked()
             load.release()
         assert all(isinstance(outcome[n], Boom) for n in ["first", *(f"w{k}" for k in range(5))])
-        assert load.calls == [[8]]
+        assert load.calls == [8]
         c = cache.counters
         assert (c.hits, c.misses, c.joined) == (0, 6, 0)  # the waiters shared the failure: no join counted
         assert 8 not in cache
-        load.release()
-        assert await cache.get_many([8], load) == [value_of(8)]  # nothing failed was kept
-        assert load.calls == [[8], [8]]
+        assert await cache.get(8, load) == value_of(8)  # nothing failed was kept
+        assert load.calls == [8, 8]
 
     trio.run(main)
 
@@ -307,15 +311,15 @@ def test_cancelling_the_loader_task_lets_waiters_retry() -> None:
     async def main() -> None:
         cache = _cache(1000)
         load = FakeLoader(gated=True)
-        values: list[list[bytes]] = []
+        values: list[bytes] = []
         loading = trio.CancelScope()
 
         async def first() -> None:
             with loading:
-                await cache.get_many([9], load)
+                await cache.get(9, load)
 
         async def waiter() -> None:
-            values.append(await cache.get_many([9], load))
+            values.append(await cache.get(9, load))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(first)
@@ -327,8 +331,8 @@ def test_cancelling_the_loader_task_lets_waiters_retry() -> None:
             await trio.testing.wait_all_tasks_blocked()
             load.release()
         assert loading.cancelled_caught
-        assert values == [[value_of(9)]]
-        assert load.calls == [[9], [9]]
+        assert values == [value_of(9)]
+        assert load.calls == [9, 9]
         assert 9 in cache
         c = cache.counters
         assert (c.hits, c.misses, c.joined) == (0, 2, 0)  # the waiter's lookup counts once: its own load
@@ -336,14 +340,14 @@ def test_cancelling_the_loader_task_lets_waiters_retry() -> None:
     trio.run(main)
 
 
-def test_peek_all_counts_hits_only_when_all_are_cached_and_leaves_the_rest_to_get_many() -> None:
+def test_peek_all_counts_hits_only_when_all_are_cached_and_leaves_the_rest_to_get() -> None:
     cache = _cache(1000)
 
     async def body() -> None:
         assert cache.peek_all([8]) is None
-        await cache.get_many([8], FakeLoader())  # one miss
+        await cache.get(8, FakeLoader())  # one miss
         assert cache.peek_all([8, 9]) is None  # 9 is not cached: nothing counted
-        assert await cache.get_many([8, 9], FakeLoader()) == [value_of(8), value_of(9)]  # a hit, a miss
+        assert await get_all(cache, [8, 9], FakeLoader()) == [value_of(8), value_of(9)]  # a hit, a miss
         assert cache.peek_all([9, 8]) == [value_of(9), value_of(8)]  # two hits
 
     trio.run(body)

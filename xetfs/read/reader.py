@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 from bisect import bisect_right
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -252,8 +251,7 @@ class Reader:
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """The verified layout of a xorb (cached)."""
-        (layout,) = await self._layouts.get_many([xorb_hash], self._load_layouts)
-        return layout
+        return await self._layouts.get(xorb_hash, self._load_layout)
 
     # -- internals ----------------------------------------------------------
 
@@ -358,21 +356,18 @@ class Reader:
                 tally.chunks += b - a
                 tally.bytes += layout.range_size(a, b)
 
-    async def _load_layouts(self, keys: Sequence[bytes]) -> dict[bytes, XorbLayout]:
-        """Layouts for ``keys``.  A xorb whose layout failed its check fails again at once for
+    async def _load_layout(self, xorb_hash: bytes) -> XorbLayout:
+        """The layout of a xorb.  One whose layout failed its check fails again at once for
         ``BAD_LAYOUT_SECONDS``: the kernel and readers retry failed reads, and checking a xorb
         without a footer means reading and hashing all of it."""
-        out = {}
-        for xorb_hash in keys:
-            bad = self._bad_layouts.get(xorb_hash)
-            if bad is not None:
-                raise bad.with_traceback(None)
-            try:
-                out[xorb_hash] = await self._loader.layout(xorb_hash)
-            except (FormatError, IntegrityError) as exc:
-                self._bad_layouts[xorb_hash] = exc
-                raise
-        return out
+        bad = self._bad_layouts.get(xorb_hash)
+        if bad is not None:
+            raise bad.with_traceback(None)
+        try:
+            return await self._loader.layout(xorb_hash)
+        except (FormatError, IntegrityError) as exc:
+            self._bad_layouts[xorb_hash] = exc
+            raise
 
 
 def _count_error(errors: ErrorCounters, remote: RemoteCounters, exc: XetfsError) -> None:

@@ -253,7 +253,7 @@ class Store:
         try:
             return self.read_xorb(xorb_hash, start, end)
         except (XorbFormatError, ObjectReadError) as exc:
-            raise type(exc)(f"{exc} (reading chunks [{first}, {stop}))") from None
+            raise _naming_chunks(exc, first, stop) from None
 
     # -- chunk ranges, through the disk cache ----------------------------------
 
@@ -400,7 +400,12 @@ def read_chunk_run(fd: int, start: int, end: int, first: int, stop: int, *, wher
     try:
         return read_range(fd, start, end, where=where)
     except (XorbFormatError, ObjectReadError) as exc:
-        raise type(exc)(f"{exc} (reading chunks [{first}, {stop}))") from None
+        raise _naming_chunks(exc, first, stop) from None
+
+
+def _naming_chunks(exc: XorbFormatError | ObjectReadError, first: int, stop: int) -> XetfsError:
+    """``exc`` of a read of a xorb's bytes, saying which chunks the read was for."""
+    return type(exc)(f"{exc} (reading chunks [{first}, {stop}))")
 
 
 def read_layout(fd: int, xorb_hash: bytes) -> XorbLayout:
