@@ -152,7 +152,14 @@ def future_footer_version(path: Path) -> None:
     _put(path, path.stat().st_size - 200, struct.pack("<Q", 2))
 
 
-SHARD_DAMAGE = [bad_magic, unknown_version, truncated_record, missing_bookend, future_footer_version]
+def flipped_term_hash(path: Path) -> None:
+    """A bit of the first term's xorb hash (after the 48-byte header and the first file's 48-byte record header,
+    docs/format.md section 3): the shard still parses, and only its name tells."""
+    oracle.flip_byte(path, 48 + 48 + 5)
+
+
+SHARD_DAMAGE = [bad_magic, unknown_version, truncated_record, missing_bookend, future_footer_version,
+                flipped_term_hash]  # fmt: skip
 # What the warning must say besides the shard's name.
 REASON: dict[Callable[[Path], None], str] = {
     bad_magic: "magic",
@@ -160,6 +167,7 @@ REASON: dict[Callable[[Path], None], str] = {
     truncated_record: "",
     missing_bookend: "truncated CAS record",
     future_footer_version: "footer version 2",
+    flipped_term_hash: "not to its name",
 }
 
 

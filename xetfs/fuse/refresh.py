@@ -41,11 +41,11 @@ import trio
 
 from xetfs.base.errors import ServerUnreachableError, XetfsError
 from xetfs.base.stats import RefreshCounters
-from xetfs.format.shard import parse_shard
 from xetfs.names.stabletree import Changes, TreeLike, renumber
 from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.diskcache import from_server
 from xetfs.storage.index import Index
+from xetfs.storage.indexer import read_shard
 from xetfs.storage.layout import SHARD_NAME
 from xetfs.storage.manifest import MANIFEST_NAME
 from xetfs.storage.objects import ObjectSource
@@ -150,7 +150,7 @@ class Refresher:
         new = [f for f in self.store.shard_files() if f.name not in self._indexed]
         if not new and same:
             return None
-        shards = [parse_shard(self.store.read_shard(f), where=f"shard {f.name}") for f in new]
+        shards = [read_shard(self.store, f) for f in new]
         grown = index.copy()
         for shard in shards:
             grown.add_shard(shard)

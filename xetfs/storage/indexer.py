@@ -1,8 +1,9 @@
 """Build the index of a store: read every shard, skip the bad ones.
 
-A shard that cannot be read or parsed affects only the files it alone
-describes: it is skipped with one warning naming it (or, with ``strict``,
-the whole load fails).  The result says which shards were skipped and why.
+A shard that cannot be read or parsed, or whose bytes do not hash to its
+name (damage that parsing cannot see: a flipped bit in a hash it records),
+affects only the files it alone describes: it is skipped with one warning
+naming it (or, with ``strict``, the whole load fails).  The result says which shards were skipped and why.
 When shards were skipped and no file is left, the load fails: a view of
 nothing would hide the damage.  A store with no shards at all is empty, not
 damaged; one with xorbs but no shards has lost its shards.
@@ -13,12 +14,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from xetfs.base.errors import FormatError, StoreError
+from xetfs.base import hashes
+from xetfs.base.errors import FormatError, IntegrityError, StoreError
 from xetfs.base.messages import plural
 from xetfs.base.stats import IndexCounters
-from xetfs.format.shard import parse_shard
+from xetfs.format.shard import Shard, parse_shard
 from xetfs.storage.index import Index
-from xetfs.storage.store import Store
+from xetfs.storage.store import ShardFile, Store
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +54,8 @@ def load_index(store: Store, *, strict: bool = False) -> LoadResult:
     result = LoadResult(Index())
     for shard_file in shard_files:
         try:
-            shard = parse_shard(store.read_shard(shard_file), where=f"shard {shard_file.name}")
-        except (FormatError, StoreError) as exc:
+            shard = read_shard(store, shard_file)
+        except (FormatError, IntegrityError, StoreError) as exc:
             if strict:
                 raise
             log.warning("skipping %s", exc)
@@ -68,6 +70,18 @@ def load_index(store: Store, *, strict: bool = False) -> LoadResult:
             which = f"{bad} of {total} shards {'is' if bad == 1 else 'are'} bad, the rest empty"
         raise StoreError(f"store {store.location}: nothing to show: {which} (first: {result.skipped[0]})")
     return result
+
+
+def read_shard(store: Store, shard_file: ShardFile) -> Shard:
+    """A shard of ``store``, parsed and checked against its name: the hash of its bytes (docs/format.md
+    section 1.7).  ``FormatError``, ``IntegrityError`` or ``StoreError`` name the shard."""
+    data = store.read_shard(shard_file)
+    where = f"shard {shard_file.name}"
+    shard = parse_shard(data, where=where)
+    actual = hashes.to_hex(hashes.chunk_hash(data))
+    if shard_file.name != f"{actual}.mdb":
+        raise IntegrityError(f"{where}: its bytes hash to {actual}, not to its name (damaged, or renamed)")
+    return shard
 
 
 def shards_missing(store: Store, shards: int) -> str | None:
