@@ -566,6 +566,36 @@ def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(pac
         assert got.get("sha256") == sha(packed.original(MODEL, new, "model.safetensors"))
 
 
+def test_an_idle_server_of_a_remote_store_looks_at_its_catalogue_on_its_own(packed: Packed, tmp_path: Path) -> None:
+    """A push while the server has no request: the server looks at the catalogue every --rescan seconds all the
+    same, so the first request after the push gets the new ``main`` (a trial saw the old one a minute after a
+    push: looks used to be started by requests, and the first request got what was there before)."""
+    model_dir = "models--" + MODEL.replace("/", "--")
+    cache = tmp_path / "cache"
+    shutil.copytree(packed.spec.root / model_dir, cache / model_dir, symlinks=True)
+    old, new = packed.spec.model_commits[1], packed.spec.model_commits[2]
+    (cache / model_dir / "refs" / "main").write_text(old)
+    store = tmp_path / "store"
+    pack(tmp_path, cache, store)
+    with nginx(store) as web, xetfs_serve(web.url, "--workers", "1", "--rescan", "0.5", "--disk-cache-size", "0") as at:
+        assert json.loads(request(at, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] == old
+        version = json.loads(request(at, "GET", "/health")[2])["catalogue"]
+        (cache / model_dir / "refs" / "main").write_text(new)
+        mark = web.log_mark()
+        pack(tmp_path, cache, store)
+        past = time.time() - 60  # (so that the new catalogue's tag is trusted at once: ``TAG_SETTLE_SECONDS``)
+        for path in [store, *store.rglob("*")]:
+            os.utime(path, (past, past))
+
+        def fetched() -> int:  # the catalogue, fetched by the look (then by the load it starts): no request asked
+            return sum(m == "GET" and p.endswith(CATALOGUE_NAME) for m, p in web.requests_since(mark))
+
+        wait_until(lambda: fetched() >= 2, 20, "the server's own look to fetch the new catalogue")
+        wait_until(lambda: json.loads(request(at, "GET", "/health")[2])["catalogue"] != version, 20,
+                   "the store loaded again")  # fmt: skip
+        assert json.loads(request(at, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] == new
+
+
 def test_a_timed_look_at_a_stalled_remote_catalogue_holds_back_no_request(packed: Packed) -> None:
     """The look at a remote store's catalogue runs in the background: while the server stalls every request,
     requests that need nothing new from it are answered at once, and the look is said once in the log."""

@@ -75,6 +75,7 @@ def serve_on(sock: socket.socket, state: State, *, started: Callable[[], Awaitab
                     log.info("%s: stopping", signal.Signals(signum).name)
                     return
 
+            trio.lowlevel.spawn_system_task(state.contents.watch)  # (a remote store's timed looks; ends with the run)
             async with trio.open_nursery() as nursery:
                 await nursery.start(partial(serve, app, config, shutdown_trigger=stop))  # type: ignore[arg-type]
                 await started()

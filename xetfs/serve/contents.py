@@ -11,14 +11,16 @@ file reads come from ``Reader``, raw chunks from the store's
 
 ``Contents`` holds the current snapshot and replaces it when the store
 changes (a pack added shards or rewrote the catalogue), so new repos appear
-without a restart.  Looks are lazy: the first request after ``rescan``
-seconds (by default ``SERVE_RESCAN`` for a directory, ``SERVE_REMOTE_RESCAN``
-for a URL) starts one.  A look at a directory compares its shard names and
-catalogue file, and a request waits for it (it is quick).  A look at a URL
-asks the server itself, in the background, for its catalogue's tag (a HEAD:
+without a restart.  A directory is looked at by the first request after
+``rescan`` seconds (by default ``SERVE_RESCAN``): the look compares its shard
+names and catalogue file, and the request waits for it (it is quick).  A URL
+is looked at every ``rescan`` seconds (by default ``SERVE_REMOTE_RESCAN``) by
+a task of its own (``watch``), requests or none, so that a branch a push moved
+is served within about that long of the push even by a process that was idle
+then: the look asks the server itself for its catalogue's tag (a HEAD:
 ``ObjectSource.tag``), fetches the catalogue only when the tag changed, and
-loads the store again if the catalogue did (a push moved a branch); requests go
-on meanwhile, and one that fails is said once until the server answers.  A
+loads the store again if the catalogue did; requests go on meanwhile, and a
+look that fails is said once until the server answers.  A
 request that misses something loads a directory's changes, or the whole of a
 URL's store (a push may have added any object; at most every
 ``SERVE_RESCAN`` seconds), first.  A snapshot is immutable, so a request keeps
@@ -133,9 +135,8 @@ class Contents:
         self._signature: object = None
         # Times are time.time(), the clock signed URLs are dated by.  ``_known``: the snapshot holds everything
         # the store held when a look started then (a load, or a local look that found nothing changed).
-        # ``_looked``: when the last look of any kind started (a timed look at a remote catalogue included).
+        # ``_looked``: when the last look at a local store, or load of any store, started.
         self._known = self._looked = time.time()
-        self._timed_look_running = False
         self._unreachable = False  # the last timed look could not fetch the catalogue (said once)
         self._catalogue_tag: str | None = None  # the server's tag of the catalogue loaded (remote stores)
         self._snapshot = self._make(self._load())
@@ -198,16 +199,12 @@ class Contents:
 
     async def snapshot(self, *, missed: bool = False) -> Snapshot:
         """The current snapshot, after looking at the store again when that is due (see the module docstring):
-        ``missed`` says the caller did not find what it looked for.  A timed look at a remote store runs in
-        the background: no request waits for its fetch."""
+        ``missed`` says the caller did not find what it looked for.  A remote store's timed looks are
+        ``watch``'s: no request waits for them."""
         now = time.time()
         if self._remote:
             if missed and not 0 <= now - self._known < SERVE_RESCAN:
                 return await self.looked_at_since(now)
-            if not 0 <= now - self._looked < self._rescan and not self._timed_look_running:
-                self._looked = now  # (the requests meanwhile start no other)
-                self._timed_look_running = True
-                trio.lowlevel.spawn_system_task(self._timed_look)
             return self._snapshot
         if missed or not 0 <= now - self._looked < self._rescan:  # (a clock set back: due too)
             return await self.looked_at_since(now)
@@ -227,16 +224,23 @@ class Contents:
                 self._install(await trio.to_thread.run_sync(self._refresh))
         return self._snapshot
 
+    async def watch(self) -> None:
+        """Look at a remote store's catalogue every ``rescan`` seconds, for as long as the server runs (a task of
+        its own: ``_timed_look``).  Returns at once for a local store, which requests look at."""
+        if not self._remote:
+            return
+        while True:
+            await trio.sleep(self._rescan)
+            await self._timed_look()
+
     async def _timed_look(self) -> None:
         """Fetch a remote store's catalogue, and load the store again if it changed (a push moved a branch)."""
         try:
             if await trio.to_thread.run_sync(self._catalogue_changed, abandon_on_cancel=True):  # (not under the lock)
                 async with self._lock:
                     self._install(await trio.to_thread.run_sync(self._refresh, abandon_on_cancel=True))
-        except Exception:  # (a system task must not raise: the server goes on with what it has)
+        except Exception:  # (the watch goes on: the server serves what it has)
             log.exception("store %s: looking at its catalogue failed", _shown(self.location))
-        finally:
-            self._timed_look_running = False
 
     def _catalogue_changed(self) -> bool:
         """Whether a remote store's catalogue differs from the one loaded: asked by its tag (no body), then,
