@@ -161,6 +161,11 @@ def test_refresh_over_http_and_a_stopped_server(imported: Imported) -> None:
         assert sorted(os.listdir(m.path / "models--acme--tiny-bert" / "snapshots")) == names
         stats = m.stats()
         assert stats["refresh"]["failures"] == 1 and stats["refresh"]["refreshes"] == 1, stats["refresh"]
+        assert [_refresh(m).returncode for _ in range(2)] == [1, 1]  # (logged once: --refresh-every 1 would flood)
+        assert m.log().count("refresh failed") == 1, m.log()
+        with servers.nginx(served, port=port):  # (the server stays marked down for a moment: DOWN_SECONDS)
+            wait_until(lambda: _refresh(m).returncode == 0, 30, "a refresh with the server back")
+        assert re.search(r"refresh works again, after \d+ failed refreshes", m.log()), m.log()
     with mounted(web.url, *cache) as again:  # (the server is down: from the disk cache alone)
         assert sorted(os.listdir(again.path / "models--acme--tiny-bert" / "snapshots")) == names
         assert "is not in the store" not in again.log(), again.log()
@@ -213,6 +218,7 @@ def test_a_refresh_that_finds_nothing_new_reads_no_catalogue_and_sees_a_moved_br
         assert {path.rsplit("/", 1)[-1] for _, path in asked} == {LISTING_NAME, CATALOGUE_NAME, MANIFEST_NAME}
         stats = m.stats()["refresh"]
         assert (stats["refreshes"], stats["unchanged"]) == (2, 1), stats
+        assert m.stats()["remote"]["errors"] == 0  # (the manifest's 404 is an answer, not a failed request)
         # main moves back to an older commit: the catalogue changes, no shard is added
         older = imported.spec.model_commits[0]
         assert ref.read_text() != older

@@ -36,6 +36,7 @@ FAILED_DAEMON_EXIT = 5.0  # and this long for a daemon that failed to exit, befo
 JOB_TIMEOUT_MARGIN = 5.0  # a worker's job on a remote store may take this long past --io-timeout
 MAX_REPORTED_WARNINGS = 20  # the mounting command prints this many of the daemon's warnings, then how many more
 REFRESH_TIMEOUT = 600.0  # xetfs refresh --timeout: how long it waits for the mount's refresh to end
+REFRESH_FAILURES_QUIET = 60.0  # refreshes that keep failing are logged again at most this often
 
 # -- the FUSE adapter --------------------------------------------------------------------------
 BLOCK_SIZE = 1 * MiB  # st_blksize: tells tools to read in large pieces

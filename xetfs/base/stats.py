@@ -128,7 +128,7 @@ class RemoteCounters:
     requests: int = 0  # sent, retries included
     bytes: int = 0  # received
     retries: int = 0  # requests sent again after a failure
-    errors: int = 0  # failed requests (some were retried)
+    errors: int = 0  # failed requests (some were retried); "not found" is an answer, not one of them
     in_flight: int = 0  # calls waiting for the server now
     ranges: int = 0  # range requests answered
     wait_s: float = 0.0  # seconds those waited for their answers to start, summed (through obstore: to their end)

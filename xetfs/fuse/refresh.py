@@ -40,6 +40,8 @@ import pyfuse3
 import trio
 
 from xetfs.base.errors import ServerUnreachableError, XetfsError
+from xetfs.base.messages import plural
+from xetfs.base.settings import REFRESH_FAILURES_QUIET
 from xetfs.base.stats import RefreshCounters
 from xetfs.names.stabletree import Changes, TreeLike, renumber
 from xetfs.storage.catalogue import CATALOGUE_NAME
@@ -92,6 +94,8 @@ class Refresher:
         # so the shards of one that failed are read again by the next.
         self._indexed = {shard.name for shard in store.shard_files()}
         self._lock = trio.Lock()
+        self._failing = 0  # refreshes failed in a row
+        self._failure_logged = 0.0  # when the last of them was logged (``time.monotonic``)
 
     async def refresh(self) -> None:
         """Load what was added to the store; a failure is logged and counted, never raised."""
@@ -109,6 +113,11 @@ class Refresher:
                 self._failed(f"internal error: {exc!r}")
                 return
             c = self.fs.refresh
+            if self._failing:
+                log.warning(
+                    "refresh works again, after %s", plural(self._failing, "failed refresh", "failed refreshes")
+                )
+                self._failing = 0
             if update is None:
                 c.refreshes += 1
                 c.unchanged += 1
@@ -130,10 +139,21 @@ class Refresher:
             await _invalidate(update.changes)
 
     def _failed(self, reason: str) -> None:
+        """Count a failed refresh; log the first of a run of them, then one every ``REFRESH_FAILURES_QUIET``
+        seconds (``--refresh-every 1`` against a server that is down would log every second)."""
         self.fs.refresh.failures += 1
         self.fs.refresh.last_failure = int(time.time())
         self.fs.refresh_error = reason
-        log.warning("refresh failed, the mount is as it was: %s", reason)
+        self._failing += 1
+        now = time.monotonic()
+        if self._failing == 1 or now - self._failure_logged >= REFRESH_FAILURES_QUIET:
+            again = (
+                f" ({plural(self._failing, 'failed refresh', 'failed refreshes')} in a row)"
+                if self._failing > 1
+                else ""
+            )
+            log.warning("refresh failed, the mount is as it was%s: %s", again, reason)
+            self._failure_logged = now
 
     def _prepare(self, index: Index, tree: TreeLike) -> _Update | None:
         """The new index and tree, or None if nothing changed (in a thread; nothing the mount serves changes

@@ -345,8 +345,9 @@ class ObstoreSource:
                 except StoreError:
                     raise
                 except Exception as exc:  # obstore's errors, and our own _Transient
-                    self._error()
                     final = self._final(what, name, exc)
+                    if not isinstance(final, MissingObjectError):  # (an object that is not there: an answer)
+                        self._error()
                     if final is not None:
                         raise final from None
                     left = deadline - time.monotonic()
