@@ -476,3 +476,8 @@ def test_push_takes_its_keys_from_a_credentials_file(
     assert proc.returncode == 0, proc.stderr
     assert servers.S3_ENV["AWS_SECRET_ACCESS_KEY"] not in proc.stderr + without.stderr
     assert MANIFEST_NAME in open_target(url).objects()
+    # Every command that reads a store takes the same file (serve too: its workers inherit the environment).
+    for command in ("ls", "verify"):
+        assert _xetfs(command, url, env=env).returncode != 0
+        read = _xetfs(command, "--credentials", creds, url, env=env)
+        assert read.returncode == 0, (command, read.stderr)

@@ -81,7 +81,16 @@ def up_to(most: int) -> Callable[[str], int]:
     return parse
 
 
+def add_credentials_arg(p: argparse.ArgumentParser) -> None:
+    """``--credentials FILE``, which ``cli.main`` loads into the environment before the command runs."""
+    p.add_argument("--credentials", type=Path, metavar="FILE",
+                   help="environment variables for a remote store (AWS_ACCESS_KEY_ID=..., XETFS_HTTP_TOKEN=..., "
+                        "one per line) from FILE, as for mounts from /etc/fstab; refused if others may read "
+                        "it")  # fmt: skip
+
+
 def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> None:
+    add_credentials_arg(p)
     p.add_argument("--header", dest="headers", action="append", default=[], metavar="'NAME: VALUE'",
                    help=f"extra HTTP header for a remote store (also from ${HEADERS_ENV}, one per line; "
                         f"a bearer token from ${TOKEN_ENV})")  # fmt: skip

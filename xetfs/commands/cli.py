@@ -136,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(words)
     setup_logging(args.log_level, args.debug)
     try:
+        if getattr(args, "credentials", None):  # before anything reads the environment (a mount's daemon inherits it)
+            from xetfs.commands.credentials import load_credentials
+
+            load_credentials(args.credentials)
         result: int = args.func(args)
         sys.stdout.flush()
         return result

@@ -47,10 +47,6 @@ def register(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) ->
                         "(-o cache_size=2G,workers=4,no_prefetch), FUSE's allow_other, allow_root, nonempty, "
                         "nodev, nosuid, noexec; mount(8)'s generic ones (defaults, rw, _netdev, nofail, "
                         "x-systemd.*, ...) are ignored")  # fmt: skip
-    p.add_argument("--credentials", type=Path, metavar="FILE",
-                   help="environment variables for the remote store (AWS_ACCESS_KEY_ID=..., "
-                        "XETFS_HTTP_TOKEN=..., one per line) from FILE, for mounts from /etc/fstab; "
-                        "refused if others may read it")  # fmt: skip
     _add_view_options(p)
     _add_cache_options(p)
     _add_tree_options(p)
@@ -225,10 +221,6 @@ def cmd_mount(args: argparse.Namespace) -> int:
     from xetfs.fuse.mount import check_mountpoint, choose_layout, default_log_file, run_daemon, spawn_daemon
     from xetfs.storage.manifest import load_manifest
 
-    if args.credentials:  # before anything reads the environment; the daemon inherits it
-        from xetfs.commands.credentials import load_credentials
-
-        load_credentials(args.credentials)
     if args.config_fd is not None:  # the daemon that xetfs mount started: its whole configuration
         from xetfs.fuse.daemonconfig import read_config
 

@@ -467,6 +467,8 @@ def _push_phase(items: list[Item], target: Target, there: dict[str, int], report
 
 
 def add_push_parser(sub: Any) -> None:
+    from xetfs.commands.args import add_credentials_arg
+
     p = sub.add_parser(
         "push",
         help="copy a store to a bucket (s3://, gs://, az://) or a directory, for nodes to mount",
@@ -485,8 +487,7 @@ def add_push_parser(sub: Any) -> None:
                    help="compare the xorbs and shards TARGET already has with STORE's by content too (a bucket's "
                         "MD5 ETag, else the bytes read back), and send again those that differ: repairs a target "
                         "that 'xetfs verify' found damaged (reads the whole store)")  # fmt: skip
-    p.add_argument("--credentials", type=Path, metavar="FILE",
-                   help="read environment variables (AWS_ACCESS_KEY_ID=..., one per line) from FILE")  # fmt: skip
+    add_credentials_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_push)
 
@@ -494,12 +495,8 @@ def add_push_parser(sub: Any) -> None:
 def cmd_push(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from xetfs.commands.credentials import load_credentials
-
     if is_url(args.store):
         raise StoreError(f"store {public_url(args.store)}: push copies a local store directory")
-    if args.credentials:
-        load_credentials(args.credentials)
     top = Path(args.store)
     target = open_target(args.target)
     if isinstance(target, DirTarget) and _inside(target.top, top.resolve()):
