@@ -540,6 +540,16 @@ def test_a_services_xml_error_reads_as_its_code_and_message() -> None:
     assert said.endswith("404 Not Found: NoSuchBucket: The specified bucket does not exist"), said
     page = "HTTP error: Client error with status 401 Unauthorized: <html> <head><title>401 Authorization Required"
     assert client_message(RuntimeError(page), []) == "HTTP error: Client error with status 401 Unauthorized"
+    listed = ("Generic S3 error: Error performing list request: Error performing GET http://127.0.0.1:5/b?list-type=2 "
+              "in 6.271867ms - Server returned non-2xx status code: 403 Forbidden: SignatureDoesNotMatch: The request "
+              "signature we calculated does not match the signature you provided. Check your key and signing "
+              "method." + " More words." * 20)  # fmt: skip
+    said = client_message(RuntimeError(listed), [])
+    assert said.startswith(
+        "Generic S3 error: Error performing list request: Server returned non-2xx status code: "
+        "403 Forbidden: SignatureDoesNotMatch: The request signature we calculated"
+    ), said
+    assert "127.0.0.1" not in said and said.endswith(" ...") and said[-5:-4] != "W", said
 
 
 # -- S3 (moto's server) ------------------------------------------------------------------------

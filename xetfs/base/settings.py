@@ -135,6 +135,7 @@ MALLOC_MMAP_THRESHOLD = 8 * MiB  # buffers up to this size come from the heap, n
 
 # -- remote stores -----------------------------------------------------------------------------
 REQUEST_TIMEOUT = 10.0  # one request, when no --io-timeout says otherwise
+MESSAGE_CHARS = 300  # a remote service's error is quoted up to this long (cut at a word)
 CONNECT_TIMEOUT = 5.0
 HTTP_IDLE_CONNECTIONS = 16  # kept-alive connections to a plain HTTP(S) server kept per process
 DOWN_SECONDS = 2.0  # a store that failed is not asked again for this long

@@ -49,6 +49,7 @@ from xetfs.base.settings import (
     IO_TIMEOUT,
     IOV_MAX,
     MAX_BACKOFF,
+    MESSAGE_CHARS,
     REQUEST_TIMEOUT,
     TAG_SETTLE_SECONDS,
     user_home,
@@ -436,14 +437,18 @@ def settled(tag: str, modified: float) -> str:
 
 def client_message(exc: BaseException, secrets: list[str]) -> str:
     """An obstore error as one line: its first line (a multi-line dump of causes follows it), a service's XML
-    error as its code and message, no secrets."""
+    error as its code and message, without the request's URL and time it repeats, cut at a word; no
+    secrets."""
     text = " ".join(str(exc).split("Debug source:")[0].split())
+    text = re.sub(r"Error performing [A-Z]+ \S+ in [\d.]+\w*s - ", "", text)  # (the URL: the caller names it)
     said = service_error(text)
     if said is not None:
         text = text[: text.find("<")].rstrip(": ") + f": {said}"
     elif (page := text.lower().find("<html")) >= 0:  # a web server's error page: its status line says enough
         text = text[:page].rstrip(": ")
-    return redact(text[:300], secrets)
+    if len(text) > MESSAGE_CHARS:
+        text = text[: text.rfind(" ", 0, MESSAGE_CHARS)] + " ..."
+    return redact(text, secrets)
 
 
 def service_error(text: str) -> str | None:
