@@ -461,6 +461,17 @@ def test_push_to_a_directory_killed_then_again(tmp_path: Path, cli: CliRunner, s
         _check_names(m.path, store.files)
 
 
+def test_a_url_of_a_stores_xet_folders_names_the_store(hub_store: Path, s3_env: dict[str, str]) -> None:
+    """hf_xet's layout puts the xorbs and shards under ``xet/xorbs``, the catalogue at the top: a URL of those
+    folders would mount as bare hashes, so it is refused with the store's URL (as a prefix too shallow is)."""
+    url = f"s3://{BUCKET}/deep"
+    assert _xetfs("push", hub_store, url, env=s3_env).returncode == 0
+    for inner in (f"{url}/xet", f"{url}/xet/xorbs/"):
+        proc = _xetfs("ls", "--disk-cache-size", "0", inner, env=s3_env)
+        assert proc.returncode == 1 and f"give {url}" in proc.stderr, proc.stderr
+    assert _xetfs("ls", "--disk-cache-size", "0", url, env=s3_env).returncode == 0
+
+
 def test_push_takes_its_keys_from_a_credentials_file(
     hub_store: Path, s3: servers.Server, s3_env: dict[str, str], tmp_path: Path
 ) -> None:

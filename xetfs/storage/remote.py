@@ -11,19 +11,23 @@ that can list are listed directly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
-from xetfs.base.errors import MissingObjectError, StoreError
+from xetfs.base.errors import MissingObjectError, StoreError, XetfsError
 from xetfs.base.settings import IO_TIMEOUT
 from xetfs.base.stats import RemoteCounters
+from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.chunkcache import ChunkCache
 from xetfs.storage.dirsource import DirSource
 from xetfs.storage.diskcache import CachedSource, DiskCache, default_dir, from_server
 from xetfs.storage.layout import LISTING_NAME, MAX_LISTING_BYTES, Listing, check_listed, replace_file
-from xetfs.storage.objects import ObjectSource, ObstoreSource, RemoteOptions, is_url
+from xetfs.storage.manifest import MANIFEST_NAME
+from xetfs.storage.objects import ObjectSource, ObstoreSource, RemoteOptions, is_url, public_url
 from xetfs.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -109,7 +113,12 @@ def open_remote(
     counters: RemoteCounters | None = None,
 ) -> Store:
     """The store at ``url``, read through ``cache`` when one is given."""
-    source: ObjectSource = ObstoreSource(url, options or RemoteOptions(), counters)
+    options = options or RemoteOptions()
+    top = _store_above(url, options)
+    if top is not None:
+        raise StoreError(f"store {public_url(url)}: these are the xet folders of the store {public_url(top)}, whose "
+                         f"names (its catalogue or manifest) lie at its top: give {public_url(top)}")  # fmt: skip
+    source: ObjectSource = ObstoreSource(url, options, counters)
     if cache is not None:
         source = CachedSource(source, cache)
     try:
@@ -119,6 +128,24 @@ def open_remote(
             raise
         raise StoreError(f"store {source.location}: {exc}") from None
     return Store(source, listing, ChunkCache(cache) if cache is not None else None)
+
+
+def _store_above(url: str, options: RemoteOptions) -> str | None:
+    """The store whose xet folders ``url`` names (``TOP/xet`` or ``TOP/xet/xorbs``, hf_xet's layout), when ``TOP``
+    has a catalogue or a names manifest: a mount of ``url`` would show bare hashes.  None otherwise, and when
+    that cannot be asked now (a HEAD each, only for such URLs)."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.rstrip("/")
+    tail = next((t for t in ("/xet/xorbs", "/xet") if path.endswith(t)), None)
+    if tail is None:
+        return None
+    top = urllib.parse.urlunsplit(parts._replace(path=path[: -len(tail)]))
+    source = ObstoreSource(top, options)
+    for name in (CATALOGUE_NAME, MANIFEST_NAME):
+        with contextlib.suppress(XetfsError):
+            if source.tag(name) is not None:
+                return top
+    return None
 
 
 def open_store(
