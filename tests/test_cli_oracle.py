@@ -20,6 +20,8 @@ import pytest
 from helpers import oracle
 from helpers.oracle import ChunkLoc, CliRunner, OracleStore, copy_store, run_xetfs
 
+from xetfs.base import hashes
+
 pytestmark = pytest.mark.integration
 
 STORES = ["basic_store", "multi_store"]
@@ -308,7 +310,7 @@ def _ambiguous_store(store: OracleStore, dest: Path) -> tuple[OracleStore, str]:
         pos += 48 * (1 + n * (2 if flags & 0x80000000 else 1) + (1 if flags & 0x40000000 else 0))
     original = oracle.xet_hex(bytes(data[pos : pos + 32]))
     data[pos + 31] ^= 0xFF  # raw byte 31 is printed as hex digits 48-49
-    (copy.shard_dir / ("ab" * 32 + ".mdb")).write_bytes(data)
+    (copy.shard_dir / f"{hashes.to_hex(hashes.chunk_hash(bytes(data)))}.mdb").write_bytes(data)  # (named as a shard is)
     return copy, original
 
 

@@ -104,16 +104,16 @@ def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> N
                        help=f"a remote read that takes longer fails (default {settings.IO_TIMEOUT:g})")  # fmt: skip
 
 
-def open_location(args: argparse.Namespace, counters: RemoteCounters | None = None) -> Store:
+def open_location(args: argparse.Namespace, counters: RemoteCounters | None = None, *, note: bool = True) -> Store:
     """The store named by ``args.store``: a directory, or a URL opened with the remote options.
 
-    Says on stderr where what it reads of a remote store is cached, when it is.
+    Says on stderr (with ``note``) where what it reads of a remote store is cached, when it is.
     """
     from xetfs.storage.remote import open_store
 
     store = open_store(args.store, io_timeout=float(args.io_timeout), headers=args.headers, cache_dir=args.cache_dir,
                        disk_cache_size=args.disk_cache_size, counters=counters)  # fmt: skip
-    if store.chunks is not None:
+    if store.chunks is not None and note:
         print(f"xetfs: note: keeping what is read of {store.location} in the disk cache {store.chunks.disk.directory} "
               "(--disk-cache-size 0 to keep nothing)", file=sys.stderr)  # fmt: skip
     return store

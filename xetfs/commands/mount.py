@@ -301,36 +301,34 @@ def cmd_refresh(args: argparse.Namespace) -> int:
     if r.get("unchanged", 0) > before["refresh"].get("unchanged", 0) and shards == files == 0:
         print(f"refreshed {mountpoint}: no change", file=sys.stderr)
         return 0
+    if shards == files == 0:  # (the catalogue or names changed, or their tags could not vouch that they had not)
+        print(f"refreshed {mountpoint}: no new shard or file; the names were read again (a moved branch shows now)",
+              file=sys.stderr)  # fmt: skip
+        return 0
     print(f"refreshed {mountpoint}: {plural(shards, 'new shard')}, {plural(files, 'new file')}", file=sys.stderr)
     return 0
 
 
 def _stats_doc(mountpoint: Path) -> dict[str, Any]:
-    """The mount's ``.xetfs/stats`` document; ``XetfsError`` if it is not a xetfs mount."""
+    """The mount's ``.xetfs/stats`` document; ``XetfsError`` if it is not a xetfs mount, or a stale one."""
     try:
         doc: dict[str, Any] = json.loads((mountpoint / STATS_PATH).read_bytes())
     except FileNotFoundError:
         if not mountpoint.is_dir():
             raise XetfsError(f"{mountpoint}: no such directory") from None
         raise XetfsError(f"{mountpoint}: not a xetfs mount (no {STATS_PATH})") from None
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            raise
+        raise XetfsError(f"{mountpoint}: a stale mount, whose daemon is gone (clean it with: xetfs umount "
+                         f"{mountpoint})") from None  # fmt: skip
     return doc
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
     if args.file is not None:
         return _file_stats(Path(args.mountpoint), Path(args.file), as_json=args.json)
-    path = Path(args.mountpoint) / STATS_PATH
-    try:
-        doc = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        if not Path(args.mountpoint).is_dir():
-            raise XetfsError(f"{args.mountpoint}: no such directory") from None
-        raise XetfsError(f"{args.mountpoint}: not a xetfs mount (no {STATS_PATH})") from None
-    except OSError as exc:
-        if exc.errno != errno.ENOTCONN:
-            raise
-        raise XetfsError(f"{args.mountpoint}: a stale mount, whose daemon is gone (clean it with: xetfs umount "
-                         f"{args.mountpoint})") from None  # fmt: skip
+    doc = _stats_doc(Path(args.mountpoint))
     if args.json:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -105,6 +105,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from xetfs.serve.contents import Contents
     from xetfs.serve.processes import listen, run_workers
     from xetfs.serve.signing import Signer, load_key
+    from xetfs.storage.store import Store
 
     for handler in logging.getLogger().handlers:  # a server's log: each line with its time and process
         handler.setFormatter(UserFormatter(stamped=True))
@@ -129,7 +130,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def work(worker: int, ready: Callable[[], None]) -> int:
         """One server process: opens the store, serves until told to stop."""
         keep_freed_memory()  # (as the mount daemon: buffers of a xorb range are reused, not mapped afresh)
-        contents = Contents(args.store, lambda _: open_location(args), rescan=args.rescan, io_timeout=args.io_timeout)
+        noted = False  # (the disk cache's note: once, by the first process, not again with every load)
+
+        def open_store(_: str) -> Store:
+            nonlocal noted
+            store = open_location(args, note=worker == 0 and not noted)
+            noted = True
+            return store
+
+        contents = Contents(args.store, open_store, rescan=args.rescan, io_timeout=args.io_timeout)
 
         async def started() -> None:
             if worker == 0:
