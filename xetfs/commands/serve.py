@@ -12,12 +12,15 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xetfs.base import settings
 from xetfs.base.errors import XetfsError
 from xetfs.base.malloc import keep_freed_memory
 from xetfs.base.messages import UserFormatter, plural
+
+if TYPE_CHECKING:
+    from xetfs.storage.store import Store
 
 DESCRIPTION = """\
 Serve a store as an offline Hugging Face endpoint.  Point HF_ENDPOINT at the
@@ -90,6 +93,20 @@ def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _opener(args: argparse.Namespace, *, note: bool) -> Callable[[str], Store]:
+    """How a server process opens its store, at start and for every load after a change: with ``note``, it says
+    where the disk cache is the first time (once per server, not per process and load)."""
+    from xetfs.commands.args import open_location
+
+    def open_store(_: str) -> Store:
+        nonlocal note
+        store = open_location(args, note=note)
+        note = False
+        return store
+
+    return open_store
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from xetfs.commands.args import UsageError
 
@@ -98,14 +115,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import starlette  # noqa: F401
     except ImportError:
         raise UsageError("xetfs serve needs its extra: pip install 'xetfs[serve]'") from None
-    from xetfs.commands.args import open_location
     from xetfs.serve.access import UserTokens
     from xetfs.serve.app import serve_on
     from xetfs.serve.common import Settings, State
     from xetfs.serve.contents import Contents
     from xetfs.serve.processes import listen, run_workers
     from xetfs.serve.signing import Signer, load_key
-    from xetfs.storage.store import Store
 
     for handler in logging.getLogger().handlers:  # a server's log: each line with its time and process
         handler.setFormatter(UserFormatter(stamped=True))
@@ -130,15 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     def work(worker: int, ready: Callable[[], None]) -> int:
         """One server process: opens the store, serves until told to stop."""
         keep_freed_memory()  # (as the mount daemon: buffers of a xorb range are reused, not mapped afresh)
-        noted = False  # (the disk cache's note: once, by the first process, not again with every load)
-
-        def open_store(_: str) -> Store:
-            nonlocal noted
-            store = open_location(args, note=worker == 0 and not noted)
-            noted = True
-            return store
-
-        contents = Contents(args.store, open_store, rescan=args.rescan, io_timeout=args.io_timeout)
+        contents = Contents(args.store, _opener(args, note=worker == 0), rescan=args.rescan, io_timeout=args.io_timeout)
 
         async def started() -> None:
             if worker == 0:
