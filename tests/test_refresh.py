@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import hub_cache, servers
+from helpers import hub_cache, oracle, servers
 from helpers.hub import Imported, xetfs
 from helpers.mounting import Mount, mounted, wait_until
 from helpers.oracle import hf_xet_env
@@ -140,6 +140,31 @@ def _while_reading(m: Mount, imported: Imported, push_to: Path | None = None) ->
 def test_refresh_of_a_local_mount(imported: Imported) -> None:
     with mounted(imported.store) as m:
         _while_reading(m, imported)
+
+
+@fuse
+def test_a_refresh_skips_a_bad_new_shard_and_takes_it_in_once_repaired(imported: Imported) -> None:
+    """A new shard damaged where it still parses (a hash it records) is skipped with one warning, as a mount
+    skips one, and the refresh goes on; repaired, the next refresh takes it in."""
+    shards = next(imported.store.rglob("shards"))
+    with mounted(imported.store) as m:
+        before = set(shards.glob("*.mdb"))
+        commit = _new_revision(imported)
+        added = {path: path.read_bytes() for path in set(shards.glob("*.mdb")) - before}
+        assert added
+        for path in added:
+            oracle.flip_byte(path, 48 + 48 + 5)  # (the first term's xorb hash: test_robustness.flipped_term_hash)
+        extra = m.path / "models--acme--tiny-bert" / "snapshots" / commit / "extra.txt"
+        for _ in range(2):
+            skipped = _refresh(m)
+            assert skipped.returncode == 0, skipped.stderr
+        assert m.log().count("refresh: skipping shard") == len(added), m.log()  # (said once each)
+        assert "not to its name" in m.log() and not extra.exists()
+        for path, good in added.items():
+            path.write_bytes(good)
+        repaired = _refresh(m)
+        assert repaired.returncode == 0 and "new shard" in repaired.stderr, repaired.stderr
+        assert extra.read_text() == "added in revision 4\n"
 
 
 @fuse

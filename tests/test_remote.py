@@ -11,6 +11,7 @@ import http.server
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -172,6 +173,26 @@ def test_mount_over_http_names_ranges_stats(packed: Packed, web: servers.Server,
     # Only what was read crossed the wire: ranges of xorbs, never a whole one more than once.
     xorbs = sum(p.stat().st_size for p in (packed.top / "xet/xorbs/xorbs").iterdir())
     assert remote["bytes"] < 2 * xorbs
+
+
+def test_a_shard_whose_copy_in_the_disk_cache_is_bad_is_read_again_from_the_server(
+    packed: Packed, tmp_path: Path
+) -> None:
+    """A shard the server gave damaged (a flipped bit in a hash it records: it parses) is skipped, and its copy
+    kept in the disk cache; repaired on the server, the next mount reads it from the server, not the copy."""
+    served = tmp_path / "served"
+    shutil.copytree(packed.top, served)
+    shards = {path: path.read_bytes() for path in (served / "xet/xorbs/shards").glob("*.mdb")}
+    for path in shards:
+        oracle.flip_byte(path, 48 + 48 + 5)  # (the first term's xorb hash: test_robustness.flipped_term_hash)
+    cache = ("--cache-dir", str(tmp_path / "cache"))
+    with servers.nginx(served) as server:
+        with pytest.raises(AssertionError, match="not to its name"), mounted(server.url, *cache):
+            pass  # (every shard of the store is bad: no mount)
+        for path, good in shards.items():
+            path.write_bytes(good)
+        with mounted(server.url, *cache) as m:
+            _check_tree(m.path, packed)
 
 
 def test_bearer_token_is_sent_and_never_shown(
@@ -779,6 +800,37 @@ def test_range_reads_of_the_own_client_fail_as_the_general_clients_do(packed: Pa
     with pytest.raises(ServerUnreachableError, match="server unreachable: no connection"):
         closed.read_range_into("x", 0, 10, [memoryview(buffer)])
     assert time.monotonic() - began < 5 and source.counters.retries == closed.counters.retries == 0
+
+
+class _NoHead(http.server.BaseHTTPRequestHandler):
+    """A server that refuses HEAD (405) and has nothing (404)."""
+
+    def do_HEAD(self) -> None:
+        self.send_error(405)
+
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_url_of_the_xet_folders_of_a_store_on_a_web_server_names_the_store(web: servers.Server) -> None:
+    """Over HTTP the listing lies at the store's top, so ``TOP/xet`` has none: the store is named, not the
+    missing listing.  A server that refuses ``HEAD`` cannot say: the URL's own error stands."""
+    for inner in (f"{web.url}/xet", f"{web.url}/xet/xorbs"):
+        with pytest.raises(StoreError, match=f"xet folders of the store {web.url}.*give {web.url}$"):
+            open_remote(inner)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NoHead)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(StoreError, match=f"no {LISTING_NAME} there"):
+            open_remote(f"http://127.0.0.1:{server.server_address[1]}/mirror/xet")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
 
 
 @pytest.fixture(scope="module")

@@ -136,7 +136,9 @@ MALLOC_MMAP_THRESHOLD = 8 * MiB  # buffers up to this size come from the heap, n
 # -- remote stores -----------------------------------------------------------------------------
 REQUEST_TIMEOUT = 10.0  # one request, when no --io-timeout says otherwise
 MESSAGE_CHARS = 300  # a remote service's error is quoted up to this long (cut at a word)
+SHOWN_CHARS = 120  # a bad value in a names manifest or catalogue is quoted up to this long
 CONNECT_TIMEOUT = 5.0
+PROBE_TIMEOUT = 5.0  # a question a store need not answer (are its names a level up?) gives up after this long
 HTTP_IDLE_CONNECTIONS = 16  # kept-alive connections to a plain HTTP(S) server kept per process
 DOWN_SECONDS = 2.0  # a store that failed is not asked again for this long
 FAILED_READS_KEPT = 16  # per file: reads the store failed, failed again at once for DOWN_SECONDS when asked again
@@ -161,6 +163,7 @@ SERVE_HOST = "127.0.0.1"  # this machine only
 SERVE_PORT = 8080
 SERVE_TOKEN_TTL = 3600  # seconds a Xet access token lives
 SERVE_URL_TTL = 3600  # seconds a signed xorb-range URL lives
+SERVE_KEEP_ALIVE = 75  # seconds an idle client connection is kept open
 SERVE_BLOCK = 8 * MiB  # xetfs serve: bytes read from the store per step of a plain download
 SERVE_MAX_FETCH = 8 * MiB  # serialized bytes of a xorb range in a reconstruction answer
 SERVE_CHECKS = 8  # xorb ranges read and checked at the same time, per server process

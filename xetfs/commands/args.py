@@ -84,9 +84,8 @@ def up_to(most: int) -> Callable[[str], int]:
 def add_credentials_arg(p: argparse.ArgumentParser) -> None:
     """``--credentials FILE``, which ``cli.main`` loads into the environment before the command runs."""
     p.add_argument("--credentials", type=Path, metavar="FILE",
-                   help="environment variables for a remote store (AWS_ACCESS_KEY_ID=..., XETFS_HTTP_TOKEN=..., "
-                        "one per line) from FILE, as for mounts from /etc/fstab; refused if others may read "
-                        "it")  # fmt: skip
+                   help="environment variables for remote stores and buckets (AWS_ACCESS_KEY_ID=..., one per "
+                        "line) from FILE, as for mounts from /etc/fstab; refused if others may read it")  # fmt: skip
 
 
 def add_remote_args(p: argparse.ArgumentParser, *, io_timeout: bool = True) -> None:

@@ -32,7 +32,7 @@ FUSE is needed.  See docs/serve.md for proxies, load balancers and security.
 
 
 def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    from xetfs.commands.args import add_remote_args, parse_size, size_text
+    from xetfs.commands.args import add_remote_args, parse_size, seconds, size_text
 
     p = sub.add_parser("serve", help="serve a store as an offline Hugging Face endpoint (HF_ENDPOINT)",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -70,10 +70,10 @@ def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
     p.add_argument("--tree-page-size", type=int, default=settings.SERVE_TREE_PAGE, metavar="N",
                    help="entries per page of a tree listing "
                         f"(default {settings.SERVE_TREE_PAGE}, as the Hub)")  # fmt: skip
-    p.add_argument("--rescan", type=float, metavar="SECONDS",
-                   help="look at the store again for new packs and moved branches at most this often, and on a "
-                        f"miss (default {settings.SERVE_RESCAN:g} for a directory; "
-                        f"{settings.SERVE_REMOTE_RESCAN:g} for a URL, where a look fetches its catalogue)")  # fmt: skip
+    p.add_argument("--rescan", type=seconds, metavar="SECONDS",
+                   help="look at the store again for new packs and moved branches: a directory at the first "
+                        f"request after this long (default {settings.SERVE_RESCAN:g}), a URL's catalogue every "
+                        f"this long (default {settings.SERVE_REMOTE_RESCAN:g}); and on a miss")  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 

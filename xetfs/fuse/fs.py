@@ -2,9 +2,11 @@
 
 Requests are translated to calls on the tree (names, attributes) and the
 reader (bytes).  Handlers never let an exception other than ``FUSEError``
-escape — pyfuse3 would take the mount down — so every handler runs under
-``_guard``, except the three a reader sends for every file (``lookup``,
-``open``, ``read``), which catch what they call themselves; ``_fuse_error``
+escape — pyfuse3 would take the mount down — so every handler that calls
+into them runs under ``_guard``, except the three a reader sends for every
+file (``lookup``, ``open``, ``read``), which catch what they call themselves
+(``release``, ``forget``, ``flush`` and the write stubs call nothing that
+raises); ``_fuse_error``
 is the one place that maps errors to errno: unknown names are ``ENOENT``,
 corrupt or missing data ``EIO``, every write ``EROFS``.  A failed read is
 logged once per file, offset and failure for ``REPEATS_QUIET`` seconds (the

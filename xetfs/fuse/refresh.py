@@ -9,8 +9,10 @@ refreshes on a timer).  A refresh:
    a cached listing), reads and parses the new shards and indexes them into
    a copy of the index, reads the catalogue or manifest again and builds the
    tree again: all in a thread, with nothing of the live mount changed, so
-   that a refresh that fails (the server is down, a new shard is bad) leaves
-   the mount as it was, and says why.  A refresh that finds no new shard,
+   that a refresh that fails (the server is down) leaves the mount as it
+   was, and says why.  A bad new shard is skipped with a warning, as a
+   mount skips one (said once; each refresh reads it again, so that a
+   repaired one is taken in).  A refresh that finds no new shard,
    and the catalogue and manifest as the last one found them (``tag``: an
    ETag, or a file's identity, asked without the body), stops there, having
    listed only the store's ``shards/`` (a bucket, a directory) or asked the
@@ -39,7 +41,7 @@ from typing import Protocol
 import pyfuse3
 import trio
 
-from xetfs.base.errors import ServerUnreachableError, XetfsError
+from xetfs.base.errors import FormatError, IntegrityError, ServerUnreachableError, XetfsError
 from xetfs.base.messages import plural
 from xetfs.base.settings import REFRESH_FAILURES_QUIET
 from xetfs.base.stats import RefreshCounters
@@ -94,6 +96,7 @@ class Refresher:
         # so the shards of one that failed are read again by the next.
         self._indexed = {shard.name for shard in store.shard_files()}
         self._lock = trio.Lock()
+        self._bad: set[str] = set()  # new shards found bad and skipped (each said once)
         self._failing = 0  # refreshes failed in a row
         self._failure_logged = 0.0  # when the last of them was logged (``time.monotonic``)
 
@@ -170,12 +173,19 @@ class Refresher:
         new = [f for f in self.store.shard_files() if f.name not in self._indexed]
         if not new and same:
             return None
-        shards = [read_shard(self.store, f) for f in new]
+        shards = {}
+        for f in new:
+            try:
+                shards[f.name] = read_shard(self.store, f)
+            except (FormatError, IntegrityError) as exc:  # (a server that fails is not skipped: the refresh fails)
+                if f.name not in self._bad:
+                    log.warning("refresh: skipping %s (read again by every refresh)", exc)
+                    self._bad.add(f.name)
         grown = index.copy()
-        for shard in shards:
+        for shard in shards.values():
             grown.add_shard(shard)
         stable, changes = renumber(tree, self.build_tree(grown))
-        return _Update(grown, stable, changes, len(shards), frozenset(f.name for f in new), tags)
+        return _Update(grown, stable, changes, len(shards), frozenset(shards), tags)
 
     def _may_have_new_shards(self, server: ObjectSource) -> bool:
         """False when a listing of the store's shards alone (a bucket's, a directory's) names none this mount

@@ -108,12 +108,12 @@ class LoadingCache(Generic[K, V]):
         self._flights[key] = flight
         try:
             value = await load(key)
-            outcome.append(value)
             self._store(key, value)
             self._sync()
+            outcome.append(value)
             return value
         except Exception as exc:
-            outcome.append(exc)
+            outcome[:] = [exc]
             raise
         finally:
             if self._flights.get(key) is flight:

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from xetfs.base.settings import SERVE_KEEP_ALIVE
 from xetfs.serve import cas, hubapi
 from xetfs.serve.common import State, error
 
@@ -64,7 +65,7 @@ def serve_on(sock: socket.socket, state: State, *, started: Callable[[], Awaitab
     config.bind = [f"fd://{os.dup(sock.fileno())}"]  # (hypercorn closes the socket it is given)
     config.accesslog = None  # the application logs each request, without queries or headers
     config.errorlog = logging.getLogger("xetfs.serve.http")
-    config.keep_alive_timeout = 75
+    config.keep_alive_timeout = SERVE_KEEP_ALIVE
     app = build_app(state)
 
     async def run() -> None:

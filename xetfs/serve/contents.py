@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -229,9 +230,12 @@ class Contents:
         its own: ``_timed_look``).  Returns at once for a local store, which requests look at."""
         if not self._remote:
             return
+        # (the first look at a random point of the first period: the processes of a server start together, and
+        # would otherwise look, and load again after a push, all at once)
+        await trio.sleep(self._rescan * random.uniform(0.5, 1.0))
         while True:
-            await trio.sleep(self._rescan)
             await self._timed_look()
+            await trio.sleep(self._rescan)
 
     async def _timed_look(self) -> None:
         """Fetch a remote store's catalogue, and load the store again if it changed (a push moved a branch)."""

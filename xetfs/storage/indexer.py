@@ -74,8 +74,18 @@ def load_index(store: Store, *, strict: bool = False) -> LoadResult:
 
 def read_shard(store: Store, shard_file: ShardFile) -> Shard:
     """A shard of ``store``, parsed and checked against its name: the hash of its bytes (docs/format.md
-    section 1.7).  ``FormatError``, ``IntegrityError`` or ``StoreError`` name the shard."""
-    data = store.read_shard(shard_file)
+    section 1.7).  ``FormatError``, ``IntegrityError`` or ``StoreError`` name the shard.  A remote store's
+    shard that fails is read once more from the server itself: the copy in the disk cache may be the damaged
+    one (or the server's, since repaired), and a good one replaces it."""
+    try:
+        return _checked_shard(store.read_shard(shard_file), shard_file)
+    except (FormatError, IntegrityError):
+        if store.local:
+            raise
+    return _checked_shard(store.read_shard(shard_file, fresh=True), shard_file)
+
+
+def _checked_shard(data: bytes, shard_file: ShardFile) -> Shard:
     where = f"shard {shard_file.name}"
     shard = parse_shard(data, where=where)
     actual = hashes.to_hex(hashes.chunk_hash(data))

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from xetfs.base import hashes
 from xetfs.base.errors import FormatError, ManifestError
 from xetfs.base.messages import plural
+from xetfs.base.settings import SHOWN_CHARS
 
 if TYPE_CHECKING:
     from xetfs.storage.store import Store
@@ -51,7 +52,6 @@ MAX_MANIFEST_BYTES = 512 * 1024 * 1024
 MAX_NAME_BYTES = 255  # NAME_MAX of Linux file systems
 MAX_PATH_BYTES = 4096  # PATH_MAX: longer paths are unusable by ordinary tools
 MAX_WARNINGS_PER_KIND = 20
-SHOWN_CHARS = 120  # of a bad value, quoted in a message
 
 PathParts = tuple[str, ...]
 

@@ -297,6 +297,17 @@ class ObstoreSource:
 
         return self._call(prefix, run)
 
+    def exists(self, name: str) -> bool:
+        """Whether the object ``name`` is there: a ``HEAD`` that succeeds (any failure, a refusal or a server
+        down, says no)."""
+        import obstore
+
+        try:
+            self._call(name, lambda: obstore.head(self._store, name))
+        except XetfsError:
+            return False
+        return True
+
     def tag(self, name: str) -> str | None:
         import obstore
 
@@ -447,7 +458,8 @@ def client_message(exc: BaseException, secrets: list[str]) -> str:
     elif (page := text.lower().find("<html")) >= 0:  # a web server's error page: its status line says enough
         text = text[:page].rstrip(": ")
     if len(text) > MESSAGE_CHARS:
-        text = text[: text.rfind(" ", 0, MESSAGE_CHARS)] + " ..."
+        cut = text.rfind(" ", MESSAGE_CHARS // 2, MESSAGE_CHARS)  # (at a word, unless one word is that long)
+        text = text[: cut if cut > 0 else MESSAGE_CHARS] + " ..."
     return redact(text, secrets)
 
 

@@ -11,15 +11,15 @@ that can list are listed directly.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import urllib.parse
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from xetfs.base.errors import MissingObjectError, StoreError, XetfsError
-from xetfs.base.settings import IO_TIMEOUT
+from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError, StoreTimeoutError
+from xetfs.base.settings import IO_TIMEOUT, PROBE_TIMEOUT
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.chunkcache import ChunkCache
@@ -114,38 +114,41 @@ def open_remote(
 ) -> Store:
     """The store at ``url``, read through ``cache`` when one is given."""
     options = options or RemoteOptions()
-    top = _store_above(url, options)
-    if top is not None:
-        raise StoreError(f"store {public_url(url)}: these are the xet folders of the store {public_url(top)}, whose "
-                         f"names (its catalogue or manifest) lie at its top: give {public_url(top)}")  # fmt: skip
     source: ObjectSource = ObstoreSource(url, options, counters)
     if cache is not None:
         source = CachedSource(source, cache)
     try:
         listing = load_listing(source)
+    except (ServerUnreachableError, StoreTimeoutError):
+        raise
     except StoreError as exc:
+        _refuse_xet_folders(url, options)  # (over HTTP, the listing is at the store's top)
         if str(exc).startswith(("store ", source.location)):
             raise
         raise StoreError(f"store {source.location}: {exc}") from None
-    return Store(source, listing, ChunkCache(cache) if cache is not None else None)
+    store = Store(source, listing, ChunkCache(cache) if cache is not None else None)
+    if store.meta_path(CATALOGUE_NAME) is None and store.meta_path(MANIFEST_NAME) is None:
+        _refuse_xet_folders(url, options)
+    return store
 
 
-def _store_above(url: str, options: RemoteOptions) -> str | None:
-    """The store whose xet folders ``url`` names (``TOP/xet`` or ``TOP/xet/xorbs``, hf_xet's layout), when ``TOP``
-    has a catalogue or a names manifest: a mount of ``url`` would show bare hashes.  None otherwise, and when
-    that cannot be asked now (a HEAD each, only for such URLs)."""
+def _refuse_xet_folders(url: str, options: RemoteOptions) -> None:
+    """Refuse ``url`` when it names the xet folders of a store (``TOP/xet`` or ``TOP/xet/xorbs``, hf_xet's layout)
+    and ``TOP`` holds the store's catalogue or names manifest: mounted, ``url`` would show bare hashes.  Asked
+    only of such URLs with no names of their own (a ``HEAD`` each, given ``PROBE_TIMEOUT`` at most): one that
+    cannot be answered refuses nothing."""
     parts = urllib.parse.urlsplit(url)
     path = parts.path.rstrip("/")
     tail = next((t for t in ("/xet/xorbs", "/xet") if path.endswith(t)), None)
     if tail is None:
-        return None
+        return
     top = urllib.parse.urlunsplit(parts._replace(path=path[: -len(tail)]))
-    source = ObstoreSource(top, options)
-    for name in (CATALOGUE_NAME, MANIFEST_NAME):
-        with contextlib.suppress(XetfsError):
-            if source.tag(name) is not None:
-                return top
-    return None
+    quick = replace(options, deadline=min(options.deadline, PROBE_TIMEOUT),
+                    request_timeout=min(options.request_timeout, PROBE_TIMEOUT))  # fmt: skip
+    source = ObstoreSource(top, quick)
+    if source.exists(CATALOGUE_NAME) or source.exists(MANIFEST_NAME):
+        raise StoreError(f"store {public_url(url)}: these are the xet folders of the store {public_url(top)}, whose "
+                         f"names (its catalogue or manifest) lie at its top: give {public_url(top)}")  # fmt: skip
 
 
 def open_store(

@@ -156,9 +156,10 @@ class Store:
         """Where the store's shards are, as a prefix of object names (``.../shards/``)."""
         return f"{self._root}/shards/" if self._root else "shards/"
 
-    def read_shard(self, shard: ShardFile) -> bytes:
-        """A shard's bytes; refuses one too large or without the shard magic."""
-        data = self.source.read(shard.path.as_posix(), limit=MAX_SHARD_BYTES)
+    def read_shard(self, shard: ShardFile, *, fresh: bool = False) -> bytes:
+        """A shard's bytes; refuses one too large or without the shard magic.  ``fresh``: from the server itself
+        first, not a copy in the disk cache (``ObjectSource.read``)."""
+        data = self.source.read(shard.path.as_posix(), limit=MAX_SHARD_BYTES, fresh=fresh)
         if not data.startswith(SHARD_MAGIC):
             raise ShardFormatError(f"shard {shard.name}: bad shard magic at offset 0")
         return data
