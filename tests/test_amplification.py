@@ -270,6 +270,7 @@ def test_stats_of_a_file_refuse_what_is_not_one(basic_store: OracleStore, tmp_pa
         for args, message in [
             ((m.path, "no-such-file"), "no such file"),
             ((m.path, m.path / ".xetfs"), "not a file of the xetfs mount"),
+            ((m.path, m.path / ".xetfs" / "stats"), "not a file of the store"),
             ((tmp_path, "x"), "not a xetfs mount"),
         ]:
             proc = run_xetfs("stats", *args)

@@ -367,6 +367,9 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
     except OSError as exc:
         if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
             raise
+        if exc.errno == errno.ENODATA and path.is_file():  # (a file of the mount that holds no chunks)
+            raise XetfsError(f"{path}: not a file of the store (a Hub ref, or the mount's own stats, has no chunks "
+                             "to count)") from None  # fmt: skip
         raise XetfsError(f"{path}: not a file of the xetfs mount {mountpoint}") from None
     size, chunks = doc["size"], doc["chunks"]
     doc["bytes_amplification"] = round(doc["decoded_bytes"] / size, 4) if size else None  # (AMPLIFICATION_KEYS)
