@@ -54,7 +54,7 @@ from xetfs.base.errors import StoreError, XetfsError
 from xetfs.base.settings import PUSH_JOBS, PUSH_MAX_COMPARED_BYTES
 from xetfs.format.xorb import check_run
 from xetfs.storage.catalogue import CATALOGUE_NAME
-from xetfs.storage.layout import LISTING_NAME, SHARD_NAME, XORB_NAME, Listing
+from xetfs.storage.layout import LISTING_NAME, SHARD_NAME, XORB_NAME, Listing, shard_name_problem
 from xetfs.storage.manifest import MANIFEST_NAME
 from xetfs.storage.objects import RemoteOptions, access_hint, aws_files_config, client_message, is_url, public_url
 from xetfs.storage.remote import local_listing
@@ -312,8 +312,7 @@ def own_damage(item: Item, data: bytes) -> str | None:
     hash of its content), or None: a push that replaces a target's copy must not send a damaged one."""
     name = item.name.rsplit("/", 1)[-1]
     if item.phase == SHARDS:
-        actual = f"{hashes.to_hex(hashes.chunk_hash(data))}.mdb"
-        return None if actual == name else f"its content hashes to {actual}"
+        return shard_name_problem(name, data)
     m = XORB_NAME.fullmatch(name)
     assert m is not None  # (phase XORBS: a xorb's name)
     xorb_hash = hashes.from_hex(m.group(1))

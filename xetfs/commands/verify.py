@@ -36,6 +36,7 @@ from xetfs.read.reader import Reader
 from xetfs.storage.catalogue import Catalogue, Content
 from xetfs.storage.index import EMPTY_SHA256, Index
 from xetfs.storage.indexer import shards_missing
+from xetfs.storage.layout import shard_name_problem
 from xetfs.storage.store import Store
 
 
@@ -124,9 +125,9 @@ def _check_shards(a: _Audit) -> list[Shard]:
         except XetfsError as exc:
             a.problem(str(exc))
             continue
-        actual = hashes.to_hex(hashes.chunk_hash(data))
-        if shard_file.name != f"{actual}.mdb":
-            a.problem(f"shard {shard_file.name}: content hashes to {actual}, not to its name")
+        problem = shard_name_problem(shard_file.name, data)
+        if problem is not None:
+            a.problem(f"shard {shard_file.name}: {problem}")
         a.report.shards += 1
     return shards
 

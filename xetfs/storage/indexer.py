@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from xetfs.base import hashes
 from xetfs.base.errors import FormatError, IntegrityError, StoreError
 from xetfs.base.messages import plural
 from xetfs.base.stats import IndexCounters
 from xetfs.format.shard import Shard, parse_shard
 from xetfs.storage.index import Index
+from xetfs.storage.layout import shard_name_problem
 from xetfs.storage.store import ShardFile, Store
 
 log = logging.getLogger(__name__)
@@ -88,9 +88,9 @@ def read_shard(store: Store, shard_file: ShardFile) -> Shard:
 def _checked_shard(data: bytes, shard_file: ShardFile) -> Shard:
     where = f"shard {shard_file.name}"
     shard = parse_shard(data, where=where)
-    actual = hashes.to_hex(hashes.chunk_hash(data))
-    if shard_file.name != f"{actual}.mdb":
-        raise IntegrityError(f"{where}: its bytes hash to {actual}, not to its name (damaged, or renamed)")
+    problem = shard_name_problem(shard_file.name, data)
+    if problem is not None:
+        raise IntegrityError(f"{where}: {problem} (damaged, or renamed)")
     return shard
 
 

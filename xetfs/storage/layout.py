@@ -19,8 +19,10 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import TypeVar
 
+from xetfs.base import hashes
 from xetfs.base.errors import ObjectReadError, StoreError, XorbFormatError
 
 XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
@@ -129,9 +131,19 @@ def _has_files(path: Path, depth: int = 1) -> bool:
     return False
 
 
-def store_top(path: Path) -> Path:
+P = TypeVar("P", bound=PurePath)
+
+
+def shard_name_problem(name: str, data: bytes) -> str | None:
+    """What is wrong with the shard file ``name`` whose bytes are ``data``, or None: a shard is named by the hash
+    of its bytes (docs/format.md section 1.7), and a flipped bit in a hash it records leaves it parseable."""
+    actual = hashes.to_hex(hashes.chunk_hash(data))
+    return None if name == f"{actual}.mdb" else f"its content hashes to {actual}, not to its name"
+
+
+def store_top(path: P) -> P:
     """The top of the store given as ``path``: ``DIR`` for ``DIR``, ``DIR/xet`` or ``DIR/xet/xorbs`` (where
-    ``pack`` keeps its files beside an hf_xet layout)."""
+    ``pack`` keeps its files beside an hf_xet layout); a directory's path, or a URL's."""
     if path.name == "xet":
         return path.parent
     if path.name == "xorbs" and path.parent.name == "xet":

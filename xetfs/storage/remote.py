@@ -16,7 +16,7 @@ import os
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError, StoreTimeoutError
 from xetfs.base.settings import IO_TIMEOUT, PROBE_TIMEOUT
@@ -25,7 +25,7 @@ from xetfs.storage.catalogue import CATALOGUE_NAME
 from xetfs.storage.chunkcache import ChunkCache
 from xetfs.storage.dirsource import DirSource
 from xetfs.storage.diskcache import CachedSource, DiskCache, default_dir, from_server
-from xetfs.storage.layout import LISTING_NAME, MAX_LISTING_BYTES, Listing, check_listed, replace_file
+from xetfs.storage.layout import LISTING_NAME, MAX_LISTING_BYTES, Listing, check_listed, replace_file, store_top
 from xetfs.storage.manifest import MANIFEST_NAME
 from xetfs.storage.objects import ObjectSource, ObstoreSource, RemoteOptions, is_url, public_url
 from xetfs.storage.store import Store
@@ -138,11 +138,10 @@ def _refuse_xet_folders(url: str, options: RemoteOptions) -> None:
     only of such URLs with no names of their own (a ``HEAD`` each, given ``PROBE_TIMEOUT`` at most): one that
     cannot be answered refuses nothing."""
     parts = urllib.parse.urlsplit(url)
-    path = parts.path.rstrip("/")
-    tail = next((t for t in ("/xet/xorbs", "/xet") if path.endswith(t)), None)
-    if tail is None:
+    path = PurePosixPath(parts.path or "/")
+    if store_top(path) == path:
         return
-    top = urllib.parse.urlunsplit(parts._replace(path=path[: -len(tail)]))
+    top = urllib.parse.urlunsplit(parts._replace(path=str(store_top(path)).rstrip("/")))
     quick = replace(options, deadline=min(options.deadline, PROBE_TIMEOUT),
                     request_timeout=min(options.request_timeout, PROBE_TIMEOUT))  # fmt: skip
     source = ObstoreSource(top, quick)
