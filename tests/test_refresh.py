@@ -88,13 +88,6 @@ def _new_revision(imported: Imported, push_to: Path | None = None) -> str:
     return commit
 
 
-def _settled(top: Path) -> None:
-    """Date a served directory's files well in the past: their tags are trusted at once (``TAG_SETTLE_SECONDS``)."""
-    past = time.time() - 60
-    for path in [top, *top.rglob("*")]:
-        os.utime(path, (past, past))
-
-
 def _refresh(m: Mount) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "xetfs", "refresh", str(m.path)], capture_output=True, text=True,
                           timeout=120, check=False)  # fmt: skip
@@ -229,7 +222,7 @@ def test_a_refresh_that_finds_nothing_new_reads_no_catalogue_and_sees_a_moved_br
     their tags (HEAD); one whose catalogue moved a branch, with no new shard, still builds the tree again."""
     served = imported.tmp / "served"
     _push(imported, served)
-    _settled(served)
+    servers.settled(served)
     with servers.nginx(served) as web, mounted(web.url, "--cache-dir", str(imported.tmp / "disk-cache")) as m:
         ref = m.path / "models--acme--tiny-bert" / "refs" / "main"
         first = _refresh(m)  # (the first refresh has nothing to compare with: it reads them)

@@ -43,6 +43,7 @@ from helpers.servers import (
     moto_s3,
     nginx,
     nginx_balancer,
+    settled,
     upload_dir,
     xetfs_serve,
 )
@@ -525,19 +526,38 @@ def test_a_later_pack_is_served_without_a_restart(packed: Packed, tmp_path: Path
         assert got.get("sha256") == sha(packed.original(MODEL, packed.spec.model_commits[0], "model.safetensors"))
 
 
+@dataclass
+class _MovingMain:
+    """A store of the model alone, packed from a cache whose ``main`` is ``old``; ``move`` packs it again with
+    ``main`` at ``new``."""
+
+    tmp: Path
+    store: Path
+    old: str
+    new: str
+
+    @classmethod
+    def make(cls, packed: Packed, tmp: Path) -> _MovingMain:
+        model_dir = "models--" + MODEL.replace("/", "--")
+        shutil.copytree(packed.spec.root / model_dir, tmp / "cache" / model_dir, symlinks=True)
+        made = cls(tmp, tmp / "store", packed.spec.model_commits[1], packed.spec.model_commits[2])
+        made._pack(made.old)
+        return made
+
+    def move(self) -> None:
+        self._pack(self.new)
+
+    def _pack(self, main: str) -> None:
+        (self.tmp / "cache" / ("models--" + MODEL.replace("/", "--")) / "refs" / "main").write_text(main)
+        pack(self.tmp, self.tmp / "cache", self.store)
+
+
 def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(packed: Packed, tmp_path: Path) -> None:
     """A store on a web server: a later pack moves ``main`` (no request misses anything, ``main`` is known),
     and every server process serves the new commit once its timed look at the catalogue comes."""
-    model_dir = "models--" + MODEL.replace("/", "--")
-    cache = tmp_path / "cache"
-    shutil.copytree(packed.spec.root / model_dir, cache / model_dir, symlinks=True)
-    old, new = packed.spec.model_commits[1], packed.spec.model_commits[2]
-    (cache / model_dir / "refs" / "main").write_text(old)
-    store = tmp_path / "store"
-    pack(tmp_path, cache, store)
-    past = time.time() - 60  # (dated in the past: the catalogue's tag is trusted at once, ``TAG_SETTLE_SECONDS``)
-    for path in [store, *store.rglob("*")]:
-        os.utime(path, (past, past))
+    moving = _MovingMain.make(packed, tmp_path)
+    store, old, new = moving.store, moving.old, moving.new
+    settled(store)
 
     def main_commits(at: Server) -> set[str]:  # (several requests: either process may answer)
         return {json.loads(request(at, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] for _ in range(20)}
@@ -559,8 +579,7 @@ def test_a_branch_a_pack_moves_on_a_remote_store_is_served_within_the_rescan(pac
 
         wait_until(lambda: main_commits(serving) == {old} and asked("HEAD") >= 2, 20, "timed looks at the catalogue")
         assert asked("GET") == 0
-        (cache / model_dir / "refs" / "main").write_text(new)
-        pack(tmp_path, cache, store)
+        moving.move()
         wait_until(lambda: main_commits(serving) == {new}, 20, "the new main from every server process")
         got, _ = clients(serving, "get", "model", MODEL, "model.safetensors", "main")
         assert got.get("sha256") == sha(packed.original(MODEL, new, "model.safetensors"))
@@ -570,22 +589,14 @@ def test_an_idle_server_of_a_remote_store_looks_at_its_catalogue_on_its_own(pack
     """A push while the server has no request: the server looks at the catalogue every --rescan seconds all the
     same, so the first request after the push gets the new ``main`` (a trial saw the old one a minute after a
     push: looks used to be started by requests, and the first request got what was there before)."""
-    model_dir = "models--" + MODEL.replace("/", "--")
-    cache = tmp_path / "cache"
-    shutil.copytree(packed.spec.root / model_dir, cache / model_dir, symlinks=True)
-    old, new = packed.spec.model_commits[1], packed.spec.model_commits[2]
-    (cache / model_dir / "refs" / "main").write_text(old)
-    store = tmp_path / "store"
-    pack(tmp_path, cache, store)
+    moving = _MovingMain.make(packed, tmp_path)
+    store, old, new = moving.store, moving.old, moving.new
     with nginx(store) as web, xetfs_serve(web.url, "--workers", "1", "--rescan", "0.5", "--disk-cache-size", "0") as at:
         assert json.loads(request(at, "GET", f"/api/models/{MODEL}/revision/main")[2])["sha"] == old
         version = json.loads(request(at, "GET", "/health")[2])["catalogue"]
-        (cache / model_dir / "refs" / "main").write_text(new)
         mark = web.log_mark()
-        pack(tmp_path, cache, store)
-        past = time.time() - 60  # (so that the new catalogue's tag is trusted at once: ``TAG_SETTLE_SECONDS``)
-        for path in [store, *store.rglob("*")]:
-            os.utime(path, (past, past))
+        moving.move()
+        settled(store)
 
         def fetched() -> int:  # the catalogue, fetched by the look (then by the load it starts): no request asked
             return sum(m == "GET" and p.endswith(CATALOGUE_NAME) for m, p in web.requests_since(mark))

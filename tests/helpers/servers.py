@@ -100,6 +100,14 @@ class Server:
             _stop(self.proc)
 
 
+def settled(top: Path) -> None:
+    """Date a served directory's files a minute in the past, so that a server's tags of them (ETag, Last-Modified:
+    whole seconds) are trusted at once (``TAG_SETTLE_SECONDS``)."""
+    past = time.time() - 60
+    for path in [top, *top.rglob("*")]:
+        os.utime(path, (past, past))
+
+
 # What every nginx of the tests has: one process, its files under {tmp}, a log of every request.
 _NGINX_HEAD = """
 daemon off;
