@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,12 @@ if not os.access(oracle.REPO_ROOT, os.W_OK):
     # examples in .hypothesis there, and would warn, which this suite makes an error.
     settings.register_profile("read-only-checkout", database=None)
     settings.load_profile("read-only-checkout")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One seed for the random points of a run (``XETFS_TEST_SEED``, drawn if unset): pytest-xdist's workers
+    inherit it, so that they collect the same test ids, and an id that names it runs that case again."""
+    os.environ.setdefault("XETFS_TEST_SEED", str(random.randrange(1 << 30)))
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker

@@ -19,7 +19,7 @@ from xetfs.write.hubcache import (
     parse_repo_folder,
     scan_cache,
 )
-from xetfs.write.hubpack import Job, Stored, _catalogue, _check, _rounds, derive_commit
+from xetfs.write.hubpack import Job, Stored, _catalogue, _check, _plan_jobs, _rounds, derive_commit
 
 pytestmark = pytest.mark.unit
 
@@ -144,6 +144,20 @@ def test_versions_of_one_file_go_into_separate_rounds() -> None:
     files = [("model.safetensors", big), ("config.json", 10), ("model.safetensors", big),
              ("other.bin", big), ("model.safetensors", big), ("", big)]  # fmt: skip
     assert _rounds(files) == [0, 0, 1, 0, 2, 0]
+
+
+def test_blobs_are_packed_in_the_order_of_their_paths(tmp_path: Path) -> None:
+    """Small files read by name (``cat dir/*``) lie side by side in the store, whatever their blobs' names:
+    main's files by path, then another revision's new ones, then blobs no revision names."""
+    main, old = "1" * 40, "2" * 40
+    names = {"a/0.json": "f" * 40, "a/1.json": "0" * 40, "a/2.json": "9" * 40, "b.txt": "3" * 40}
+    files = [CachedFile(path, blob, tmp_path / blob) for path, blob in sorted(names.items())]
+    older = [CachedFile("a/0.json", "e" * 40, tmp_path / "e"), files[3]]
+    blobs = {blob: tmp_path / blob for blob in sorted([*names.values(), "e" * 40, "7" * 40])}
+    repo = CachedRepo("dataset", "acme/data", tmp_path, {"v1": old, "main": main},
+                      {old: CachedRevision(old, older), main: CachedRevision(main, files)}, blobs)  # fmt: skip
+    jobs = [job.blob for job in _plan_jobs([repo], Catalogue()) if job.blob is not None]
+    assert jobs == ["f" * 40, "0" * 40, "9" * 40, "3" * 40, "e" * 40, "7" * 40]
 
 
 def test_a_revision_or_repo_with_nothing_imported_is_left_out_with_a_warning(tmp_path: Path) -> None:

@@ -97,12 +97,23 @@ def server(packed: Packed) -> Iterator[Server]:
         yield s
 
 
+_caches: list[Path] = []  # where ``clients`` makes its caches (``_client_caches``)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _client_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The clients' caches go under pytest's own temporary directory, which pytest cleans after a few runs."""
+    _caches.append(tmp_path_factory.mktemp("serve-clients"))
+    yield
+    _caches.pop()
+
+
 def clients(
     server: Server, *args: str, xet: bool = True, token: str | None = None, extra: dict[str, str] | None = None
 ) -> tuple[dict[str, Any], Path]:
     """``serve_clients.py ARGS`` against ``server`` with a fresh cache (and ``extra`` in the environment):
     its report and the cache."""
-    tmp = Path(tempfile.mkdtemp(prefix="xetfs-serve-client-"))
+    tmp = Path(tempfile.mkdtemp(prefix="client-", dir=_caches[-1]))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(HF_ENDPOINT=server.url, HF_HUB_CACHE=str(tmp / "hub"), HF_HOME=str(tmp / "home"),
                HF_XET_CACHE=str(tmp / "xet"), HF_HUB_DISABLE_TELEMETRY="1", DO_NOT_TRACK="1", NO_COLOR="1",

@@ -278,10 +278,10 @@ def _plan_jobs(scanned: Sequence[CachedRepo], old: Catalogue) -> list[Job]:
     queued: set[str] = set()
     for repo in scanned:
         family = {f.blob: _basename(f.path) for rev in repo.revisions.values() for f in rev.files if f.blob}
-        for name, path in repo.blobs.items():
+        for name in _blob_order(repo):
             if name not in known and name not in queued:
                 queued.add(name)
-                jobs.append(Job(path, name, family=family.get(name, "")))
+                jobs.append(Job(repo.blobs[name], name, family=family.get(name, "")))
         for commit, rev in repo.revisions.items():
             previous = _previous(old, repo, commit)  # a commit never changes: what it holds is done
             for f in rev.files:
@@ -290,6 +290,20 @@ def _plan_jobs(scanned: Sequence[CachedRepo], old: Catalogue) -> list[Job]:
             if rev.tree is not None and (previous is None or previous.tree is None):
                 jobs.append(Job(rev.tree, None, lfs=True))
     return jobs
+
+
+def _blob_order(repo: CachedRepo) -> list[str]:
+    """The repo's blobs in the order a reader meets them: by path in each revision, those of revisions a ref
+    names first (``main`` first), then blobs no revision names.
+
+    hf_xet packs files in the order it is given them, so the small files of a snapshot directory lie side by
+    side in their xorbs, and reading them by name reads ahead (``read.readahead``) instead of making a store
+    read, a request on a remote store, for each file.
+    """
+    refs = sorted(repo.refs.items(), key=lambda ref: (ref[0] != "main", ref[0]))
+    commits = dict.fromkeys([commit for _, commit in refs] + list(repo.revisions))
+    named = dict.fromkeys(f.blob for c in commits for f in repo.revisions[c].files if f.blob is not None)
+    return [*named, *(blob for blob in repo.blobs if blob not in named)]
 
 
 def _catalogue(scanned: Sequence[CachedRepo], old: Catalogue, by_local: dict[Path, Stored], warn: Warn) -> Catalogue:
