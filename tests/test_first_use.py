@@ -336,8 +336,9 @@ def test_the_mount_counts_every_warning_the_log_sums_up(basic_store: OracleStore
     log = tmp_path / "daemon.log"
     proc = run_xetfs("mount", store.path, mnt, "--log-file", log)
     assert proc.returncode == 0, proc.stderr
-    last = proc.stderr.decode().splitlines()[-1]
+    *shown, more, last = proc.stderr.decode().splitlines()
     assert last == f"xetfs: mounted {store.path} at {mnt} with {skipped} warnings (log: {log})", last
+    assert more == f"xetfs: warning: ... and {skipped - len(shown)} more warnings (see the log)", more
     assert "names: ... and 10 more missing warnings" in log.read_text()
 
 

@@ -152,6 +152,19 @@ def test_umount_of_what_is_not_mounted(mnt: Path) -> None:
     proc = run_xetfs("umount", mnt)
     assert proc.returncode != 0
     one_error_line(proc.stderr, str(mnt), "not mounted")
+    relative = os.path.relpath(mnt, oracle.REPO_ROOT)  # (run_xetfs runs in the checkout)
+    proc = run_xetfs("umount", relative)
+    one_error_line(proc.stderr, f"{relative} ({mnt})", "not mounted")  # the path it looked for
+
+
+def test_umount_by_a_path_through_a_symlink(basic_store: OracleStore, mnt: Path) -> None:
+    """The kernel's table holds real paths: a path whose parent is a symlink names the same mount."""
+    link = mnt.parent / "link"
+    link.symlink_to(mnt.parent, target_is_directory=True)
+    assert run_xetfs("mount", basic_store.path, mnt, "--log-file", mnt.parent / "log").returncode == 0
+    proc = run_xetfs("umount", link / mnt.name)
+    assert (proc.returncode, proc.stderr) == (0, b""), proc.stderr
+    assert not is_mounted(mnt)
 
 
 def test_sigterm_to_the_background_daemon(basic_store: OracleStore, mnt: Path) -> None:

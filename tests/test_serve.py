@@ -769,3 +769,4 @@ def test_damage_past_the_first_block_cuts_a_plain_download_short(tmp_path: Path)
             assert kept == []
         log = log_of(server)
     assert "body cut short" in log and f"xorb {xorb}" in log, log
+    assert "Traceback" not in log and "Error in ASGI" not in log, log  # (one line says it all)

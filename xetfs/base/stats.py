@@ -184,6 +184,7 @@ class RefreshCounters:
     unchanged: int = 0  # of those, refreshes that found no new shard, and the catalogue and manifest as they were
     failures: int = 0  # refreshes that failed and left the mount as it was (the reason: ``refresh_error``)
     files_added: int = 0  # files the refreshes added to the index
+    names_added: int = 0  # names the refreshes added to the tree (a Hub store's new repo or revision: its files' names)
     shards_added: int = 0  # shards the refreshes indexed
     last_refresh: int = 0  # when the last refresh was done (Unix time, seconds), 0 if never
     last_failure: int = 0  # when the last refresh failed (Unix time, seconds), 0 if never

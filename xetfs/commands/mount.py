@@ -305,7 +305,9 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         print(f"refreshed {mountpoint}: no new shard or file; the names were read again (a moved branch shows now)",
               file=sys.stderr)  # fmt: skip
         return 0
-    print(f"refreshed {mountpoint}: {plural(shards, 'new shard')}, {plural(files, 'new file')}", file=sys.stderr)
+    names = r.get("names_added", 0) - before["refresh"].get("names_added", 0)
+    print(f"refreshed {mountpoint}: {plural(shards, 'new shard')}, {plural(files, 'new file')}, "
+          f"{plural(names, 'new name')}", file=sys.stderr)  # fmt: skip
     return 0
 
 

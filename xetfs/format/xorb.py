@@ -371,7 +371,7 @@ def check_in_place(headers: Buffer, run: ChunkRun, out: memoryview) -> bool:
 
 def _decode_chunk(view: memoryview, xorb: str, run: ChunkRun, k: int) -> Buffer:
     """Chunk ``k`` of ``run``, from ``view`` (the run's stored bytes); ``xorb`` names it."""
-    where = f"{xorb} chunk {run.first + k}"
+    where = f"{xorb} chunk {run.first + k} at byte {run.phys[k]} of the xorb"
     base = run.phys[0]
     at = run.phys[k] - base
     header = parse_chunk_header(view, at, where=where)
@@ -387,7 +387,7 @@ def _check_header(header: ChunkHeader, run: ChunkRun, k: int, where: str) -> Non
     size = run.size(k)
     if header.compressed_length != stored or header.uncompressed_length != size:
         raise XorbFormatError(
-            f"{where} at offset {run.phys[k]}: header says {header.compressed_length} -> "
+            f"{where}: header says {header.compressed_length} -> "
             f"{header.uncompressed_length} bytes, footer says {stored} -> {size}"
         )
 
@@ -398,7 +398,4 @@ def _check_hash(decoded: Buffer, run: ChunkRun, k: int, where: str) -> None:
     if expected is not None:
         found = chunk_hash(decoded)
         if found != expected:
-            raise IntegrityError(
-                f"{where} at byte {run.phys[k]} of the xorb: decoded bytes hash to {to_hex(found)}, "
-                f"footer says {to_hex(expected)}"
-            )
+            raise IntegrityError(f"{where}: decoded bytes hash to {to_hex(found)}, footer says {to_hex(expected)}")

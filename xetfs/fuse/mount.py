@@ -31,6 +31,7 @@ import trio
 from xetfs.base.errors import XetfsError, describe
 from xetfs.base.exitstatus import ExitStatus
 from xetfs.base.malloc import keep_freed_memory
+from xetfs.base.messages import plural
 from xetfs.base.settings import (
     CACHE_SIZE,
     DISK_CACHE_SIZE,
@@ -402,15 +403,21 @@ async def _refresh_every(refresher: Refresher, seconds: float) -> None:
         await refresher.refresh()
 
 
+def _warnings_in(messages: list[str]) -> int:
+    """How many warnings ``messages`` stand for: a closing line of a ``WarningLog``, "... and N more <kind>
+    warnings", stands for N."""
+    return sum(int(m.group(1)) if (m := re.search(r"\.\.\. and (\d+) more ", line)) else 1 for line in messages)
+
+
 def _send_warnings(fd: int | None, messages: list[str]) -> None:
     """Pass warnings to the waiting ``xetfs mount``, one line each (the log has them all)."""
     if fd is None:
         return
-    lines = [f"warning: {m}".replace("\n", " ") for m in messages[:MAX_REPORTED_WARNINGS]]
-    if len(messages) > MAX_REPORTED_WARNINGS:
-        lines.append(f"warning: ... and {len(messages) - MAX_REPORTED_WARNINGS} more (see the log)")
-    # (A closing line of a ``WarningLog``, "... and N more <kind> warnings", stands for N warnings.)
-    count = sum(int(m.group(1)) if (m := re.search(r"\.\.\. and (\d+) more ", line)) else 1 for line in messages)
+    shown = messages[:MAX_REPORTED_WARNINGS]
+    lines = [f"warning: {m}".replace("\n", " ") for m in shown]
+    count = _warnings_in(messages)
+    if count > _warnings_in(shown):
+        lines.append(f"warning: ... and {plural(count - _warnings_in(shown), 'more warning')} (see the log)")
     with contextlib.suppress(OSError):
         os.write(fd, "".join(f"{line}\n" for line in [*lines, f"warnings: {count}"]).encode())
 
@@ -524,8 +531,12 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
     """
     path = os.path.abspath(mountpoint)  # no syscalls: the mount may be hung
     found = next(((device, kind) for point, device, kind in _mounts() if point == path), None)
+    if found is None:  # (the kernel's table names real paths: resolve the parent's symlinks, never the mount's)
+        path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        found = next(((device, kind) for point, device, kind in _mounts() if point == path), None)
     if found is None:
-        raise MountError(f"{mountpoint}: not mounted")
+        shown = str(mountpoint) if os.path.isabs(mountpoint) else f"{mountpoint} ({path})"
+        raise MountError(f"{shown}: not mounted")
     device, kind = found
     if kind != XETFS_FS_TYPE and not force:
         hint = "; use --force to unmount it anyway" if kind.split(".")[0] == "fuse" else ""

@@ -136,6 +136,7 @@ class Refresher:
             c.last_refresh = int(time.time())
             c.files_added += files
             c.shards_added += update.shards
+            c.names_added += update.changes.added
             self.fs.refresh_error = ""
             log.info("refreshed: %d new shards, %d new files, %d new names", update.shards, files,
                      update.changes.added)  # fmt: skip

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from xetfs.base.messages import plural
 from xetfs.names.tree import Kind, Pending, Tree, TreeBuilder
 from xetfs.storage.catalogue import Catalogue, Repo
 from xetfs.storage.index import Index
@@ -41,10 +42,11 @@ def _repo(repo: Repo, builder: TreeBuilder) -> Pending:
     where = f"catalogue: {repo.type} {repo.id}"
     folder: Pending = {b"blobs": {}, b"refs": {}, b"snapshots": {}}
     present: set[str] = set()
+    missing: list[str] = []  # blobs whose file the store lacks (a skipped shard's files, say)
     for name, content in repo.blobs.items():
         inode = builder.by_hash.get(content.xet_hash.encode())
         if inode is None:
-            log.add("missing", f"{where}: blob {name} (file {content.xet_hash}) is not in the store; left out")
+            missing.append(f"blob {name} (file {content.xet_hash})")
             continue
         entry = builder.entries[inode - builder.first_file_inode]
         if entry.size != content.size:
@@ -54,10 +56,11 @@ def _repo(repo: Repo, builder: TreeBuilder) -> Pending:
     for ref, commit in repo.refs.items():
         ref_file = functools.partial(builder.add, Kind.DATA, commit.encode())
         _place(folder, ("refs", *ref.split("/")), ref_file, where, log)
+    lost = 0  # snapshot files whose blob is missing
     for commit, rev in repo.revisions.items():
         for path, blob in rev.files.items():
             if blob not in present:
-                log.add("missing", f"{where}: {commit}/{path}: its blob {blob} is left out, and so is the file")
+                lost += 1
                 continue
             parts = tuple(path.split("/"))
             target = "../" * (len(parts) + 1) + "blobs/" + blob
@@ -72,6 +75,11 @@ def _repo(repo: Repo, builder: TreeBuilder) -> Pending:
                 log.add("missing", f"{where}: trees/{commit}.json (file {rev.tree.xet_hash}) is not in the store")
             else:
                 _place(folder, ("trees", f"{commit}.json"), functools.partial(builder.link, inode), where, log)
+    if missing:
+        # One line for the repo: a shard skipped takes thousands of files with it, and one cause is one line.
+        what = f"{plural(len(missing), 'blob')} of {len(repo.blobs)} not in the store"
+        log.add("missing", f"{where}: {what}, left out with the {plural(lost, 'snapshot file')} naming them; the "
+                           f"first: {missing[0]}")  # fmt: skip
     return folder
 
 

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from xetfs.base.settings import SERVE_KEEP_ALIVE
 from xetfs.serve import cas, hubapi
-from xetfs.serve.common import State, error
+from xetfs.serve.common import BodyCutShort, State, error
 
 log = logging.getLogger("xetfs.serve")
 
@@ -65,6 +65,7 @@ def serve_on(sock: socket.socket, state: State, *, started: Callable[[], Awaitab
     config.bind = [f"fd://{os.dup(sock.fileno())}"]  # (hypercorn closes the socket it is given)
     config.accesslog = None  # the application logs each request, without queries or headers
     config.errorlog = logging.getLogger("xetfs.serve.http")
+    config.errorlog.addFilter(_not_cut_short)
     config.keep_alive_timeout = SERVE_KEEP_ALIVE
     app = build_app(state)
 
@@ -88,6 +89,11 @@ def serve_on(sock: socket.socket, state: State, *, started: Callable[[], Awaitab
         while isinstance(first, BaseExceptionGroup):
             first = first.exceptions[0]
         raise first from None
+
+
+def _not_cut_short(record: logging.LogRecord) -> bool:
+    """The HTTP server's record of a body cut short is left out: the failure is logged once, in one line."""
+    return not (record.exc_info and isinstance(record.exc_info[1], BodyCutShort))
 
 
 class _BadPaths:

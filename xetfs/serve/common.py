@@ -107,6 +107,14 @@ class BadRange(Exception):
     """A ``Range`` that cannot be served (416)."""
 
 
+class BodyCutShort(Exception):
+    """A read failed after the status line was sent: the body ends there, the connection is closed.
+
+    Raised from a response body once the failure is logged (one line): the HTTP server's own log of it,
+    a traceback, is left out (``app.serve_on``).
+    """
+
+
 def byte_range(value: str | None, size: int) -> tuple[int, int] | None:
     """File bytes ``[start, end)`` of a ``Range: bytes=...`` value over ``size`` bytes; None without one.
 

@@ -40,7 +40,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from xetfs.base.errors import XetfsError
 from xetfs.base.settings import SERVE_BLOCK
 from xetfs.serve import hub
-from xetfs.serve.common import BadRange, State, byte_range, error, raw_path, read_error, segments, unauthorized
+from xetfs.serve.common import (
+    BadRange,
+    BodyCutShort,
+    State,
+    byte_range,
+    error,
+    raw_path,
+    read_error,
+    segments,
+    unauthorized,
+)
 from xetfs.serve.contents import Snapshot
 from xetfs.storage.catalogue import Repo
 from xetfs.storage.index import FileEntry
@@ -164,7 +174,7 @@ async def _send(request: Request, snap: Snapshot, entry: FileEntry, headers: dic
             except XetfsError as exc:
                 # The status is sent: cutting the body short is the only way left to fail.
                 log.error("%s at byte %d: %s; body cut short", what, pos, exc)
-                raise
+                raise BodyCutShort(str(exc)) from exc
             yield data
             pos += len(data)
 
