@@ -171,7 +171,8 @@ def _check_count(count: int, per: int, pos: int, end: int, what: str, where: str
     left = (end - pos) // RECORD_SIZE
     if count * per > left:
         raise ShardFormatError(
-            f"{where}: {what} at offset {pos - RECORD_SIZE} claims {count} records, only {left} remain"
+            f"{where}: {what} at offset {pos - RECORD_SIZE} lists {count} entries, {count * per} records of "
+            f"{RECORD_SIZE} bytes, but only {left} follow it: the shard is cut short or damaged"
         )
 
 
