@@ -40,8 +40,17 @@ else
     XETFS_BIN_DIR=${XETFS_BIN_DIR:-none} bash scripts/setup.sh
 fi
 
+# The whole suite runs in a few processes (pytest-xdist): most tests wait on mounts, servers and
+# subprocesses, so one more process than CPUs keeps them busy; at most 4, since each process builds the
+# session's stores and starts its servers once.  Arguments that pick tests run them in one process.
+parallel=()
+if ((${#args[@]} == 0)); then
+    procs=$(($(nproc) + 1))
+    parallel=(-n $((procs > 4 ? 4 : procs)))
+fi
+
 status=0
-.venv/bin/python -m pytest "${args[@]}" || status=$?
+.venv/bin/python -m pytest "${parallel[@]}" "${args[@]}" || status=$?
 if ((status == 5)); then
     echo "test.sh: error: pytest collected no tests (arguments: ${*:-none})" >&2
     exit 1

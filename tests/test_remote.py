@@ -664,6 +664,7 @@ def test_the_wait_of_every_request_for_its_answer_is_counted(
     with servers.fault_proxy(web) as (proxy, faults):
         faults.delay = 0.02
         with mounted(proxy.url, "--cache-dir", str(tmp_path / "cache"), "--disk-cache-size", "0") as m:
+            m.wait_for_workers()  # (a read before they are up decodes, and waits, in the daemon)
             for name, data in packed.files.items():
                 assert (m / name).read_bytes() == data
             stats = m.stats()
