@@ -34,7 +34,8 @@ import trio
 
 from xetfs.base.errors import XetfsError
 from xetfs.base.hashes import is_hex
-from xetfs.fuse.mount import MountConfig, build_fs
+from xetfs.fuse.launch import MountConfig
+from xetfs.fuse.mount import build_fs
 from xetfs.names.tree import BY_HASH_INODE
 
 UNITS = {"K": 1024, "M": 1024**2}

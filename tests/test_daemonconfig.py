@@ -11,7 +11,7 @@ from xetfs.base import settings
 from xetfs.commands.cli import build_parser
 from xetfs.commands.mount import _config, daemon_argv
 from xetfs.fuse.daemonconfig import ConfigError, dump_config, load_config
-from xetfs.fuse.mount import MountConfig
+from xetfs.fuse.launch import MountConfig
 
 pytestmark = pytest.mark.unit
 

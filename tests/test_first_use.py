@@ -645,7 +645,8 @@ def test_mount_shows_the_store_as_the_source(packed: Path, tmp_path: Path) -> No
 
 @pytest.mark.integration
 def test_a_url_store_is_shown_without_its_password() -> None:
-    from xetfs.fuse.mount import MountConfig, fuse_options
+    from xetfs.fuse.launch import MountConfig
+    from xetfs.fuse.mount import fuse_options
 
     opts = fuse_options(MountConfig("http://me:secret@127.0.0.1:8080/store?token=x", Path("/mnt")))
     assert "fsname=http://me@127.0.0.1:8080/store" not in opts  # a user with a password is dropped too

@@ -208,7 +208,7 @@ def test_values_that_cannot_work_are_refused_before_mounting(tmp_path: Path, opt
 def test_more_workers_than_cpus_or_a_cache_beyond_memory_is_said(capsys: pytest.CaptureFixture[str]) -> None:
     from xetfs.base.settings import usable_cpus
     from xetfs.commands.mount import _warn_of_waste
-    from xetfs.fuse.mount import MountConfig
+    from xetfs.fuse.launch import MountConfig
 
     cpus = usable_cpus()
     _warn_of_waste(MountConfig(store="s", mountpoint=Path("/m"), workers=cpus, cache_size=1 << 20))

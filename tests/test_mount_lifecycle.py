@@ -396,7 +396,7 @@ def test_signal_during_a_long_read(big_store: OracleStore, signum: signal.Signal
 def test_a_daemon_that_fails_at_once_leaves_no_empty_log(tmp_path: Path) -> None:
     """A daemon killed right after it reported its error (before it wrote anything) leaves no empty log; a log
     that held something before is kept as it was."""
-    from xetfs.fuse.mount import MountError, spawn_daemon
+    from xetfs.fuse.launch import MountError, spawn_daemon
 
     failing = ("import os, sys, time; fd = int(sys.argv[sys.argv.index('--ready-fd') + 1]); "
                "os.write(fd, b'error: boom\\n'); time.sleep(60)")  # fmt: skip
@@ -418,7 +418,7 @@ def test_a_daemon_that_fails_at_once_leaves_no_empty_log(tmp_path: Path) -> None
 def test_a_mount_refused_by_fuse_says_why(tmp_path: Path) -> None:
     """pyfuse3 says only "fuse_session_mount failed"; libfuse's own reason, on the daemon's stderr (its log),
     goes into the error the user sees."""
-    from xetfs.fuse.mount import MountError, spawn_daemon
+    from xetfs.fuse.launch import MountError, spawn_daemon
 
     refused = ("import os, sys, time; fd = int(sys.argv[sys.argv.index('--ready-fd') + 1]); "
                "print('fuse: failed to open /dev/fuse: Permission denied', file=sys.stderr, flush=True); "

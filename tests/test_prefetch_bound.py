@@ -18,7 +18,8 @@ from helpers.writer import StoreBuilder
 
 from xetfs.base import hashes, settings
 from xetfs.fuse.fs import XetFS
-from xetfs.fuse.mount import MountConfig, build_fs
+from xetfs.fuse.launch import MountConfig
+from xetfs.fuse.mount import build_fs
 from xetfs.names.tree import BY_HASH_INODE
 from xetfs.read import runs as runs_module
 from xetfs.read.runs import Run, RunStore

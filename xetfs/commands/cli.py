@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from xetfs import __version__
 from xetfs.base import hashes
 from xetfs.base.errors import XetfsError, describe
@@ -28,7 +26,6 @@ from xetfs.base.messages import UserFormatter, plural, print_error, print_warnin
 from xetfs.base.settings import CAT_BLOCK, CAT_CACHE_SIZE
 from xetfs.commands.args import UsageError, parse_size
 from xetfs.commands.mountopts import option_table
-from xetfs.read.reader import Reader
 from xetfs.storage.catalogue import Catalogue
 from xetfs.storage.index import FileEntry, Index
 from xetfs.storage.indexer import load_index
@@ -282,6 +279,10 @@ def _ls_row(e: FileEntry, *named: Any) -> dict[str, Any]:
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
+    import trio
+
+    from xetfs.read.reader import Reader
+
     store, index = open_index(args)
     entry = find_file(index, args.hash)
     end = entry.size if args.length is None else min(entry.size, args.offset + args.length)
@@ -339,6 +340,8 @@ def _file_names(store: Store, catalogue: Catalogue | None) -> dict[bytes, str]:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    import trio
+
     from xetfs.commands.args import open_location
     from xetfs.commands.verify import audit, audit_catalogue
     from xetfs.storage.catalogue import store_catalogue

@@ -22,7 +22,7 @@ from xetfs.fuse.daemonlog import LogFile
 from xetfs.storage.store import Store
 
 if TYPE_CHECKING:
-    from xetfs.fuse.mount import MountConfig
+    from xetfs.fuse.launch import MountConfig
 
 # The FUSE modules (pyfuse3) are imported by the commands that need them, so
 # that ``xetfs ls`` and friends start fast and work without FUSE.
@@ -90,7 +90,7 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
 
 def _add_tree_options(p: argparse.ArgumentParser) -> None:
     """``mount``'s options of which names the mount shows."""
-    from xetfs.fuse.mount import LAYOUTS
+    from xetfs.fuse.launch import LAYOUTS
 
     p.add_argument("--names", type=Path, help="names manifest (Hub tree-listing JSON)")
     p.add_argument("--layout", choices=LAYOUTS, default=settings.LAYOUT,
@@ -167,7 +167,7 @@ def _add_admin_parsers(sub: Any) -> None:
 def _fuse_options(args: argparse.Namespace) -> frozenset[str]:
     """The FUSE options of the ``-o`` lists; an unknown one is a usage error."""
     from xetfs.commands.args import UsageError
-    from xetfs.fuse.mount import MountError, parse_options
+    from xetfs.fuse.launch import MountError, parse_options
 
     try:
         return parse_options(args.options, also=getattr(args, "o_names", ()))
@@ -178,7 +178,7 @@ def _fuse_options(args: argparse.Namespace) -> frozenset[str]:
 def _config(args: argparse.Namespace) -> MountConfig:
     """The mount's configuration from its command line: each field of ``MountConfig`` from the option of
     its name, those below made absolute or converted."""
-    from xetfs.fuse.mount import MountConfig
+    from xetfs.fuse.launch import MountConfig
     from xetfs.storage.objects import is_url
 
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(MountConfig) if hasattr(args, f.name)}
@@ -209,7 +209,7 @@ def _warn_of_waste(config: MountConfig) -> None:
 def daemon_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
     """The daemon's command line: what it serves, where, and how it logs; the configuration itself goes
     on a pipe (``daemonconfig``), so nothing here spells a mount option or holds a secret."""
-    from xetfs.fuse.mount import python_argv
+    from xetfs.fuse.launch import python_argv
     from xetfs.storage.objects import is_url, public_url
 
     store = public_url(str(config.store)) if is_url(str(config.store)) else str(config.store)
@@ -218,7 +218,7 @@ def daemon_argv(args: argparse.Namespace, config: MountConfig) -> list[str]:
 
 
 def cmd_mount(args: argparse.Namespace) -> int:
-    from xetfs.fuse.mount import check_mountpoint, choose_layout, default_log_file, run_daemon, spawn_daemon
+    from xetfs.fuse.launch import check_mountpoint, choose_layout, default_log_file, spawn_daemon
     from xetfs.storage.manifest import load_manifest
 
     if args.config_fd is not None:  # the daemon that xetfs mount started: its whole configuration
@@ -229,6 +229,8 @@ def cmd_mount(args: argparse.Namespace) -> int:
         config = _config(args)
         _warn_of_waste(config)
     if args.foreground:
+        from xetfs.fuse.mount import run_daemon
+
         handler = None
         if args.log_file:
             handler = LogFile(args.log_file)
@@ -266,7 +268,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_umount(args: argparse.Namespace) -> int:
-    from xetfs.fuse.mount import unmount
+    from xetfs.fuse.launch import unmount
 
     unmount(Path(args.mountpoint), lazy=args.lazy, force=args.force)
     return 0

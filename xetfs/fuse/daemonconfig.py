@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from xetfs.base.errors import XetfsError
-from xetfs.fuse.mount import MountConfig
+from xetfs.fuse.launch import MountConfig
 
 MAX_CONFIG_BYTES = 1024 * 1024
 
