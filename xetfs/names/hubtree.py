@@ -56,11 +56,11 @@ def _repo(repo: Repo, builder: TreeBuilder) -> Pending:
     for ref, commit in repo.refs.items():
         ref_file = functools.partial(builder.add, Kind.DATA, commit.encode())
         _place(folder, ("refs", *ref.split("/")), ref_file, where, log)
-    lost = 0  # snapshot files whose blob is missing
+    lost: list[str] = []  # snapshot files whose blob is missing
     for commit, rev in repo.revisions.items():
         for path, blob in rev.files.items():
             if blob not in present:
-                lost += 1
+                lost.append(f"{commit}/{path}")
                 continue
             parts = tuple(path.split("/"))
             target = "../" * (len(parts) + 1) + "blobs/" + blob
@@ -78,8 +78,10 @@ def _repo(repo: Repo, builder: TreeBuilder) -> Pending:
     if missing:
         # One line for the repo: a shard skipped takes thousands of files with it, and one cause is one line.
         what = f"{plural(len(missing), 'blob')} of {len(repo.blobs)} not in the store"
-        log.add("missing", f"{where}: {what}, left out with the {plural(lost, 'snapshot file')} naming them; the "
-                           f"first: {missing[0]}")  # fmt: skip
+        files = f"the {plural(len(lost), 'snapshot file')} naming them" + (
+            f" ({lost[0]}{', ...' if len(lost) > 1 else ''})" if lost else ""
+        )
+        log.add("missing", f"{where}: {what}, left out with {files}; the first: {missing[0]}")
     return folder
 
 
