@@ -321,6 +321,8 @@ def test_a_server_that_ignores_range_requests_fails_reads_at_once_and_says_so(pa
     (not after --io-timeout of retries), and the log says what the server lacks."""
     options = ("--disk-cache-size", "0", "--io-timeout", "20")
     with servers.python_http_server(packed.top) as server, mounted(server.url, *options, allow_errors=True) as m:
+        # Said once the store is open, before any read (the listing and shards are read whole, and work).
+        assert "does not answer range requests" in m.log() and "only what the disk cache holds" in m.log(), m.log()
         started = time.monotonic()
         with pytest.raises(OSError) as failed:
             (m / "model/config.json").read_bytes()

@@ -18,7 +18,13 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
-from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError, StoreTimeoutError
+from xetfs.base.errors import (
+    MissingObjectError,
+    ServerUnreachableError,
+    StoreError,
+    StoreTimeoutError,
+    XetfsError,
+)
 from xetfs.base.settings import IO_TIMEOUT, PROBE_TIMEOUT
 from xetfs.base.stats import RemoteCounters
 from xetfs.storage.catalogue import CATALOGUE_NAME
@@ -129,7 +135,30 @@ def open_remote(
     store = Store(source, listing, ChunkCache(cache) if cache is not None else None)
     if store.meta_path(CATALOGUE_NAME) is None and store.meta_path(MANIFEST_NAME) is None:
         _refuse_xet_folders(url, options)
+    if urllib.parse.urlsplit(url).scheme in ("http", "https"):
+        _warn_without_ranges(ObstoreSource(url, replace(_quick(options), deadline=0.0)), store)  # (one try)
     return store
+
+
+def _quick(options: RemoteOptions) -> RemoteOptions:
+    """``options`` for a probe: an answer within ``PROBE_TIMEOUT``, or none."""
+    return replace(options, deadline=min(options.deadline, PROBE_TIMEOUT),
+                   request_timeout=min(options.request_timeout, PROBE_TIMEOUT))  # fmt: skip
+
+
+def _warn_without_ranges(server: ObstoreSource, store: Store) -> None:
+    """Say so when the web server sends a whole object for a range request (Python's ``http.server``, say): the
+    listing and the shards, read whole, make a mount, but no xorb can be read from it.  One request, for the
+    first byte of a shard, tried once and answered within ``PROBE_TIMEOUT`` or not at all; any other failure is
+    left to the reads that meet it."""
+    shards = store.shard_files()
+    if not shards:
+        return
+    try:
+        server.read_range(shards[0].path.as_posix(), 0, 1)  # (a shard, read whole anyway: no xorb byte twice)
+    except XetfsError as exc:
+        if "range requests" in str(exc):
+            log.warning("%s; only what the disk cache holds can be read", exc)
 
 
 def _refuse_xet_folders(url: str, options: RemoteOptions) -> None:
@@ -142,9 +171,7 @@ def _refuse_xet_folders(url: str, options: RemoteOptions) -> None:
     if store_top(path) == path:
         return
     top = urllib.parse.urlunsplit(parts._replace(path=str(store_top(path)).rstrip("/")))
-    quick = replace(options, deadline=min(options.deadline, PROBE_TIMEOUT),
-                    request_timeout=min(options.request_timeout, PROBE_TIMEOUT))  # fmt: skip
-    source = ObstoreSource(top, quick)
+    source = ObstoreSource(top, _quick(options))
     if source.exists(CATALOGUE_NAME) or source.exists(MANIFEST_NAME):
         raise StoreError(f"store {public_url(url)}: these are the xet folders of the store {public_url(top)}, whose "
                          f"names (its catalogue or manifest) lie at its top: give {public_url(top)}")  # fmt: skip
