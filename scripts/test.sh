@@ -42,11 +42,12 @@ fi
 
 # The whole suite runs in a few processes (pytest-xdist): most tests wait on mounts, servers and
 # subprocesses, so one more process than CPUs keeps them busy; at most 4, since each process builds the
-# session's stores and starts its servers once.  Arguments that pick tests run them in one process.
+# session's stores and starts its servers once.  A file's tests run in one process (--dist loadfile): its
+# module's stores are built once.  Arguments that pick tests run them in one process.
 parallel=()
 if ((${#args[@]} == 0)); then
     procs=$(($(nproc) + 1))
-    parallel=(-n $((procs > 4 ? 4 : procs)))
+    parallel=(-n $((procs > 4 ? 4 : procs)) --dist loadfile)
 fi
 
 status=0

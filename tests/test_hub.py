@@ -403,7 +403,7 @@ def test_catalogue_warnings_reach_the_mounting_terminal(imported: Imported, tmp_
         lines = proc.stderr.splitlines()
         assert any("catalogue" in line and "'../escape'" in line for line in lines), lines
         gone = f"model {hub_cache.MODEL}: 1 blob of {len(model['blobs'])} not in the store, left out with the "
-        assert any(gone in line and f"first: blob {lost} (file {'0' * 64})" in line for line in lines), lines
+        assert any(gone in line and f"first missing: blob {lost} (file {'0' * 64})" in line for line in lines), lines
         assert lines[-1].startswith(f"xetfs: mounted {store} at {mnt} with "), lines
         assert re.search(r"with \d+ warnings \(log: ", lines[-1]), lines
         assert not (mnt / "models--acme--tiny-bert" / "blobs" / lost).exists()

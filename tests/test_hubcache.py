@@ -152,12 +152,17 @@ def test_blobs_are_packed_in_the_order_of_their_paths(tmp_path: Path) -> None:
     main, old = "1" * 40, "2" * 40
     names = {"a/0.json": "f" * 40, "a/1.json": "0" * 40, "a/2.json": "9" * 40, "b.txt": "3" * 40}
     files = [CachedFile(path, blob, tmp_path / blob) for path, blob in sorted(names.items())]
-    older = [CachedFile("a/0.json", "e" * 40, tmp_path / "e"), files[3]]
+    files.append(CachedFile("z.txt", None, tmp_path / "z.txt"))  # a file of a dereferenced snapshot
+    older = [CachedFile("a/0.json", "e" * 40, tmp_path / "e"), files[3], CachedFile("y.txt", None, tmp_path / "y.txt")]
+    for plain in ("y.txt", "z.txt"):
+        (tmp_path / plain).write_text(plain)
     blobs = {blob: tmp_path / blob for blob in sorted([*names.values(), "e" * 40, "7" * 40])}
     repo = CachedRepo("dataset", "acme/data", tmp_path, {"v1": old, "main": main},
                       {old: CachedRevision(old, older), main: CachedRevision(main, files)}, blobs)  # fmt: skip
-    jobs = [job.blob for job in _plan_jobs([repo], Catalogue()) if job.blob is not None]
-    assert jobs == ["f" * 40, "0" * 40, "9" * 40, "3" * 40, "e" * 40, "7" * 40]
+    jobs = _plan_jobs([repo], Catalogue())
+    assert [job.blob for job in jobs if job.blob is not None] == ["f" * 40, "0" * 40, "9" * 40, "3" * 40, "e" * 40,
+                                                                   "7" * 40]  # fmt: skip
+    assert [job.local.name for job in jobs if job.blob is None] == ["z.txt", "y.txt"]  # main's snapshot first
 
 
 def test_a_revision_or_repo_with_nothing_imported_is_left_out_with_a_warning(tmp_path: Path) -> None:

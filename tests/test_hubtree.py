@@ -58,7 +58,7 @@ def test_the_layout_huggingface_hub_writes() -> None:
     # One line says it: the blob, and the snapshot file left out with it.
     (warning,) = warnings
     assert f"{m.replace('models--', 'model ').replace('--', '/')}: 1 blob of 3 not in the store" in warning
-    assert f"({C1}/gone.bin)" in warning and f"the first: blob {MISSING}" in warning, warning
+    assert f"({C1}/gone.bin)" in warning and f"first missing: blob {MISSING}" in warning, warning
 
 
 def test_collisions_keep_the_first_and_inodes_stay_dense() -> None:

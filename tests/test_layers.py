@@ -10,6 +10,8 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -248,3 +250,18 @@ def test_the_size_check_names_what_is_too_long() -> None:
     assert oversized(long, "f.py", classes=True) == ["f.py:1 function long: 61 lines (at most 60)"]
     assert oversized(big, "f.py", classes=True) == ["f.py:1 class Big: 301 lines (at most 300)"]
     assert oversized(big, "f.py", classes=False) == []
+
+
+def test_the_commands_start_without_the_fuse_modules_and_the_read_path() -> None:
+    """The command line, and the command side of a mount (``fuse.launch``), import neither pyfuse3 nor trio nor
+    the read path: ``xetfs ls``, ``stats``, ``umount`` and ``mount`` itself start in a fraction of the daemon's
+    time, which imports them all."""
+    code = (
+        "import sys\n"
+        "from xetfs.commands import cli, mount\n"
+        "from xetfs.fuse import daemonconfig, launch\n"
+        "cli.build_parser()\n"
+        "print(sorted(m for m in sys.modules if m in ('trio', 'pyfuse3') or m.startswith('xetfs.read')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert out.stdout.strip() == "[]", out.stdout

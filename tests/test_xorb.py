@@ -465,3 +465,22 @@ def test_check_run_names_just_the_chunks_that_fail(scheme: int) -> None:
     assert found[0] is None and found[2:] == [None, None]
     expected = xorb.decode_run(tail, built.xorb_hash, layout, 1, 5, verify=True)[1]
     assert isinstance(found[1], XetfsError) and str(found[1]) == str(expected), found
+
+
+def test_a_chunk_that_fails_names_its_byte_in_the_xorb() -> None:
+    """A damaged header or payload of a run read from its first chunk on: the message names the chunk and
+    where it lies in the xorb, not in the bytes read."""
+    built = writer.pack_xorb(_chunks(4, seed=7), [1] * 4)  # LZ4
+    layout = _parse(built.data)
+    at, start = built.phys_start(2), built.phys_start(1)
+    expected = {"header": f" chunk 2: chunk header at offset {at} has version 9, expected 0",
+                "payload": f" chunk 2 at byte {at} of the xorb: payload is not an LZ4 frame"}  # fmt: skip
+    for damage, says in expected.items():
+        data = bytearray(built.data[: built.phys_ends[-1]])
+        if damage == "header":
+            data[at] = 9
+        else:
+            data[at + 8 : built.phys_ends[2]] = bytes(built.phys_ends[2] - at - 8)
+        found = xorb.check_run(data[start:], built.xorb_hash, layout, 1, 4)  # chunks 1, 2 and 3
+        assert found[0] is None and found[2] is None, found
+        assert says in str(found[1]) and str(at - start) not in str(found[1]), (damage, found[1])

@@ -13,7 +13,7 @@ no sub-command, and every option in ``-o``.  So:
   accepted and ignored, as other helpers do; ``nodev``, ``nosuid`` and
   ``noexec`` are given to FUSE, and ``ro`` is what every xetfs mount is;
 * what remains (``allow_other``, ``allow_root``, ``nonempty``, ...) goes to
-  FUSE through ``mount.parse_options``.
+  FUSE through ``launch.parse_options``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def expand_options(args: Sequence[str], table: dict[str, tuple[str, bool]]) -> l
     """The arguments of ``xetfs mount`` with each ``-o`` list rewritten.
 
     xetfs options become their long options in place; ignored generic ones
-    are dropped; the rest stay in one ``-o`` (checked by ``mount.parse_options``).
+    are dropped; the rest stay in one ``-o`` (checked by ``launch.parse_options``).
     Raises ``argparse.ArgumentTypeError`` for an xetfs option without its value,
     or a flag given one.
     """

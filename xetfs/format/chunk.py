@@ -37,38 +37,39 @@ class ChunkHeader:
     uncompressed_length: int
 
 
-def parse_chunk_header(buf: Buffer, offset: int, *, where: str) -> ChunkHeader:
+def parse_chunk_header(buf: Buffer, offset: int, *, where: str, at: int | None = None) -> ChunkHeader:
     """Parse and validate the 8-byte header at ``buf[offset:]``.
 
-    ``where`` names the object for messages (e.g. ``"xorb 1a2b..."``).
+    ``where`` names the object for messages (e.g. ``"xorb 1a2b..."``), and ``at`` where the header lies in it
+    (default ``offset``: ``buf`` is the whole object).
     """
+    if at is None:
+        at = offset
     raw = bytes(buf[offset : offset + HEADER_SIZE])
     if len(raw) < HEADER_SIZE:
         raise XorbFormatError(
-            f"{where}: truncated chunk header at offset {offset} ({len(raw)} of {HEADER_SIZE} bytes present)"
+            f"{where}: truncated chunk header at offset {at} ({len(raw)} of {HEADER_SIZE} bytes present)"
         )
     w0 = int.from_bytes(raw[0:4], "little")
     w1 = int.from_bytes(raw[4:8], "little")
     header = ChunkHeader(w0 & 0xFF, w0 >> 8, w1 & 0xFF, w1 >> 8)
     if header.version != 0:
-        raise XorbFormatError(f"{where}: chunk header at offset {offset} has version {header.version}, expected 0")
+        raise XorbFormatError(f"{where}: chunk header at offset {at} has version {header.version}, expected 0")
     if header.scheme not in SCHEMES:
-        raise XorbFormatError(
-            f"{where}: chunk header at offset {offset} has unknown compression scheme {header.scheme}"
-        )
+        raise XorbFormatError(f"{where}: chunk header at offset {at} has unknown compression scheme {header.scheme}")
     if not 0 < header.uncompressed_length <= MAX_UNCOMPRESSED:
         raise XorbFormatError(
-            f"{where}: chunk header at offset {offset} declares {header.uncompressed_length} "
+            f"{where}: chunk header at offset {at} declares {header.uncompressed_length} "
             f"uncompressed bytes (allowed 1..{MAX_UNCOMPRESSED})"
         )
     if not 0 < header.compressed_length <= MAX_COMPRESSED:
         raise XorbFormatError(
-            f"{where}: chunk header at offset {offset} declares {header.compressed_length} "
+            f"{where}: chunk header at offset {at} declares {header.compressed_length} "
             f"payload bytes (allowed 1..{MAX_COMPRESSED})"
         )
     if header.scheme == SCHEME_NONE and header.compressed_length != header.uncompressed_length:
         raise XorbFormatError(
-            f"{where}: uncompressed chunk at offset {offset} has payload length "
+            f"{where}: uncompressed chunk at offset {at} has payload length "
             f"{header.compressed_length} != uncompressed length {header.uncompressed_length}"
         )
     return header

@@ -189,7 +189,7 @@ def walk_headers_with(read: Callable[[int, int], bytes], size: int, *, where: st
     while pos < size:
         if len(phys) >= MAX_CHUNKS:
             raise XorbFormatError(f"{where}: more than {MAX_CHUNKS} chunks")
-        header = parse_chunk_header(read(pos, min(pos + HEADER_SIZE, size)), 0, where=f"{where} at offset {pos}")
+        header = parse_chunk_header(read(pos, min(pos + HEADER_SIZE, size)), 0, where=where, at=pos)
         end = pos + HEADER_SIZE + header.compressed_length
         if end > size:
             raise XorbFormatError(
@@ -371,10 +371,10 @@ def check_in_place(headers: Buffer, run: ChunkRun, out: memoryview) -> bool:
 
 def _decode_chunk(view: memoryview, xorb: str, run: ChunkRun, k: int) -> Buffer:
     """Chunk ``k`` of ``run``, from ``view`` (the run's stored bytes); ``xorb`` names it."""
-    where = f"{xorb} chunk {run.first + k} at byte {run.phys[k]} of the xorb"
     base = run.phys[0]
     at = run.phys[k] - base
-    header = parse_chunk_header(view, at, where=where)
+    header = parse_chunk_header(view, at, where=f"{xorb} chunk {run.first + k}", at=run.phys[k])
+    where = f"{xorb} chunk {run.first + k} at byte {run.phys[k]} of the xorb"
     _check_header(header, run, k, where)
     decoded = decode_chunk(header.scheme, view[at + HEADER_SIZE : run.phys[k + 1] - base], run.size(k), where=where)
     _check_hash(decoded, run, k, where)

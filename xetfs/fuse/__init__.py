@@ -1,1 +1,1 @@
-"""The FUSE front end: the pyfuse3 adapter and the mount daemon's life cycle."""
+"""The FUSE front end: the pyfuse3 adapter, the mount daemon, and the command's side of a mount (``launch``)."""

@@ -19,6 +19,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from xetfs.base.settings import (
     MAX_REPORTED_WARNINGS,
     READ_AHEAD,
     READY_TIMEOUT,
+    RESOLVE_TIMEOUT,
     KiB,
     user_home,
 )
@@ -145,7 +147,8 @@ def send_warnings(fd: int | None, messages: list[str]) -> None:
     lines = [f"warning: {m}".replace("\n", " ") for m in shown]
     count = _warnings_in(messages)
     if count > _warnings_in(shown):
-        lines.append(f"warning: ... and {plural(count - _warnings_in(shown), 'more warning')} (see the log)")
+        lines.append(f"warning: ... and {plural(count - _warnings_in(shown), 'more warning')} (the log lists "
+                     "more of them and counts the rest)")  # fmt: skip
     with contextlib.suppress(OSError):
         os.write(fd, "".join(f"{line}\n" for line in [*lines, f"warnings: {count}"]).encode())
 
@@ -260,12 +263,12 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
     pending and future request at once: the way out of a hung daemon.
     """
     path = os.path.abspath(mountpoint)  # no syscalls: the mount may be hung
-    found = next(((device, kind) for point, device, kind in mounts() if point == path), None)
-    if found is None:  # (the kernel's table names real paths: resolve the parent's symlinks, never the mount's)
-        path = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
-        found = next(((device, kind) for point, device, kind in mounts() if point == path), None)
+    found = _mount_at(path)
+    if found is None:  # (the kernel's table names real paths: the parent's symlinks resolved, if that is quick)
+        real = _real_parent(path)
+        path, found = (real, _mount_at(real)) if real is not None else (path, None)
     if found is None:
-        shown = str(mountpoint) if os.path.isabs(mountpoint) else f"{mountpoint} ({path})"
+        shown = str(mountpoint) if str(mountpoint) == path else f"{mountpoint} ({path})"
         raise MountError(f"{shown}: not mounted")
     device, kind = found
     if kind != XETFS_FS_TYPE and not force:
@@ -315,7 +318,26 @@ def _mount_fusectl() -> None:
 
 def mounted_device(path: str) -> str | None:
     """``major:minor`` of the mount at ``path``, or None."""
-    return next((device for point, device, _ in mounts() if point == path), None)
+    found = _mount_at(path)
+    return found[0] if found else None
+
+
+def _mount_at(path: str) -> tuple[str, str] | None:
+    """``(major:minor, filesystem type)`` of the mount at ``path`` (a path as the kernel's table gives it), or None."""
+    return next(((device, kind) for point, device, kind in mounts() if point == path), None)
+
+
+def _real_parent(path: str) -> str | None:
+    """``path`` with the symlinks of its parent resolved, or None if that takes longer than ``RESOLVE_TIMEOUT``:
+    resolving stats each component, and one may lie on a hung FUSE mount."""
+    out: list[str] = []
+    resolve = threading.Thread(
+        target=lambda: out.append(os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))),
+        daemon=True,
+    )
+    resolve.start()
+    resolve.join(RESOLVE_TIMEOUT)
+    return out[0] if out else None
 
 
 def mounts() -> Iterator[tuple[str, str, str]]:

@@ -78,10 +78,12 @@ def _repo(repo: Repo, builder: TreeBuilder) -> Pending:
     if missing:
         # One line for the repo: a shard skipped takes thousands of files with it, and one cause is one line.
         what = f"{plural(len(missing), 'blob')} of {len(repo.blobs)} not in the store"
-        files = f"the {plural(len(lost), 'snapshot file')} naming them" + (
-            f" ({lost[0]}{', ...' if len(lost) > 1 else ''})" if lost else ""
-        )
-        log.add("missing", f"{where}: {what}, left out with {files}; the first: {missing[0]}")
+        if lost:
+            files = f"left out with the {plural(len(lost), 'snapshot file')} naming them ({lost[0]}"
+            files += ", ...)" if len(lost) > 1 else ")"
+        else:
+            files = "left out (no snapshot file names them)"
+        log.add("missing", f"{where}: {what}, {files}; first missing: {missing[0]}")
     return folder
 
 

@@ -92,8 +92,10 @@ def serve_on(sock: socket.socket, state: State, *, started: Callable[[], Awaitab
 
 
 def _not_cut_short(record: logging.LogRecord) -> bool:
-    """The HTTP server's record of a body cut short is left out: the failure is logged once, in one line."""
-    return not (record.exc_info and isinstance(record.exc_info[1], BodyCutShort))
+    """The HTTP server's record of a body cut short is left out: the failure is logged once, in one line
+    (with ``--debug``, its traceback stays)."""
+    cut_short = record.exc_info is not None and isinstance(record.exc_info[1], BodyCutShort)
+    return not cut_short or log.isEnabledFor(logging.DEBUG)
 
 
 class _BadPaths:

@@ -282,7 +282,8 @@ def _plan_jobs(scanned: Sequence[CachedRepo], old: Catalogue) -> list[Job]:
             if name not in known and name not in queued:
                 queued.add(name)
                 jobs.append(Job(repo.blobs[name], name, family=family.get(name, "")))
-        for commit, rev in repo.revisions.items():
+        for commit in _revision_order(repo):
+            rev = repo.revisions[commit]
             previous = _previous(old, repo, commit)  # a commit never changes: what it holds is done
             for f in rev.files:
                 if f.blob is None and (previous is None or f.path not in previous.files):
@@ -300,10 +301,16 @@ def _blob_order(repo: CachedRepo) -> list[str]:
     side in their xorbs, and reading them by name reads ahead (``read.readahead``) instead of making a store
     read, a request on a remote store, for each file.
     """
-    refs = sorted(repo.refs.items(), key=lambda ref: (ref[0] != "main", ref[0]))
-    commits = dict.fromkeys([commit for _, commit in refs] + list(repo.revisions))
-    named = dict.fromkeys(f.blob for c in commits for f in repo.revisions[c].files if f.blob is not None)
+    order = _revision_order(repo)
+    named = dict.fromkeys(f.blob for c in order for f in repo.revisions[c].files if f.blob is not None)
     return [*named, *(blob for blob in repo.blobs if blob not in named)]
+
+
+def _revision_order(repo: CachedRepo) -> list[str]:
+    """The repo's commits, those a ref names first (``main`` first); ``scan_cache`` keeps only refs to commits
+    it has a snapshot of."""
+    refs = sorted(repo.refs.items(), key=lambda ref: (ref[0] != "main", ref[0]))
+    return list(dict.fromkeys([commit for _, commit in refs] + list(repo.revisions)))
 
 
 def _catalogue(scanned: Sequence[CachedRepo], old: Catalogue, by_local: dict[Path, Stored], warn: Warn) -> Catalogue:
