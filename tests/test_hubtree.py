@@ -6,9 +6,11 @@ import pytest
 from helpers.trees import check_invariants, entry, make_index, resolve
 
 from xetfs.base import hashes
+from xetfs.commands.verify import audit_catalogue
 from xetfs.names.hubtree import build_hub_tree
 from xetfs.names.tree import ROOT_INODE, Kind
 from xetfs.storage.catalogue import Catalogue, Content, Repo, Revision
+from xetfs.storage.index import FileEntry
 
 pytestmark = pytest.mark.unit
 
@@ -68,3 +70,15 @@ def test_collisions_keep_the_first_and_inodes_stay_dense() -> None:
     paths = check_invariants(tree)
     assert paths[f"models--x/snapshots/{C1}/a"].kind is Kind.SYMLINK
     assert warnings == [f"catalogue: model x: snapshots/{C1}/a/b: 'a' is a file; left out"]
+
+
+def test_verify_says_a_repos_missing_blobs_in_one_line() -> None:
+    """One blob whose file the store lacks is named; many (a skipped shard's) are one line, with the first."""
+
+    def missing(*files: FileEntry) -> list[str]:
+        return [p for p in audit_catalogue(catalogue(), make_index(*files)) if "not in the store" in p]
+
+    assert missing(A, B, T) == [f"catalogue: model org/name: blob {MISSING}: file {'f' * 64} is not in the store"]
+    problems = missing(B, T)  # A's blob is gone too
+    assert problems == [f"catalogue: model org/name: the files of 2 blobs of 3 are not in the store; the first: "
+                        f"blob {SHA}: file {hashes.to_hex(A.file_hash)}"], problems  # fmt: skip

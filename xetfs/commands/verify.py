@@ -264,8 +264,18 @@ def audit_catalogue(catalogue: Catalogue, index: Index) -> list[str]:
             problems.append(f"catalogue: {what}: the store's file {entry.hex} has sha256 {entry.sha256}")
 
     for repo in catalogue.repos:
+        where = f"{repo.type} {repo.id}"
+        missing = []  # blobs whose file the store lacks: one line for the repo (a skipped shard takes thousands)
         for name, content in sorted(repo.blobs.items()):
-            check(f"{repo.type} {repo.id}: blob {name}", content, name if len(name) == 64 else None)
+            if index.get(hashes.from_hex(content.xet_hash)) is None:
+                missing.append(f"blob {name}: file {content.xet_hash}")
+            else:
+                check(f"{where}: blob {name}", content, name if len(name) == 64 else None)
+        if len(missing) == 1:
+            problems.append(f"catalogue: {where}: {missing[0]} is not in the store")
+        elif missing:
+            problems.append(f"catalogue: {where}: the files of {len(missing)} blobs of {len(repo.blobs)} are not in "
+                            f"the store; the first: {missing[0]}")  # fmt: skip
         for commit, rev in sorted(repo.revisions.items()):
             if rev.tree is not None:
                 check(f"{repo.type} {repo.id}: trees/{commit}.json", rev.tree, None)
