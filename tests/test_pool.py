@@ -860,6 +860,6 @@ def test_a_job_that_never_ends_times_out_and_its_worker_is_replaced(tmp_path: Pa
         took, sizes, stats = run_served(p.start, body)
     finally:
         p.close()
-    assert 0.5 <= took < 2.0, took  # the watchdog looks every eighth of a second here
+    assert 0.5 <= took < 5.0, took  # the watchdog looks every eighth of a second here (never: 30 s)
     assert sizes == [1000] * 4
     assert (stats.hung, stats.lost, stats.alive) == (1, 1, 1)

@@ -517,7 +517,7 @@ def test_sigterm_unmounts_while_store_reads_are_stuck(nested: Nested) -> None:
             assert not any(t.is_alive() for t in readers), "a reader is still blocked after the unmount"
         finally:
             os.kill(outer.proc.pid, signal.SIGCONT)
-        assert elapsed < 2.0, f"unmounting with stuck store reads took {elapsed:.2f} s"
+        assert elapsed < 5.0, f"unmounting with stuck store reads took {elapsed:.2f} s"  # (not --io-timeout's 30 s)
 
 
 @fuse
@@ -605,7 +605,7 @@ def test_signal_during_heavy_reads_unmounts_quickly(basic_store: OracleStore, si
                 t.join(10)
         assert not any(t.is_alive() for t in threads), "a reader is stuck after the unmount"
         assert m.proc.returncode == (130 if signum == signal.SIGINT else 0), m.log()
-        assert elapsed < 2.0, f"unmounting took {elapsed:.2f} s"
+        assert elapsed < 5.0, f"unmounting took {elapsed:.2f} s"
         assert not problems, problems
         assert "unmounted" in m.log()
 

@@ -629,7 +629,9 @@ def test_a_timed_look_at_a_stalled_remote_catalogue_holds_back_no_request(packed
         while time.monotonic() < end:
             began = time.monotonic()
             assert request(serving, "GET", f"/api/models/{MODEL}/revision/main")[0] == 200
-            assert time.monotonic() - began < 1, "a request waited for the look at the catalogue"
+            # (a request that waited for the stalled look would take --io-timeout, 20 s; 5 s leaves room for a
+            # loaded machine, as under pytest-xdist)
+            assert time.monotonic() - began < 5, "a request waited for the look at the catalogue"
         assert faults.seen.count("stall") == 1, faults.seen
         faults.release()
 
