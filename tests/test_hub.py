@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from helpers import hub_cache
+from helpers.damage import damage_one_file
 from helpers.hub import Imported, clients, diff, xetfs
 from helpers.mounting import force_unmount, is_mounted, mounted
 from helpers.oracle import REPO_ROOT, hf_xet_env
@@ -383,6 +384,24 @@ def test_a_file_changed_while_being_read_is_left_out(imported: Imported, tmp_pat
     with mounted(store) as m:
         assert not (m.path / snap.relative_to(cache) / "notes" / "training.txt").exists()
         assert (m.path / snap.relative_to(cache) / "README.md").read_bytes() == (snap / "README.md").read_bytes()
+
+
+@fuse
+def test_a_damaged_blob_is_logged_by_the_snapshot_path_a_program_opened(imported: Imported, tmp_path: Path) -> None:
+    """A program opens ``snapshots/<commit>/model.safetensors``; the kernel resolves the symlink and the daemon
+    sees the blob. The failed read's log line names the snapshot path, and the blob."""
+    store = tmp_path / "store"
+    shutil.copytree(imported.store, store)
+    (repo,) = [r for r in load_catalogue(store / CATALOGUE_NAME).repos if r.id == hub_cache.MODEL]
+    commit = repo.refs["main"]
+    blob = repo.revisions[commit].files["model.safetensors"]
+    damage_one_file(store, repo.blobs[blob].xet_hash)
+    with mounted(store, allow_errors=True) as m:
+        path = m.path / repo.folder / "snapshots" / commit / "model.safetensors"
+        with pytest.raises(OSError):
+            path.read_bytes()
+        line = next(line for line in m.log().splitlines() if "read of " in line)
+    assert f"read of {repo.folder}/snapshots/{commit}/model.safetensors (blob {blob}) (file " in line, line
 
 
 @fuse

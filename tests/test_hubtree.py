@@ -82,3 +82,15 @@ def test_verify_says_a_repos_missing_blobs_in_one_line() -> None:
     problems = missing(B, T)  # A's blob is gone too
     assert problems == [f"catalogue: model org/name: the files of 2 blobs of 3 are not in the store; the first: "
                         f"blob {SHA}: file {hashes.to_hex(A.file_hash)}"], problems  # fmt: skip
+
+
+def test_a_blob_is_found_by_the_snapshot_path_that_names_it() -> None:
+    """For messages: a program opens a snapshot path, the kernel resolves the symlink, and the daemon sees
+    only the blob; ``link_to`` gives a name the program used back."""
+    tree, _ = build_hub_tree(make_index(A, B, T), catalogue())
+    m = "models--org--name"
+    snapshots = {f"{m}/snapshots/{c}/model.safetensors" for c in (C1, C2)}
+    assert tree.link_to(f"{m}/blobs/{SHA}") in snapshots
+    assert tree.link_to(f"{m}/blobs/{SHA1}") == f"{m}/snapshots/{C1}/sub/deep/config.json"
+    assert tree.link_to(f"datasets--solo/blobs/{SHA1}") == f"datasets--solo/snapshots/{C1}/train.csv"
+    assert tree.link_to(f"{m}/trees/{C1}.json") is None  # (no symlink names it)

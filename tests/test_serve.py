@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from helpers import hub_cache
+from helpers.damage import damage_one_file
 from helpers.mounting import wait_until
 from helpers.oracle import REPO_ROOT, hf_xet_env
 from helpers.processes import children, state
@@ -51,9 +52,7 @@ from helpers.servers import (
 from xetfs.base import hashes
 from xetfs.serve.signing import Signer
 from xetfs.storage.catalogue import CATALOGUE_NAME, load_catalogue
-from xetfs.storage.indexer import load_index
 from xetfs.storage.remote import LISTING_NAME
-from xetfs.storage.store import Store
 
 pytestmark = pytest.mark.e2e
 
@@ -447,31 +446,6 @@ def test_token_file_and_signed_urls(packed: Packed, tmp_path: Path) -> None:
 
 
 # -- damage ------------------------------------------------------------------------------------
-
-
-def damage_one_file(store: Path, target: str, at: float = 0.5) -> str:
-    """Flip a byte in a chunk that only the file ``target`` (a Xet hash) uses, the one ``at`` the way along
-    those chunks (in xorb order); returns the xorb's hex."""
-    s = Store.open(store)
-    index = load_index(s).index
-    users: dict[tuple[bytes, int], set[str]] = {}
-    for entry in index:
-        for xorb, first, stop, _ in index.terms_of(entry):
-            for i in range(first, stop):
-                users.setdefault((xorb, i), set()).add(entry.hex)
-    candidates = [key for key, who in users.items() if who == {target}]
-    assert candidates, "no chunk is the target's alone"
-    xorb, i = sorted(candidates)[int(len(candidates) * at)]
-    layout = s.load_layout(xorb)
-    path = s.xorb_path(xorb)
-    offset = layout.phys_start(i) + 8 + (layout.phys_ends[i] - layout.phys_start(i) - 8) // 2
-    path.chmod(0o644)
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0x40]))
-    return hashes.to_hex(xorb)
 
 
 @pytest.mark.parametrize("xet", [True, False], ids=["hf_xet", "plain"])

@@ -16,6 +16,9 @@ from pathlib import Path
 from helpers import oracle
 from helpers.mounting import Mount
 from helpers.oracle import CliRunner, OracleFile, OracleStore, run_xetfs
+from xetfs.base import hashes
+from xetfs.storage.indexer import load_index
+from xetfs.storage.store import Store
 
 EXIT_PROBLEMS = 3  # ``xetfs verify`` found damage
 BLOCK = 64 * 1024  # one FUSE request per pread with --direct-io
@@ -155,3 +158,28 @@ def check_error_log(m: Mount, per_file: dict[str, set[int]], *names: str) -> Non
             assert len(lines) == 1, (file_hash, off, errors)
             for name in names:
                 assert name in lines[0], (name, lines[0])
+
+
+def damage_one_file(store: Path, target: str, at: float = 0.5) -> str:
+    """Flip a byte in a chunk that only the file ``target`` (a Xet hash) uses, the one ``at`` the way along
+    those chunks (in xorb order); returns the xorb's hex."""
+    s = Store.open(store)
+    index = load_index(s).index
+    users: dict[tuple[bytes, int], set[str]] = {}
+    for entry in index:
+        for xorb, first, stop, _ in index.terms_of(entry):
+            for i in range(first, stop):
+                users.setdefault((xorb, i), set()).add(entry.hex)
+    candidates = [key for key, who in users.items() if who == {target}]
+    assert candidates, "no chunk is the target's alone"
+    xorb, i = sorted(candidates)[int(len(candidates) * at)]
+    layout = s.load_layout(xorb)
+    path = s.xorb_path(xorb)
+    offset = layout.phys_start(i) + 8 + (layout.phys_ends[i] - layout.phys_start(i) - 8) // 2
+    path.chmod(0o644)
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x40]))
+    return hashes.to_hex(xorb)

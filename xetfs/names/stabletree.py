@@ -45,6 +45,8 @@ class TreeLike(Protocol):
 
     def name_of(self, inode: int) -> str | None: ...
 
+    def link_to(self, path: str) -> str | None: ...
+
     @property
     def files(self) -> int: ...
 
@@ -117,6 +119,9 @@ class StableTree:
     def name_of(self, inode: int) -> str | None:
         inner = self._inward.get(inode)
         return None if inner is None else self.inner.name_of(inner)
+
+    def link_to(self, path: str) -> str | None:
+        return self.inner.link_to(path)  # (paths, not inodes: the same in both)
 
     @property
     def files(self) -> int:

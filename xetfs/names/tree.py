@@ -37,6 +37,7 @@ Contract:
 from __future__ import annotations
 
 import enum
+import posixpath
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
@@ -202,6 +203,20 @@ class Tree:
                 parts.append(parent.names[parent.inodes.index(dir_inode)])
                 dir_inode, d = d.parent, parent
             return b"/".join(reversed(parts)).decode("utf-8", "replace")
+        return None
+
+    def link_to(self, path: str) -> str | None:
+        """One path of a symlink that points at ``path`` (``a/blobs/x``), or None: the name a program opened a Hub
+        blob by (``a/snapshots/<commit>/model.safetensors``), which the kernel resolved before the daemon saw it.
+        A scan, for messages, as ``name_of``."""
+        base = path.rpartition("/")[2]
+        for node in self._extras:
+            if node.kind is not Kind.SYMLINK or not node.data.endswith(b"/" + base.encode()):
+                continue
+            link = self.name_of(node.inode)
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(link or ""), node.data.decode()))
+            if link is not None and target == path:
+                return link
         return None
 
     @property
