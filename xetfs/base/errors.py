@@ -54,6 +54,11 @@ class ServerUnreachableError(StoreError):
     """A remote store's server could not be reached (no connection), or was marked down after that."""
 
 
+class NoRangeRequestsError(StoreError):
+    """A web server sends whole objects for range requests (Python's ``http.server``, say): it serves a store's
+    listing and shards, read whole, but no xorb."""
+
+
 class StoreTimeoutError(XetfsError):
     """A read from the store did not finish within the configured bound."""
 

@@ -34,7 +34,7 @@ from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
 from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.read.reader import Reader
 from xetfs.storage.catalogue import Catalogue, Content
-from xetfs.storage.index import EMPTY_SHA256, Index
+from xetfs.storage.index import EMPTY_SHA256, FileEntry, Index
 from xetfs.storage.indexer import shards_missing
 from xetfs.storage.layout import shard_name_problem
 from xetfs.storage.store import Store
@@ -254,8 +254,7 @@ def audit_catalogue(catalogue: Catalogue, index: Index) -> list[str]:
     """Problems of a Hub catalogue against the store's files (see the module docstring)."""
     problems = [f"catalogue: {w}" for w in catalogue.warnings]
 
-    def check(what: str, content: Content, sha256: str | None) -> None:
-        entry = index.get(hashes.from_hex(content.xet_hash))
+    def check(what: str, content: Content, sha256: str | None, entry: FileEntry | None) -> None:
         if entry is None:
             problems.append(f"catalogue: {what}: file {content.xet_hash} is not in the store")
         elif entry.size != content.size:
@@ -267,10 +266,11 @@ def audit_catalogue(catalogue: Catalogue, index: Index) -> list[str]:
         where = f"{repo.type} {repo.id}"
         missing = []  # blobs whose file the store lacks: one line for the repo (a skipped shard takes thousands)
         for name, content in sorted(repo.blobs.items()):
-            if index.get(hashes.from_hex(content.xet_hash)) is None:
+            entry = index.get(hashes.from_hex(content.xet_hash))
+            if entry is None:
                 missing.append(f"blob {name}: file {content.xet_hash}")
             else:
-                check(f"{where}: blob {name}", content, name if len(name) == 64 else None)
+                check(f"{where}: blob {name}", content, name if len(name) == 64 else None, entry)
         if len(missing) == 1:
             problems.append(f"catalogue: {where}: {missing[0]} is not in the store")
         elif missing:
@@ -278,5 +278,5 @@ def audit_catalogue(catalogue: Catalogue, index: Index) -> list[str]:
                             f"the store; the first: {missing[0]}")  # fmt: skip
         for commit, rev in sorted(repo.revisions.items()):
             if rev.tree is not None:
-                check(f"{repo.type} {repo.id}: trees/{commit}.json", rev.tree, None)
+                check(f"{where}: trees/{commit}.json", rev.tree, None, index.get(hashes.from_hex(rev.tree.xet_hash)))
     return problems

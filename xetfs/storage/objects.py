@@ -40,7 +40,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from xetfs.base.errors import MissingObjectError, ServerUnreachableError, StoreError, StoreTimeoutError, XetfsError
+from xetfs.base.errors import (
+    MissingObjectError,
+    NoRangeRequestsError,
+    ServerUnreachableError,
+    StoreError,
+    StoreTimeoutError,
+    XetfsError,
+)
 from xetfs.base.settings import (
     CONNECT_TIMEOUT,
     DOWN_SECONDS,
@@ -350,9 +357,9 @@ class ObstoreSource:
                 except oe.NotSupportedError as exc:  # (never transient: not tried again)
                     self._error()
                     if "range request not supported" in str(exc).lower():
-                        raise StoreError(f"{self._where(what)}: the server does not answer range requests (it "
-                                         f"sends whole objects): serve the store with one that does, such as "
-                                         f"nginx") from None  # fmt: skip
+                        raise NoRangeRequestsError(f"{self._where(what)}: the server does not answer range requests "
+                                                   f"(it sends whole objects): serve the store with one that does, "
+                                                   f"such as nginx") from None  # fmt: skip
                     raise StoreError(f"{self._where(what)}: not supported: {self._message(exc)}") from None
                 except StoreError:
                     raise

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from xetfs.base.errors import (
     MissingObjectError,
+    NoRangeRequestsError,
     ServerUnreachableError,
     StoreError,
     StoreTimeoutError,
@@ -136,13 +137,13 @@ def open_remote(
     if store.meta_path(CATALOGUE_NAME) is None and store.meta_path(MANIFEST_NAME) is None:
         _refuse_xet_folders(url, options)
     if urllib.parse.urlsplit(url).scheme in ("http", "https"):
-        _warn_without_ranges(ObstoreSource(url, replace(_quick(options), deadline=0.0)), store)  # (one try)
+        _warn_without_ranges(ObstoreSource(url, _quick(options, deadline=0.0)), store)  # (a deadline of 0: one try)
     return store
 
 
-def _quick(options: RemoteOptions) -> RemoteOptions:
-    """``options`` for a probe: an answer within ``PROBE_TIMEOUT``, or none."""
-    return replace(options, deadline=min(options.deadline, PROBE_TIMEOUT),
+def _quick(options: RemoteOptions, *, deadline: float = PROBE_TIMEOUT) -> RemoteOptions:
+    """``options`` for a probe: an answer within ``PROBE_TIMEOUT``, tried again until ``deadline``, or none."""
+    return replace(options, deadline=min(options.deadline, deadline),
                    request_timeout=min(options.request_timeout, PROBE_TIMEOUT))  # fmt: skip
 
 
@@ -156,9 +157,10 @@ def _warn_without_ranges(server: ObstoreSource, store: Store) -> None:
         return
     try:
         server.read_range(shards[0].path.as_posix(), 0, 1)  # (a shard, read whole anyway: no xorb byte twice)
-    except XetfsError as exc:
-        if "range requests" in str(exc):
-            log.warning("%s; only what the disk cache holds can be read", exc)
+    except NoRangeRequestsError as exc:
+        log.warning("%s; only what the disk cache holds can be read", exc)
+    except XetfsError:
+        pass
 
 
 def _refuse_xet_folders(url: str, options: RemoteOptions) -> None:
