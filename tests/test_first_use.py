@@ -325,6 +325,16 @@ def test_a_skipped_shard_is_reported_where_the_user_mounts(multi_store: OracleSt
 
 
 @pytest.mark.fuse
+def test_a_mount_given_as_a_store_names_the_store_it_mounts(basic_store: OracleStore, mnt: Path) -> None:
+    assert run_xetfs("mount", basic_store.path, mnt).returncode == 0
+    for command in ("ls", "verify"):
+        proc = run_xetfs(command, mnt)
+        assert proc.returncode == ExitStatus.ERROR, proc
+        assert proc.stderr.decode() == (f"xetfs: error: store {mnt}: this is a xetfs mount of {basic_store.path}: "
+                                        f"name that store, or read the files under {mnt}\n")  # fmt: skip
+
+
+@pytest.mark.fuse
 def test_the_mount_counts_every_warning_the_log_sums_up(basic_store: OracleStore, tmp_path: Path, mnt: Path) -> None:
     """Past ``MAX_WARNINGS_PER_KIND`` names of one kind skipped, the log sums the rest up in one line; the mount
     still counts each."""

@@ -118,6 +118,32 @@ def test_ls_lists_repos_and_revisions(imported: Imported) -> None:
     assert len(files) == len(set(load_catalogue(imported.store / CATALOGUE_NAME).blob_index().values())) + 1
 
 
+@pytest.mark.integration
+def test_ls_says_what_the_store_lacks_as_a_mount_does(imported: Imported, tmp_path: Path) -> None:
+    """A blob whose file the store lacks (here: named wrong in the catalogue) and a bad shard: ``ls`` warns of
+    both on the terminal, and counts the revisions' files the mount leaves out."""
+    store = tmp_path / "store"
+    shutil.copytree(imported.store, store)
+    doc = json.loads((store / CATALOGUE_NAME).read_bytes())
+    model = next(r for r in doc["repos"] if r["id"] == hub_cache.MODEL)
+    commit = model["refs"]["main"]
+    lost = model["revisions"][commit]["files"]["config.json"]
+    model["blobs"][lost]["xetHash"] = "0" * 64
+    (store / CATALOGUE_NAME).write_text(json.dumps(doc))
+    shard = sorted(p for p in store.rglob("*.mdb") if p.parent.name == "shards")[0]
+    (shard.parent / ("f" * 64 + ".mdb")).write_bytes(shard.read_bytes()[:-100])  # cut short, and misnamed
+    proc = xetfs(tmp_path, "ls", store)
+    assert "skipping" in proc.stderr and "f" * 64 in proc.stderr, proc.stderr
+    assert f"first missing: blob {lost}" in proc.stderr, proc.stderr
+    uses = sum(blob == lost for blob in model["revisions"][commit]["files"].values())
+    assert re.search(rf"{commit}\s+6 files .*refs: main  \({uses} not in the store: left out\)", proc.stdout), (
+        proc.stdout
+    )
+    doc = json.loads(xetfs(tmp_path, "ls", store, "--json").stdout)
+    revisions = next(r for r in doc["repos"] if r["id"] == hub_cache.MODEL)["revisions"]
+    assert {r["commit"]: r["notInStore"] for r in revisions}[commit] == uses
+
+
 @fuse
 def test_the_mount_is_the_cache_for_every_client(imported: Imported) -> None:
     cache = imported.spec.root
@@ -340,7 +366,7 @@ def test_verify_checks_the_catalogue_against_the_store(imported: Imported, tmp_p
     text = "\n".join(problems)
     assert f"blob {big[0]}: the store's file" in text and f"has sha256 {big[1]}" in text
     assert f"blob {small[0]}: " in text and "bytes in the catalogue" in text
-    assert f"blob {small[1]}: file {'0' * 64} is not in the store" in text
+    assert f"blob {small[1]}: file {'0' * 64} (snapshots/" in text and "is not in the store" in text
 
 
 CHANGING_PACK = """

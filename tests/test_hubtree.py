@@ -78,10 +78,12 @@ def test_verify_says_a_repos_missing_blobs_in_one_line() -> None:
     def missing(*files: FileEntry) -> list[str]:
         return [p for p in audit_catalogue(catalogue(), make_index(*files)) if "not in the store" in p]
 
-    assert missing(A, B, T) == [f"catalogue: model org/name: blob {MISSING}: file {'f' * 64} is not in the store"]
+    assert missing(A, B, T) == [f"catalogue: model org/name: blob {MISSING}: file {'f' * 64} "
+                                f"(snapshots/{C1}/gone.bin) is not in the store"]  # fmt: skip
     problems = missing(B, T)  # A's blob is gone too
     assert problems == [f"catalogue: model org/name: the files of 2 blobs of 3 are not in the store; the first: "
-                        f"blob {SHA}: file {hashes.to_hex(A.file_hash)}"], problems  # fmt: skip
+                        f"blob {SHA}: file {hashes.to_hex(A.file_hash)} (snapshots/{C1}/model.safetensors, and 1 "
+                        f"more)"], problems  # fmt: skip
 
 
 def test_a_blob_is_found_by_the_snapshot_path_that_names_it() -> None:

@@ -90,6 +90,8 @@ def verify_problems(store: OracleStore, *, source: object = None, args: Sequence
     problems = [line for line in lines if line.startswith("PROBLEM: ")]
     n = len(problems)
     assert lines[-1].startswith(f"{n} problem: " if n == 1 else f"{n} problems: "), lines[-1]
+    shards = len(store.shard_paths())  # every shard is counted as checked, a bad one too
+    assert f": {shards} shard{'' if shards == 1 else 's'}, " in lines[-1], lines[-1]
     return problems
 
 

@@ -204,9 +204,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     store = open_location(args)
     catalogue = None if args.files else store_catalogue(store)
-    if catalogue is not None:
-        return _ls_catalogue(catalogue, as_json=args.json)
     index = load_index(store).index
+    if catalogue is not None:
+        return _ls_catalogue(catalogue, index, as_json=args.json)
     manifest = store_manifest(store)
     rows: list[dict[str, Any]] = []
     if manifest is None:
@@ -237,12 +237,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _ls_catalogue(catalogue: Catalogue, *, as_json: bool) -> int:
-    """Repos and revisions of a store's catalogue: one line per repo, one per revision below it."""
-    for warning in catalogue.warnings:
+def _ls_catalogue(catalogue: Catalogue, index: Index, *, as_json: bool) -> int:
+    """Repos and revisions of a store's catalogue: one line per repo, one per revision below it.
+
+    A revision's files whose blob the store lacks (a skipped shard's, say)
+    are counted apart, and the mount's warnings about them are printed: the
+    listing shows what a mount shows.
+    """
+    from xetfs.names.hubtree import build_hub_tree
+
+    for warning in [*catalogue.warnings, *build_hub_tree(index, catalogue)[1]]:
         print_warning(warning)
     rows: list[dict[str, Any]] = []
     for repo in catalogue.repos:
+        absent = {name for name, blob in repo.blobs.items() if index.get(hashes.from_hex(blob.xet_hash)) is None}
         revisions: list[dict[str, Any]] = []
         for commit in sorted(repo.revisions):
             rev = repo.revisions[commit]
@@ -252,6 +260,7 @@ def _ls_catalogue(catalogue: Catalogue, *, as_json: bool) -> int:
                 "files": len(rev.files),
                 "bytes": sum(repo.blobs[b].size for b in rev.files.values()),
                 "noExist": len(rev.no_exist),
+                "notInStore": sum(blob in absent for blob in rev.files.values()),
             })  # fmt: skip
         rows.append({"type": repo.type, "id": repo.id, "folder": repo.folder, "revisions": revisions})
     if as_json:
@@ -263,7 +272,8 @@ def _ls_catalogue(catalogue: Catalogue, *, as_json: bool) -> int:
         for r in row["revisions"]:
             refs = ", ".join(r["refs"]) or "-"
             files, size = plural(r["files"], "file"), plural(r["bytes"], "byte")
-            print(f"  {r['commit']}  {files:>12}  {size:>20}  refs: {refs}")
+            left_out = f"  ({r['notInStore']} not in the store: left out)" if r["notInStore"] else ""
+            print(f"  {r['commit']}  {files:>12}  {size:>20}  refs: {refs}{left_out}")
     return EXIT_OK
 
 

@@ -33,7 +33,7 @@ from xetfs.base.settings import VERIFY_BLOCK, VERIFY_CACHE_SIZE
 from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
 from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.read.reader import Reader
-from xetfs.storage.catalogue import Catalogue, Content
+from xetfs.storage.catalogue import Catalogue, Content, Repo
 from xetfs.storage.index import EMPTY_SHA256, FileEntry, Index
 from xetfs.storage.indexer import shards_missing
 from xetfs.storage.layout import shard_name_problem
@@ -128,7 +128,7 @@ def _check_shards(a: _Audit) -> list[Shard]:
         problem = shard_name_problem(shard_file.name, data)
         if problem is not None:
             a.problem(f"shard {shard_file.name}: {problem}")
-        a.report.shards += 1
+    a.report.shards = len(shard_files)  # (a bad one is checked too: it is one of the problems)
     return shards
 
 
@@ -268,15 +268,25 @@ def audit_catalogue(catalogue: Catalogue, index: Index) -> list[str]:
         for name, content in sorted(repo.blobs.items()):
             entry = index.get(hashes.from_hex(content.xet_hash))
             if entry is None:
-                missing.append(f"blob {name}: file {content.xet_hash}")
+                missing.append(name)
             else:
                 check(f"{where}: blob {name}", content, name if len(name) == 64 else None, entry)
-        if len(missing) == 1:
-            problems.append(f"catalogue: {where}: {missing[0]} is not in the store")
-        elif missing:
-            problems.append(f"catalogue: {where}: the files of {len(missing)} blobs of {len(repo.blobs)} are not in "
-                            f"the store; the first: {missing[0]}")  # fmt: skip
+        if missing:
+            first = f"blob {missing[0]}: file {repo.blobs[missing[0]].xet_hash}{_named_by(repo, missing[0])}"
+            problems.append(f"catalogue: {where}: {first} is not in the store" if len(missing) == 1 else
+                            f"catalogue: {where}: the files of {len(missing)} blobs of {len(repo.blobs)} are not in "
+                            f"the store; the first: {first}")  # fmt: skip
         for commit, rev in sorted(repo.revisions.items()):
             if rev.tree is not None:
                 check(f"{where}: trees/{commit}.json", rev.tree, None, index.get(hashes.from_hex(rev.tree.xet_hash)))
     return problems
+
+
+def _named_by(repo: Repo, blob: str) -> str:
+    """Which snapshot files name ``blob``, for a message: " (snapshots/<commit>/<path>, and N more)", or ""."""
+    paths = sorted(f"{commit}/{path}" for commit, rev in repo.revisions.items()
+                   for path, name in rev.files.items() if name == blob)  # fmt: skip
+    if not paths:
+        return ""
+    more = f", and {len(paths) - 1} more" if len(paths) > 1 else ""
+    return f" (snapshots/{paths[0]}{more})"

@@ -21,12 +21,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import plural
+from xetfs.base.mounttable import XETFS_FS_TYPE, mounts
 from xetfs.base.settings import (
     CACHE_SIZE,
     DISK_CACHE_SIZE,
@@ -249,9 +250,6 @@ def _read_report(fd: int, child: subprocess.Popen[bytes], timeout: float) -> str
     return b"".join(chunks).decode(errors="replace").strip()
 
 
-XETFS_FS_TYPE = "fuse.xetfs"  # what mountinfo shows for our mounts (``subtype=xetfs``)
-
-
 FUSECTL = Path("/sys/fs/fuse/connections")
 
 
@@ -295,7 +293,7 @@ def _abort_connection(device: str) -> None:
     minor = device.partition(":")[2]
     if os.geteuid() != 0:
         raise MountError(f"cannot abort FUSE connection {minor}: --force needs root")
-    if not any(point == str(FUSECTL) for point, _, _ in mounts()):
+    if not any(point == str(FUSECTL) for point, _, _, _ in mounts()):
         _mount_fusectl()
     abort = FUSECTL / minor / "abort"
     try:
@@ -324,7 +322,7 @@ def mounted_device(path: str) -> str | None:
 
 def _mount_at(path: str) -> tuple[str, str] | None:
     """``(major:minor, filesystem type)`` of the mount at ``path`` (a path as the kernel's table gives it), or None."""
-    return next(((device, kind) for point, device, kind in mounts() if point == path), None)
+    return next(((device, kind) for point, device, kind, _ in mounts() if point == path), None)
 
 
 def _real_parent(path: str) -> str | None:
@@ -338,25 +336,6 @@ def _real_parent(path: str) -> str | None:
     resolve.start()
     resolve.join(RESOLVE_TIMEOUT)
     return out[0] if out else None
-
-
-def mounts() -> Iterator[tuple[str, str, str]]:
-    """``(mount point, major:minor, filesystem type)`` of every mount, from /proc/self/mountinfo.
-
-    Read from the kernel's table, never through a mount: a stat() of a FUSE
-    mountpoint whose loop is not running (or is hung) would block.
-    """
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        fields = left.split()
-        # Space, tab, newline and backslash appear as octal escapes (\040 ...).
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-        yield point, fields[2], right.split()[0]
 
 
 def default_log_file(mountpoint: Path) -> Path:

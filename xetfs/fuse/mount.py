@@ -23,6 +23,7 @@ import trio
 from xetfs.base.errors import XetfsError, describe
 from xetfs.base.exitstatus import ExitStatus
 from xetfs.base.malloc import keep_freed_memory
+from xetfs.base.mounttable import mounts
 from xetfs.base.settings import (
     JOB_TIMEOUT_MARGIN,
     PREFETCH_CACHE_SHARE,
@@ -40,7 +41,6 @@ from xetfs.fuse.launch import (
     check_mountpoint,
     choose_layout,
     mounted_device,
-    mounts,
     report,
     send_warnings,
 )
@@ -164,7 +164,7 @@ def fs_type(path: Path) -> str:
     """The type of the filesystem holding ``path`` (longest mountinfo prefix), or ""."""
     target = str(path)
     best, kind = "", ""
-    for point, _device, fstype in mounts():
+    for point, _device, fstype, _source in mounts():
         inside = target == point or target.startswith(point.rstrip("/") + "/")
         if inside and len(point) >= len(best):
             best, kind = point, fstype

@@ -24,6 +24,7 @@ from typing import TypeVar
 
 from xetfs.base import hashes
 from xetfs.base.errors import ObjectReadError, StoreError, XorbFormatError
+from xetfs.base.mounttable import xetfs_source
 
 XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
 SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
@@ -117,6 +118,10 @@ def find_root(path: Path) -> Path:
         root = path / rel
         if (root / "shards").is_dir():
             return root
+    source = xetfs_source(os.path.realpath(path))
+    if source is not None:
+        raise StoreError(f"store {path}: this is a xetfs mount of {source}: name that store, or read the files "
+                         f"under {path}")  # fmt: skip
     looked = ", ".join(str(path / r) for r in ROOTS)
     hint = f"; to make a store of the files there: xetfs pack {path} STORE" if _has_files(path) else ""
     raise StoreError(f"store {path}: no shards/ directory found (looked in {looked}){hint}")
