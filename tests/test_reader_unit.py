@@ -752,8 +752,8 @@ def test_a_store_file_that_cannot_be_read_is_an_io_error(tmp_path: Path, damage:
 def test_random_reads_of_runs_shorter_than_a_slot_keep_the_whole_cache(
     tmp_path: Path, piece: int, pieces: int, cache: int
 ) -> None:
-    """Runs shorter than a 2 MiB slot: runs under half a slot move to the daemon's memory, longer ones
-    keep their slots, and there are slots enough for the cache to fill with them.  So nothing is
+    """Runs shorter than a slot: runs under ``min_slot_run`` (half a slot, at most 1 MiB) move to the daemon's
+    memory, longer ones keep their slots, and there are slots enough for the cache to fill with them.  So nothing is
     evicted while the data fits, and each piece is decoded once."""
     content = random.Random(1).randbytes(pieces * piece)  # fits in the cache
     b = StoreBuilder(tmp_path)
@@ -770,7 +770,7 @@ def test_random_reads_of_runs_shorter_than_a_slot_keep_the_whole_cache(
             assert read(idx, reader, fh, k * piece, piece) == content[k * piece : (k + 1) * piece]
         s = reader.statistics()
         reader.runs.clear()
-        in_slots = pieces * piece if piece >= pool.slot_size // 2 else 0
+        in_slots = pieces * piece if piece >= pool.min_slot_run else 0
         assert (s.store.reads, s.cache.evictions, s.cache.bytes, s.cache.shared_bytes) == (
             pieces,
             0,

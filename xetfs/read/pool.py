@@ -37,6 +37,7 @@ from xetfs.base.settings import (
     KILLED_WORKER_WAIT,
     MAX_WORKERS,
     MIN_JOB_BYTES,
+    MIN_SLOT_RUN,
     SLOT_SIZE,
     SLOTS_PER_WORKER,
     WATCHDOG_PERIOD,
@@ -59,9 +60,9 @@ def default_workers() -> int:
 
 
 def min_slot_run(slot_size: int) -> int:
-    """The shortest run that stays in a slot once decoded there: half of it (``Loader.load`` copies shorter
-    ones out, and gives the slot back)."""
-    return slot_size // 2
+    """The shortest run that stays in a slot once decoded there: half of it, at most ``MIN_SLOT_RUN``
+    (``Loader.load`` copies shorter ones out, and gives the slot back)."""
+    return min(slot_size // 2, MIN_SLOT_RUN)
 
 
 def slots_for(cache_size: int, workers: int, slot_size: int = SLOT_SIZE) -> int:
