@@ -25,6 +25,7 @@ from helpers.oracle import OracleStore, run_xetfs
 from xetfs.base import hashes
 from xetfs.base.exitstatus import MEANING, ExitStatus
 from xetfs.base.messages import plural
+from xetfs.base.settings import UNMOUNT_TIMEOUT
 from xetfs.commands.mount import format_stats
 from xetfs.storage.manifest import MAX_WARNINGS_PER_KIND, ManifestFile, dump_manifest
 
@@ -448,10 +449,21 @@ FORCE_SCENARIO = textwrap.dedent(
             assert daemon.poll() is None and time.monotonic() < deadline, "the mount did not come up"
             time.sleep(0.02)
         os.kill(daemon.pid, signal.SIGSTOP)
+        result = {}
+        if fusectl == "mounted":  # a plain umount, with a read waiting for the stopped daemon: it gives up
+            reader = subprocess.Popen(["cat", os.path.join(mnt, "a.bin")], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL)
+            began = time.monotonic()
+            plain = subprocess.run([sys.executable, "-m", "xetfs", "umount", mnt], capture_output=True, text=True,
+                                   timeout=60)
+            result.update(plain_status=plain.returncode, plain_stderr=plain.stderr,
+                          plain_seconds=time.monotonic() - began)
         proc = subprocess.run([sys.executable, "-m", "xetfs", "umount", "--force", mnt],
                               capture_output=True, text=True, timeout=30)
-        result = {"fusectl_before": before, "fusectl_after": mounted(point), "status": proc.returncode,
-                  "stderr": proc.stderr, "still_mounted": mounted(mnt)}
+        if fusectl == "mounted":
+            result["reader_status"] = reader.wait(10)
+        result.update(fusectl_before=before, fusectl_after=mounted(point), status=proc.returncode,
+                      stderr=proc.stderr, still_mounted=mounted(mnt))
         os.kill(daemon.pid, signal.SIGCONT)
         result["daemon_status"] = daemon.wait(10)
         print(json.dumps(result))
@@ -488,6 +500,12 @@ def test_umount_force_cleans_a_stopped_daemon(basic_store: OracleStore, tmp_path
     assert result["fusectl_after"] and not result["still_mounted"], result
     assert result["daemon_status"] is not None
     assert not is_mounted(mnt)
+    if fusectl == "mounted":
+        assert result["plain_status"] == ExitStatus.ERROR, result
+        assert result["plain_stderr"].startswith(f"xetfs: error: {mnt}: the mount's daemon does not answer ("), result
+        assert f"'xetfs umount --force {mnt}'" in result["plain_stderr"], result
+        assert result["plain_seconds"] < UNMOUNT_TIMEOUT * 2 + 10, result
+        assert result["reader_status"] != 0, result  # (its read failed when the connection was aborted)
 
 
 # -- logs of the test suite ---------------------------------------------------------------------

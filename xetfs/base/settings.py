@@ -142,6 +142,7 @@ SHOWN_CHARS = 120  # a bad value in a names manifest or catalogue is quoted up t
 CONNECT_TIMEOUT = 5.0
 PROBE_TIMEOUT = 5.0  # a question a store need not answer (are its names a level up?) gives up after this long
 RESOLVE_TIMEOUT = 1.0  # umount resolves the symlinks of a mount point's parent for this long at most (a hung mount)
+UNMOUNT_TIMEOUT = 10.0  # an unmount command that takes longer is stopped: the mount's daemon does not answer
 HTTP_IDLE_CONNECTIONS = 16  # kept-alive connections to a plain HTTP(S) server kept per process
 DOWN_SECONDS = 2.0  # a store that failed is not asked again for this long
 FAILED_READS_KEPT = 16  # per file: reads the store failed, failed again at once for DOWN_SECONDS when asked again

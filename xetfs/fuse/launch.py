@@ -39,6 +39,7 @@ from xetfs.base.settings import (
     READ_AHEAD,
     READY_TIMEOUT,
     RESOLVE_TIMEOUT,
+    UNMOUNT_TIMEOUT,
     KiB,
     user_home,
 )
@@ -278,14 +279,30 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
         lazy = True
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     cmd = [tool, "-u", *(["-z"] if lazy else []), path] if tool else ["umount", *(["-l"] if lazy else []), path]
-    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if result.returncode != 0 and os.geteuid() == 0 and tool:
-        result = subprocess.run(
-            ["umount", *(["-l"] if lazy else []), path], capture_output=True, text=True, check=False
-        )
-    if result.returncode != 0:
+    code, err = _unmount_command(cmd, mountpoint)
+    if code != 0 and os.geteuid() == 0 and tool:
+        code, err = _unmount_command(["umount", *(["-l"] if lazy else []), path], mountpoint)
+    if code != 0:
         hint = "" if lazy else f" (try: xetfs umount -z {mountpoint}, or --force for a hung daemon)"
-        raise MountError(f"{mountpoint}: unmount failed: {result.stderr.strip() or result.returncode}{hint}")
+        raise MountError(f"{mountpoint}: unmount failed: {err or code}{hint}")
+
+
+def _unmount_command(cmd: list[str], mountpoint: Path) -> tuple[int, str]:
+    """Run an unmount command: its exit status and what it said.  One that takes longer than
+    ``UNMOUNT_TIMEOUT`` waits for a daemon that does not answer (stopped, or hung): it is killed, and the
+    error says how to get out."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=UNMOUNT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(RESOLVE_TIMEOUT)  # (a process stuck in the kernel may not go at once: it is left)
+        raise MountError(
+            f"{mountpoint}: the mount's daemon does not answer ({' '.join(cmd[:2])} waited {UNMOUNT_TIMEOUT:g} s): "
+            f"it is stopped or hung; 'xetfs umount --force {mountpoint}' fails its pending reads and unmounts it"
+        ) from None
+    return proc.returncode, err.strip()
 
 
 def _abort_connection(device: str) -> None:
