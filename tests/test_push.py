@@ -29,6 +29,7 @@ from helpers.processes import kill_when
 from helpers.writer import StoreBuilder
 
 from xetfs.base import hashes
+from xetfs.base.exitstatus import ExitStatus
 from xetfs.commands.credentials import CredentialsError, load_credentials, parse_credentials
 from xetfs.commands.push import (
     LISTING,
@@ -136,6 +137,35 @@ def test_push_to_s3_is_a_store_and_a_second_push_sends_nothing(
     assert servers.requests_logged(s3, "PUT") == puts, again.stderr
     assert "0 objects sent (0 bytes)" in again.stderr, again.stderr
     assert again.stderr.count("\n") == 1  # one summary line, no bar (not a terminal)
+
+
+def test_an_upload_that_fails_its_check_is_removed_and_the_next_push_sends_it(
+    hub_store: Path, s3: servers.Server, s3_env: dict[str, str], cli: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server reports the wrong ETag for one upload (as a trial's S3 server once did): push fails, naming
+    the object, and removes it, so that the next push sends it again rather than count it as there."""
+    import obstore
+
+    url = f"s3://{BUCKET}/bad-etag"
+    victim = sorted(name for name, _ in local_listing(hub_store).objects if "/xorbs/" in f"/{name}" and not name.endswith(".mdb"))[0]
+    real_put = obstore.put
+
+    def put(store: object, name: str, *args: Any, **kwargs: Any) -> object:
+        result = real_put(store, name, *args, **kwargs)  # type: ignore[arg-type]
+        return {**result, "e_tag": '"' + "0" * 32 + '"'} if name == victim else result
+
+    with monkeypatch.context() as patched:
+        patched.setattr(obstore, "put", put)
+        failed = cli("push", "--no-progress", hub_store, url)
+    assert failed.returncode == ExitStatus.ERROR, failed.stderr
+    assert f"{victim}: ETag {'0' * 32} is not the MD5 of the" in failed.stderr, failed.stderr
+    assert "removed: push again to send it" in failed.stderr, failed.stderr
+    assert victim not in _bucket_objects(url)
+    again = cli("push", "--no-progress", hub_store, url)
+    assert again.returncode == 0, again.stderr
+    assert victim in _bucket_objects(url)
+    report = cli("verify", "--no-progress", url, "--disk-cache-size", 0)
+    assert report.returncode == 0 and report.stdout.startswith(b"OK:"), report.stdout.decode() + report.stderr
 
 
 def test_push_check_repairs_a_damaged_xorb_that_a_plain_push_leaves(

@@ -41,7 +41,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -283,16 +283,30 @@ class BucketTarget:
             meta = obstore.head(self._store, name)
         except Exception as exc:
             raise PushError(f"{where}: upload failed: {self._message(exc)}") from None
+        problem = self._arrived(name, data, meta, _md5_etag(result.get("e_tag") or meta.get("e_tag")))
+        if problem is None:
+            return
+        # The object is in place under its final name: taken away, so that the next push sends it again rather
+        # than count it as there.
+        try:
+            obstore.delete(self._store, name)
+        except Exception as exc:
+            problem += f"; it could not be removed ({self._message(exc)}): 'xetfs push --check' sends it again"
+        else:
+            problem += "; removed: push again to send it"
+        raise PushError(f"{where}: {problem}")
+
+    def _arrived(self, name: str, data: bytes, meta: Mapping[str, Any], etag: str | None) -> str | None:
+        """What is wrong with the object just put as ``name``, or None if it holds ``data``."""
         if meta["size"] != len(data):
-            raise PushError(f"{where}: the target holds {meta['size']} bytes, {len(data)} were sent")
-        etag = _md5_etag(result.get("e_tag") or meta.get("e_tag"))
+            return f"the target holds {meta['size']} bytes, {len(data)} were sent"
         if etag is not None:
             if etag != hashlib.md5(data, usedforsecurity=False).hexdigest():
-                raise PushError(f"{where}: ETag {etag} is not the MD5 of the {len(data)} bytes sent")
-            return
-        back = self.read(name)  # an ETag that is not an MD5 (Azure, encrypted S3 objects): compare the bytes
-        if back != data:
-            raise PushError(f"{where}: the object read back differs from the {len(data)} bytes sent")
+                return f"ETag {etag} is not the MD5 of the {len(data)} bytes sent"
+            return None
+        if self.read(name) != data:  # an ETag that is not an MD5 (Azure, encrypted S3 objects): compare the bytes
+            return f"the object read back differs from the {len(data)} bytes sent"
+        return None
 
     def clean(self) -> int:
         return 0  # single-request uploads leave nothing behind
