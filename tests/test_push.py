@@ -147,7 +147,8 @@ def test_an_upload_that_fails_its_check_is_removed_and_the_next_push_sends_it(
     import obstore
 
     url = f"s3://{BUCKET}/bad-etag"
-    victim = sorted(name for name, _ in local_listing(hub_store).objects if "/xorbs/" in f"/{name}" and not name.endswith(".mdb"))[0]
+    objects = [name for name, _ in local_listing(hub_store).objects]
+    victim = sorted(name for name in objects if "/xorbs/" in f"/{name}" and not name.endswith(".mdb"))[0]
     real_put = obstore.put
 
     def put(store: object, name: str, *args: Any, **kwargs: Any) -> object:
