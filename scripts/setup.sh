@@ -147,14 +147,14 @@ if [[ $bin_dir != none ]]; then
         echo "setup.sh: $link exists and is not this checkout's; run xetfs here as $target" >&2
     elif mkdir -p "$bin_dir" 2>/dev/null && ln -sfn "$target" "$link" 2>/dev/null; then
         echo "setup.sh: linked $link -> $target" >&2
-        if [[ $bin_dir != "$HOME"/* ]] && ! others_can_run .venv/bin/python; then
-            echo "setup.sh: other users cannot run $link: .venv's Python ($(readlink -f .venv/bin/python)) is" \
-                "in a directory they cannot enter.  For a machine where others mount too, make the venv with a" \
-                "Python every user can run, in a checkout they can read: rm -rf .venv &&" \
-                "PYTHON=/usr/bin/python3 scripts/setup.sh (see docs/mirrors.md)" >&2
-        fi
     else
         echo "setup.sh: could not link $link; run xetfs as $target" >&2
+    fi
+    if [[ $(id -u) -eq 0 ]] && ! others_can_run .venv/bin/python; then
+        echo "setup.sh: other users cannot run this xetfs: .venv's Python ($(readlink -f .venv/bin/python)) is" \
+            "in a directory they cannot enter (nor can a mount with setuid=USER).  For a machine where others" \
+            "mount too, make the venv with a Python every user can run, in a checkout they can read: rm -rf" \
+            ".venv && PYTHON=/usr/bin/python3 scripts/setup.sh (see docs/mirrors.md)" >&2
     fi
     if [[ -L $link && $(readlink "$link") == "$target" ]]; then
         case ":$PATH:" in

@@ -116,6 +116,21 @@ def test_mount_t_fuse_xetfs_and_umount(helper: Path, tmp_path: Path, cli: CliRun
     assert "Traceback" not in _log_of(mnt)
 
 
+def test_mount_t_fuse_with_the_program_named_in_the_source(tmp_path: Path, cli: CliRunner) -> None:
+    """``mount -t fuse 'PROGRAM#STORE' MNT``: a given installation, whatever ``xetfs`` the shell's path finds
+    (docs/mirrors.md)."""
+    program = tmp_path / "bin" / "xetfs"
+    program.parent.mkdir()
+    program.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m xetfs "$@"\n')
+    program.chmod(0o755)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cmd = ["mount", "-t", "fuse", f"{program}#{SAMPLE}", str(mnt), "-o", "workers=0,cache_size=32M"]
+    with _mounted_by_mount(cmd, mnt):
+        for name, data in _files(cli, SAMPLE).items():
+            assert (mnt / name).read_bytes() == data, name
+
+
 def test_fstab_line_with_xetfs_options_and_a_credentials_file(helper: Path, tmp_path: Path, cli: CliRunner) -> None:
     www = tmp_path / "www"
     assert cli("push", "--no-progress", SAMPLE, www / "store").returncode == 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import signal
 import subprocess
@@ -427,3 +428,26 @@ def test_a_mount_refused_by_fuse_says_why(tmp_path: Path) -> None:
     with pytest.raises(MountError) as failed:
         spawn_daemon([sys.executable, "-c", refused], tmp_path, log, b"{}")
     assert str(failed.value) == "fuse_session_mount failed (fuse: failed to open /dev/fuse: Permission denied)"
+
+
+def test_a_reply_the_kernel_no_longer_waits_for_is_no_error_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    """pyfuse3 logs ``fuse_reply_* failed with No such file or directory`` when a request was interrupted or the
+    mount was detached under it (a lazy unmount during a stall): a debug line, not an error.  Other failed
+    replies stay errors."""
+    from xetfs.fuse.mount import _interrupted_reply
+
+    log = logging.getLogger("pyfuse3")
+    log.addFilter(_interrupted_reply)
+    try:
+        with caplog.at_level(logging.INFO):
+            log.error("fuse_read(): fuse_reply_* failed with %s", os.strerror(errno.ENOENT))
+            log.error("fuse_read(): fuse_reply_* failed with %s", os.strerror(errno.EPIPE))
+        assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+            ("ERROR", f"fuse_read(): fuse_reply_* failed with {os.strerror(errno.EPIPE)}")
+        ]
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            log.error("fuse_read(): fuse_reply_* failed with %s", os.strerror(errno.ENOENT))
+        assert [r.levelname for r in caplog.records] == ["DEBUG"]
+    finally:
+        log.removeFilter(_interrupted_reply)

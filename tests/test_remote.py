@@ -506,7 +506,7 @@ def test_cached_source_keeps_whole_objects_and_falls_back_when_down(
     assert said == ["fake://store: server unreachable; using the copy in the disk cache"], said
     with pytest.raises(StoreError) as failed:
         cached.read("other", limit=100, fresh=True)
-    assert str(failed.value).endswith(f"; the disk cache {tmp_path} has no copy of it"), failed.value
+    assert str(failed.value).endswith(f"; the disk cache {tmp_path} has no good copy of it"), failed.value
     fake.down, fake.refused = False, True  # a server that answers and refuses (a wrong token): no copy hides it
     with pytest.raises(StoreError, match=r"access refused \(HTTP 401\)$"):
         cached.read("listing", limit=100, fresh=True)

@@ -218,6 +218,16 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def _interrupted_reply(record: logging.LogRecord) -> bool:
+    """pyfuse3 logs a reply the kernel no longer waits for as an error: ``fuse_reply_* failed with No such file
+    or directory`` (ENOENT: the request was interrupted, or the mount detached under it).  Nothing is lost
+    (the reader is gone), so it is a debug line."""
+    if "fuse_reply_* failed with No such file or directory" not in record.getMessage():
+        return True
+    record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return logging.getLogger().isEnabledFor(logging.DEBUG)
+
+
 def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
     """Mount and serve until unmounted or signalled; ``ExitStatus.INTERRUPTED`` after SIGINT, else ``OK``.
 
@@ -226,6 +236,7 @@ def run_daemon(config: MountConfig, ready_fd: int | None = None) -> int:
     ``warnings: N`` line with their number, then ``ok`` or ``error: ...``.
     """
     keep_freed_memory()
+    logging.getLogger("pyfuse3").addFilter(_interrupted_reply)
     fs: XetFS | None = None
     collect = _Collect()
     logging.getLogger("xetfs").addHandler(collect)

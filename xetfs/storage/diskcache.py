@@ -292,10 +292,10 @@ class DiskCache:
 
 
 def _no_copy(exc: StoreError | StoreTimeoutError, directory: Path, what: str) -> StoreError | StoreTimeoutError:
-    """``exc``, saying the disk cache had no copy when the server could not be reached or timed out (a
-    refusal or a limit says enough)."""
+    """``exc``, saying the disk cache had no good copy (none, or one that failed its check) when the server
+    could not be reached or timed out (a refusal or a limit says enough)."""
     offline = isinstance(exc, (ServerUnreachableError, StoreTimeoutError))
-    return type(exc)(f"{exc}; the disk cache {directory} has no copy {what}") if offline else exc
+    return type(exc)(f"{exc}; the disk cache {directory} has no good copy {what}") if offline else exc
 
 
 def from_server(source: ObjectSource) -> ObjectSource:
