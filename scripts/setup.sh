@@ -115,10 +115,10 @@ fi
 
 # Whether a user who is neither the owner nor in the group can execute FILE (its real path): every
 # directory above it must let others search it (root's home, where pyenv puts its Pythons, does not).
-others_can_run() {
+others_can_run() {  # FILE [MODE]: others may run FILE (MODE: the pattern its permissions must match)
     local path
     path=$(readlink -f "$1") || return 1
-    [[ $(stat -c %A "$path") == *x ]] || return 1
+    [[ $(stat -c %A "$path") == ${2:-*x} ]] || return 1
     while [[ $path != / ]]; do
         path=$(dirname "$path")
         [[ $(stat -c %A "$path") == *[xt] ]] || return 1
@@ -150,16 +150,17 @@ if [[ $bin_dir != none ]]; then
     else
         echo "setup.sh: could not link $link; run xetfs as $target" >&2
     fi
-    if [[ $(id -u) -eq 0 ]] && ! others_can_run .venv/bin/python; then
-        echo "setup.sh: other users cannot run this xetfs: .venv's Python ($(readlink -f .venv/bin/python)) is" \
-            "in a directory they cannot enter (nor can a mount with setuid=USER).  For a machine where others" \
-            "mount too, make the venv with a Python every user can run, in a checkout they can read: rm -rf" \
-            ".venv && PYTHON=/usr/bin/python3 scripts/setup.sh (see docs/mirrors.md)" >&2
-    fi
     if [[ -L $link && $(readlink "$link") == "$target" ]]; then
         case ":$PATH:" in
         *":$bin_dir:"*) ;;
         *) echo "setup.sh: $bin_dir is not on your PATH; add it (export PATH=\"$bin_dir:\$PATH\") or run $target" >&2 ;;
         esac
     fi
+fi
+# The script, in the checkout, and the venv's Python, wherever it lives: root's setup is often for others too.
+if [[ $(id -u) -eq 0 ]] && ! { others_can_run .venv/bin/xetfs '*r?x' && others_can_run .venv/bin/python; }; then
+    echo "setup.sh: other users cannot run this xetfs: $target or .venv's Python ($(readlink -f .venv/bin/python))" \
+        "is in a directory they cannot enter (nor can a mount with setuid=USER).  For a machine where others" \
+        "mount too, make the venv with a Python every user can run, in a checkout they can read: rm -rf" \
+        ".venv && PYTHON=/usr/bin/python3 scripts/setup.sh (see docs/mirrors.md)" >&2
 fi

@@ -43,10 +43,12 @@ def _setup(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 # -- the command on PATH -----------------------------------------------------------------------
 
 
-def _others_can_run(path: Path) -> bool:
-    """Whether a user neither owner nor in the group may execute ``path`` (every directory above searchable)."""
+def _others_can_run(path: Path, *, read: bool = False) -> bool:
+    """Whether a user neither owner nor in the group may execute ``path`` (every directory above searchable),
+    and with ``read`` read it too (a script)."""
     real = path.resolve()
-    return all(p.stat().st_mode & stat.S_IXOTH for p in (real, *real.parents))
+    readable = not read or real.stat().st_mode & stat.S_IROTH
+    return bool(readable) and all(p.stat().st_mode & stat.S_IXOTH for p in (real, *real.parents))
 
 
 @pytest.mark.integration
@@ -60,7 +62,8 @@ def test_setup_puts_xetfs_on_path(tmp_path: Path) -> None:
     assert f"linked {link} -> {VENV_XETFS}" in first.stderr
     assert f"{bin_dir} is not on your PATH" in first.stderr  # and it says what to do about it
     # Setup as root says, every time, when other users cannot run this xetfs.
-    private = os.geteuid() == 0 and not _others_can_run(VENV_XETFS.parent / "python")
+    private = os.geteuid() == 0 and not (_others_can_run(VENV_XETFS, read=True)
+                                         and _others_can_run(VENV_XETFS.parent / "python"))  # fmt: skip
     assert ("other users cannot run" in first.stderr) == private
     shell = subprocess.run(
         ["env", "-i", f"PATH={bin_dir}:/usr/bin:/bin", f"HOME={tmp_path}", "bash", "-c", "xetfs --version"],
@@ -453,7 +456,9 @@ FORCE_SCENARIO = textwrap.dedent(
             time.sleep(0.02)
         os.kill(daemon.pid, signal.SIGSTOP)
         result = {}
-        if fusectl == "mounted":  # a plain umount, with a read waiting for the stopped daemon: it gives up
+        if fusectl == "mounted":  # ls of the mount point, then a plain umount with a read waiting: both answer
+            ls = subprocess.run([sys.executable, "-m", "xetfs", "ls", mnt], capture_output=True, text=True, timeout=30)
+            result.update(ls_status=ls.returncode, ls_stderr=ls.stderr)
             reader = subprocess.Popen(["cat", os.path.join(mnt, "a.bin")], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
             began = time.monotonic()
@@ -504,9 +509,11 @@ def test_umount_force_cleans_a_stopped_daemon(basic_store: OracleStore, tmp_path
     assert result["daemon_status"] is not None
     assert not is_mounted(mnt)
     if fusectl == "mounted":
+        assert result["ls_status"] == ExitStatus.ERROR and "this is a xetfs mount of" in result["ls_stderr"], result
         assert result["plain_status"] == ExitStatus.ERROR, result
         assert result["plain_stderr"].startswith(f"xetfs: error: {mnt}: the mount's daemon does not answer ("), result
-        assert f"'xetfs umount --force {mnt}'" in result["plain_stderr"], result
+        assert f"'xetfs umount -z {mnt}' detaches it now" in result["plain_stderr"], result
+        assert f"; 'xetfs umount --force {mnt}' fails its pending reads" in result["plain_stderr"], result
         assert result["plain_seconds"] < UNMOUNT_TIMEOUT * 2 + 10, result
         assert result["reader_status"] != 0, result  # (its read failed when the connection was aborted)
 

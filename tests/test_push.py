@@ -142,8 +142,9 @@ def test_push_to_s3_is_a_store_and_a_second_push_sends_nothing(
 def test_an_upload_that_fails_its_check_is_removed_and_the_next_push_sends_it(
     hub_store: Path, s3: servers.Server, s3_env: dict[str, str], cli: CliRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The server reports the wrong ETag for one upload (as a trial's S3 server once did): push fails, naming
-    the object, and removes it, so that the next push sends it again rather than count it as there."""
+    """An ETag that is no MD5 of the bytes sent (as an S3 object encrypted with KMS has) has the object read
+    back, and a good copy passes.  A xorb the server stored wrong fails: push names it and removes it, so that
+    the next push sends it again rather than count it as there."""
     import obstore
 
     url = f"s3://{BUCKET}/bad-etag"
@@ -151,15 +152,24 @@ def test_an_upload_that_fails_its_check_is_removed_and_the_next_push_sends_it(
     victim = sorted(name for name in objects if "/xorbs/" in f"/{name}" and not name.endswith(".mdb"))[0]
     real_put = obstore.put
 
-    def put(store: object, name: str, *args: Any, **kwargs: Any) -> object:
-        result = real_put(store, name, *args, **kwargs)  # type: ignore[arg-type]
+    def other_etag(store: object, name: str, data: bytes, **kwargs: Any) -> object:
+        result = real_put(store, name, data, **kwargs)  # type: ignore[arg-type]
         return {**result, "e_tag": '"' + "0" * 32 + '"'} if name == victim else result
 
+    def stored_wrong(store: object, name: str, data: bytes, **kwargs: Any) -> object:
+        if name == victim:
+            data = bytes([data[0] ^ 1]) + bytes(data[1:])  # (the same size)
+        return real_put(store, name, data, **kwargs)  # type: ignore[arg-type]
+
     with monkeypatch.context() as patched:
-        patched.setattr(obstore, "put", put)
+        patched.setattr(obstore, "put", other_etag)
+        passed = cli("push", "--no-progress", hub_store, f"{url}-kms")
+    assert passed.returncode == 0, passed.stderr
+    with monkeypatch.context() as patched:
+        patched.setattr(obstore, "put", stored_wrong)
         failed = cli("push", "--no-progress", hub_store, url)
     assert failed.returncode == ExitStatus.ERROR, failed.stderr
-    assert f"{victim}: ETag {'0' * 32} is not the MD5 of the" in failed.stderr, failed.stderr
+    assert f"{victim}: ETag " in failed.stderr and "the object read back differs from the" in failed.stderr
     assert "removed: push again to send it" in failed.stderr, failed.stderr
     assert victim not in _bucket_objects(url)
     again = cli("push", "--no-progress", hub_store, url)

@@ -22,7 +22,7 @@ from helpers.writer import FileSpec, StoreBuilder, TermSpec
 
 from xetfs.base import hashes
 from xetfs.base.errors import IntegrityError, MissingObjectError, ObjectReadError, XorbFormatError
-from xetfs.base.settings import MiB
+from xetfs.base.settings import MIN_SLOT_RUN, MiB
 from xetfs.format.shard import parse_shard
 from xetfs.format.xorb import decode_run
 from xetfs.read import loader as loader_module
@@ -770,7 +770,8 @@ def test_random_reads_of_runs_shorter_than_a_slot_keep_the_whole_cache(
             assert read(idx, reader, fh, k * piece, piece) == content[k * piece : (k + 1) * piece]
         s = reader.statistics()
         reader.runs.clear()
-        in_slots = pieces * piece if piece >= pool.min_slot_run else 0
+        assert pool.min_slot_run == MIN_SLOT_RUN == 1 << 20  # (whatever the slot size above 2 MiB)
+        in_slots = pieces * piece if piece >= 1 << 20 else 0
         assert (s.store.reads, s.cache.evictions, s.cache.bytes, s.cache.shared_bytes) == (
             pieces,
             0,

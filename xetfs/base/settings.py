@@ -73,7 +73,7 @@ SLOT_SIZE = 4 * MiB
 # A shorter run is copied out of its slot (the daemon's work), so that a held run fills a good part of a slot.
 MIN_SLOT_RUN = 1 * MiB
 SLOTS_PER_WORKER = 3  # jobs in flight per worker: one decoding, the next ones queued behind it
-# Free slots keep their pages, up to as many as a full set of jobs in flight needs plus this many (8 MiB);
+# Free slots keep their pages, up to as many as a full set of jobs in flight needs plus this many (16 MiB);
 # the pages of the rest are returned.
 KEEP_FREE_SLOTS = 4
 MIN_JOB_BYTES = 256 * KiB  # smaller runs are decoded in the daemon

@@ -241,8 +241,8 @@ def _ls_catalogue(catalogue: Catalogue, index: Index, *, as_json: bool) -> int:
     """Repos and revisions of a store's catalogue: one line per repo, one per revision below it.
 
     A revision's files whose blob the store lacks (a skipped shard's, say)
-    are counted apart, and the mount's warnings about them are printed: the
-    listing shows what a mount shows.
+    are counted apart (``files`` and ``bytes`` are the catalogue's), and the
+    warnings a mount would print about them are printed.
     """
     from xetfs.names.hubtree import build_hub_tree
 

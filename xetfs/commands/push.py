@@ -286,26 +286,37 @@ class BucketTarget:
         problem = self._arrived(name, data, meta, _md5_etag(result.get("e_tag") or meta.get("e_tag")))
         if problem is None:
             return
-        # The object is in place under its final name: taken away, so that the next push sends it again rather
-        # than count it as there.
-        try:
-            obstore.delete(self._store, name)
-        except Exception as exc:
-            problem += f"; it could not be removed ({self._message(exc)}): 'xetfs push --check' sends it again"
-        else:
-            problem += "; removed: push again to send it"
+        base = name.rpartition("/")[2]
+        if SHARD_NAME.fullmatch(base) or XORB_NAME.fullmatch(base):
+            # Named by its hash, so whatever is there under the name is wrong: taken away, so that the next push
+            # sends it again rather than count it as there.  (A names file, listing or catalogue is compared by
+            # its bytes on the next push, and stays: nodes read it.)
+            try:
+                obstore.delete(self._store, name)
+            except Exception as exc:
+                problem += f"; it could not be removed ({self._message(exc)}): 'xetfs push --check' sends it again"
+            else:
+                problem += "; removed: push again to send it"
         raise PushError(f"{where}: {problem}")
 
     def _arrived(self, name: str, data: bytes, meta: Mapping[str, Any], etag: str | None) -> str | None:
-        """What is wrong with the object just put as ``name``, or None if it holds ``data``."""
+        """What is wrong with the object just put as ``name``, or None if it holds ``data``.
+
+        The size, then the MD5 ETag; an ETag that is no MD5 (Azure, S3 objects encrypted with KMS or a
+        customer's key, whose ETags may look like one), or one that differs, has the bytes read back and
+        compared.
+        """
         if meta["size"] != len(data):
             return f"the target holds {meta['size']} bytes, {len(data)} were sent"
-        if etag is not None:
-            if etag != hashlib.md5(data, usedforsecurity=False).hexdigest():
-                return f"ETag {etag} is not the MD5 of the {len(data)} bytes sent"
+        if etag is not None and etag == hashlib.md5(data, usedforsecurity=False).hexdigest():
             return None
-        if self.read(name) != data:  # an ETag that is not an MD5 (Azure, encrypted S3 objects): compare the bytes
-            return f"the object read back differs from the {len(data)} bytes sent"
+        try:
+            back = self.read(name)
+        except PushError as exc:
+            return f"cannot be read back to check it ({exc})"
+        if back != data:
+            seen = f"ETag {etag} is not the MD5 of the {len(data)} bytes sent, and " if etag is not None else ""
+            return f"{seen}the object read back differs from the {len(data)} bytes sent"
         return None
 
     def clean(self) -> int:

@@ -279,18 +279,18 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
         lazy = True
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     cmd = [tool, "-u", *(["-z"] if lazy else []), path] if tool else ["umount", *(["-l"] if lazy else []), path]
-    code, err = _unmount_command(cmd, mountpoint)
+    code, err = _unmount_command(cmd, mountpoint, lazy)
     if code != 0 and os.geteuid() == 0 and tool:
-        code, err = _unmount_command(["umount", *(["-l"] if lazy else []), path], mountpoint)
+        code, err = _unmount_command(["umount", *(["-l"] if lazy else []), path], mountpoint, lazy)
     if code != 0:
         hint = "" if lazy else f" (try: xetfs umount -z {mountpoint}, or --force for a hung daemon)"
         raise MountError(f"{mountpoint}: unmount failed: {err or code}{hint}")
 
 
-def _unmount_command(cmd: list[str], mountpoint: Path) -> tuple[int, str]:
+def _unmount_command(cmd: list[str], mountpoint: Path, lazy: bool) -> tuple[int, str]:
     """Run an unmount command: its exit status and what it said.  One that takes longer than
     ``UNMOUNT_TIMEOUT`` waits for a daemon that does not answer (stopped, or hung): it is killed, and the
-    error says how to get out."""
+    error says how to get out (``lazy``: the unmount was lazy already)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _, err = proc.communicate(timeout=UNMOUNT_TIMEOUT)
@@ -298,10 +298,14 @@ def _unmount_command(cmd: list[str], mountpoint: Path) -> tuple[int, str]:
         proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(RESOLVE_TIMEOUT)  # (a process stuck in the kernel may not go at once: it is left)
-        raise MountError(
-            f"{mountpoint}: the mount's daemon does not answer ({' '.join(cmd[:2])} waited {UNMOUNT_TIMEOUT:g} s): "
-            f"it is stopped or hung; 'xetfs umount --force {mountpoint}' fails its pending reads and unmounts it"
-        ) from None
+        ways = [] if lazy else [f"'xetfs umount -z {mountpoint}' detaches it now (reads already waiting go on waiting)"]
+        force = f"'xetfs umount --force {mountpoint}' fails its pending reads and unmounts it"
+        ways.append(force if os.geteuid() == 0 else f"as root, {force}")
+        raise MountError(f"{mountpoint}: the mount's daemon does not answer ({' '.join(cmd[:2])} waited "
+                         f"{UNMOUNT_TIMEOUT:g} s): it is stopped or hung; {'; '.join(ways)}") from None  # fmt: skip
+    finally:
+        if proc.stderr is not None:
+            proc.stderr.close()
     return proc.returncode, err.strip()
 
 

@@ -69,8 +69,8 @@ def slots_for(cache_size: int, workers: int, slot_size: int = SLOT_SIZE) -> int:
     """Slots for a cache of ``cache_size`` bytes, and the jobs in flight.
 
     A run held in a slot fills at least ``min_slot_run`` of it, so the cache can fill with them before the
-    slots run out.  Each process maps every slot: twice the cache in address space, touched only as far as
-    runs reach.
+    slots run out.  Each process maps every slot: up to ``slot_size / min_slot_run`` (4) times the cache in
+    address space (not memory: a slot's pages are touched only as far as its runs reach).
     """
     return max(0, cache_size) // min_slot_run(slot_size) + workers * SLOTS_PER_WORKER + KEEP_FREE_SLOTS
 
