@@ -456,9 +456,7 @@ FORCE_SCENARIO = textwrap.dedent(
             time.sleep(0.02)
         os.kill(daemon.pid, signal.SIGSTOP)
         result = {}
-        if fusectl == "mounted":  # ls of the mount point, then a plain umount with a read waiting: both answer
-            ls = subprocess.run([sys.executable, "-m", "xetfs", "ls", mnt], capture_output=True, text=True, timeout=30)
-            result.update(ls_status=ls.returncode, ls_stderr=ls.stderr)
+        if fusectl == "mounted":  # a plain umount, with a read waiting for the stopped daemon: it gives up
             reader = subprocess.Popen(["cat", os.path.join(mnt, "a.bin")], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
             began = time.monotonic()
@@ -509,7 +507,6 @@ def test_umount_force_cleans_a_stopped_daemon(basic_store: OracleStore, tmp_path
     assert result["daemon_status"] is not None
     assert not is_mounted(mnt)
     if fusectl == "mounted":
-        assert result["ls_status"] == ExitStatus.ERROR and "this is a xetfs mount of" in result["ls_stderr"], result
         assert result["plain_status"] == ExitStatus.ERROR, result
         assert result["plain_stderr"].startswith(f"xetfs: error: {mnt}: the mount's daemon does not answer ("), result
         assert f"'xetfs umount -z {mnt}' detaches it now" in result["plain_stderr"], result

@@ -111,11 +111,6 @@ def check_listed(listing: Listing, location: str) -> None:
 
 def find_root(path: Path) -> Path:
     """The directory that holds ``xorbs/`` and ``shards/`` for a store directory at ``path``."""
-    source = xetfs_source(os.path.abspath(path))  # (first: the table only, never a look through the mount)
-    if source is not None:
-        source = source if "://" in source else urllib.parse.unquote(source)  # (its non-ASCII, as the mount wrote it)
-        raise StoreError(f"store {path}: this is a xetfs mount of {source}: name that store, or read the files "
-                         f"under {path}")  # fmt: skip
     if not path.exists():
         raise StoreError(f"store {path}: no such directory")
     if not path.is_dir():
@@ -124,6 +119,12 @@ def find_root(path: Path) -> Path:
         root = path / rel
         if (root / "shards").is_dir():
             return root
+    # A xetfs mount may show a store's files (a mount of a mirror's directory), so the table is asked last.
+    source = xetfs_source(os.path.abspath(path))
+    if source is not None:
+        source = source if "://" in source else urllib.parse.unquote(source)  # (its non-ASCII, as the mount wrote it)
+        raise StoreError(f"store {path}: this is a xetfs mount of {source}: name that store, or read the files "
+                         f"under {path}")  # fmt: skip
     looked = ", ".join(str(path / r) for r in ROOTS)
     hint = f"; to make a store of the files there: xetfs pack {path} STORE" if _has_files(path) else ""
     raise StoreError(f"store {path}: no shards/ directory found (looked in {looked}){hint}")
