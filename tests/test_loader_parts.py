@@ -84,6 +84,26 @@ def test_where_each_read_is_a_request_a_run_takes_in_a_small_remainder() -> None
     assert cuts(widest, at_the_bound, 0, 5) == [(0, 4), (4, 5)]  # one read would pass MAX_RUN_BYTES
 
 
+def test_run_stop_agrees_with_the_rule_a_chunk_at_a_time() -> None:
+    """``run_stop`` bisects; the rule it keeps: take chunk after chunk while the store read stays within
+    ``MAX_RUN_BYTES`` and the run's decoded bytes within a run (at least one chunk)."""
+    store = cast(Store, SimpleNamespace(local=True))
+    rng = random.Random(11)
+    for _ in range(2000):
+        sizes = [rng.choice([1, 100, 4096, 65536, rng.randint(1, 3_000_000)]) for _ in range(rng.randint(1, 60))]
+        packed = [max(1, int(n * rng.choice([0.3, 0.5, 1.0, 1.01]))) for n in sizes]
+        layout = XorbLayout(None, tuple(itertools.accumulate(packed)), tuple(itertools.accumulate(sizes)), None)
+        run_bytes = rng.choice([1, 65536, 1 << 20, 4 << 20, rng.randint(1, 10_000_000)])
+        loader = Loader(store, cast(RunStore, SimpleNamespace()), shared=lambda _: False, run_bytes=run_bytes)
+        start = rng.randrange(len(sizes))
+        limit = rng.randint(start + 1, len(sizes))
+        stop = start + 1
+        while (stop < limit and layout.phys_ends[stop] - layout.phys_start(start) <= MAX_RUN_BYTES
+               and layout.range_size(start, stop + 1) <= run_bytes):  # fmt: skip
+            stop += 1
+        assert loader.run_stop(layout, start, limit) == stop
+
+
 def test_a_prefetch_window_leaves_a_small_remainder_to_the_next_window() -> None:
     """A local store's runs stay within a slot, so a prefetch window's last chunks, when they decode to less
     than an eighth of a run and more chunks of the xorb follow, are left for the next window's first run;

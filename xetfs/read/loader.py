@@ -154,13 +154,9 @@ class Loader:
         """
         if layout.xorb_hash is not None:
             limit = self.store.chunk_limit(layout.xorb_hash, start, limit)
-        stop = start + 1
-        while (
-            stop < limit
-            and layout.phys_ends[stop] - layout.phys_start(start) <= MAX_RUN_BYTES
-            and layout.range_size(start, stop + 1) <= self.run_bytes
-        ):
-            stop += 1
+        # The chunks from ``start + 1`` on whose ends stay within both bounds (the ends grow: two bisections).
+        by_read = bisect_right(layout.phys_ends, layout.phys_start(start) + MAX_RUN_BYTES, start + 1, limit)
+        stop = bisect_right(layout.unpacked_ends, layout.unpacked_start(start) + self.run_bytes, start + 1, by_read)
         if (
             self._fetches is not None
             and stop < limit
