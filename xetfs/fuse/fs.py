@@ -41,6 +41,7 @@ from xetfs.base.settings import (
     REPEATS_QUIET,
 )
 from xetfs.base.stats import IndexCounters, ReadCounters, RefreshCounters, document
+from xetfs.names.hubtree import opened_as
 from xetfs.names.stabletree import TreeLike
 from xetfs.names.tree import Kind, Node
 from xetfs.read.policy import Session
@@ -427,7 +428,7 @@ class XetFS(_ReadOnly):
         if name is None:
             if len(self._names) >= NAMES_KEPT:
                 self._names.clear()
-            name = self._names[inode] = _opened_as(self.tree, self.tree.name_of(inode) or "")
+            name = self._names[inode] = opened_as(self.tree, self.tree.name_of(inode) or "")
         return f"{name} (file {entry.hex})" if name and name != entry.hex else f"file {entry.hex}"
 
     async def release(self, fh: int) -> None:
@@ -458,9 +459,3 @@ class XetFS(_ReadOnly):
         doc["pid"] = os.getpid()  # (``xetfs refresh`` signals it)
         doc["refresh_error"] = self.refresh_error
         return (json.dumps(doc, indent=2) + "\n").encode()
-
-
-def _opened_as(tree: TreeLike, name: str) -> str:
-    """``name``, and for a Hub blob the snapshot path that names it, which is what a program opened."""
-    link = tree.link_to(name) if "/blobs/" in name else None
-    return f"{link} (blob {name.rpartition('/')[2]})" if link else name

@@ -20,6 +20,7 @@ import functools
 from collections.abc import Callable
 
 from xetfs.base.messages import plural
+from xetfs.names.stabletree import TreeLike
 from xetfs.names.tree import Kind, Pending, Tree, TreeBuilder
 from xetfs.storage.catalogue import Catalogue, Repo
 from xetfs.storage.index import Index
@@ -104,3 +105,10 @@ def _place(top: Pending, parts: tuple[str, ...], make: Callable[[], int], where:
         log.add("conflict", f"{where}: {'/'.join(parts)}: the name is taken; left out")
         return
     node[name] = make()
+
+
+def opened_as(tree: TreeLike, name: str) -> str:
+    """``name``, and for a Hub blob the snapshot path that names it: what a program opened, for messages (the
+    kernel resolves the symlink before the daemon sees the read)."""
+    link = tree.link_to(name) if "/blobs/" in name else None
+    return f"{link} (blob {name.rpartition('/')[2]})" if link else name
