@@ -159,8 +159,9 @@ if [[ $bin_dir != none ]]; then
 fi
 # The script, in the checkout, and the venv's Python, wherever it lives: root's setup is often for others too.
 if [[ $(id -u) -eq 0 ]] && ! { others_can_run .venv/bin/xetfs '*r?x' && others_can_run .venv/bin/python; }; then
-    echo "setup.sh: other users cannot run this xetfs: $target or .venv's Python ($(readlink -f .venv/bin/python))" \
-        "is in a directory they cannot enter (nor can a mount with setuid=USER).  For a machine where others" \
-        "mount too, make the venv with a Python every user can run, in a checkout they can read: rm -rf" \
-        ".venv && PYTHON=/usr/bin/python3 scripts/setup.sh (see docs/mirrors.md)" >&2
+    echo "setup.sh: note: only root can run this xetfs: $target or .venv's Python" \
+        "($(readlink -f .venv/bin/python)) is in a directory other users cannot enter.  Nothing to do if root is" \
+        "the only user; for other users (or a mount that runs as one), make the venv with a Python everyone can" \
+        "run, in a checkout they can read: rm -rf .venv && PYTHON=/usr/bin/python3 scripts/setup.sh" \
+        "(see docs/mirrors.md)" >&2
 fi

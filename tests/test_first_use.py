@@ -64,7 +64,7 @@ def test_setup_puts_xetfs_on_path(tmp_path: Path) -> None:
     # Setup as root says, every time, when other users cannot run this xetfs.
     private = os.geteuid() == 0 and not (_others_can_run(VENV_XETFS, read=True)
                                          and _others_can_run(VENV_XETFS.parent / "python"))  # fmt: skip
-    assert ("other users cannot run" in first.stderr) == private
+    assert ("only root can run this xetfs" in first.stderr) == private
     shell = subprocess.run(
         ["env", "-i", f"PATH={bin_dir}:/usr/bin:/bin", f"HOME={tmp_path}", "bash", "-c", "xetfs --version"],
         capture_output=True, text=True, timeout=60, check=False,
@@ -72,7 +72,7 @@ def test_setup_puts_xetfs_on_path(tmp_path: Path) -> None:
     assert shell.returncode == 0 and shell.stdout.startswith("xetfs "), shell
     again = _setup({"XETFS_BIN_DIR": str(bin_dir), "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     said = [line for line in again.stderr.splitlines() if "xetfs" in line]
-    assert again.returncode == 0 and said == [line for line in said if "other users cannot run" in line], said
+    assert again.returncode == 0 and said == [line for line in said if "only root can run" in line], said
     assert len(said) == private, said
 
 
@@ -338,7 +338,7 @@ def test_a_mount_given_as_a_store_names_the_store_it_mounts(basic_store: OracleS
         proc = run_xetfs(command, mnt)
         assert proc.returncode == ExitStatus.ERROR, proc
         assert proc.stderr.decode() == (f"xetfs: error: store {mnt}: this is a xetfs mount of {basic_store.path}: "
-                                        f"name that store, or read the files under {mnt}\n")  # fmt: skip
+                                        f"give that store instead, or read the files under {mnt}\n")  # fmt: skip
 
 
 @pytest.mark.fuse

@@ -123,7 +123,7 @@ def find_root(path: Path) -> Path:
     source = xetfs_source(os.path.abspath(path))
     if source is not None:
         source = source if "://" in source else urllib.parse.unquote(source)  # (its non-ASCII, as the mount wrote it)
-        raise StoreError(f"store {path}: this is a xetfs mount of {source}: name that store, or read the files "
+        raise StoreError(f"store {path}: this is a xetfs mount of {source}: give that store instead, or read the files "
                          f"under {path}")  # fmt: skip
     looked = ", ".join(str(path / r) for r in ROOTS)
     hint = f"; to make a store of the files there: xetfs pack {path} STORE" if _has_files(path) else ""
