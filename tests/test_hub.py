@@ -40,7 +40,8 @@ from xetfs.storage.store import Store
 fuse = pytest.mark.fuse
 SUMMARY = re.compile(
     r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) files? read \((\d+) bytes?\) -> "
-    r"(-?\d+) store bytes? added(?: \(read / added: ([\d.]+)x, dedup and compression\))?; (.*)"
+    r"(-?\d+) store bytes? added(?: \(read / added: ([\d.]+)x"
+    r"(?:, dedup and compression|: no dedup or compression gain)\))?; (.*)"
 )
 
 

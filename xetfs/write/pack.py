@@ -380,7 +380,12 @@ class PackResult:
 def read_over_added(read: int, added: int) -> str:
     """`` (read / added: Nx, ...)``: the bytes a pack read over the bytes the store grew by (deduplication and
     compression), for its summary line; nothing if the store did not grow (or shrank: files deleted meanwhile)."""
-    return f" (read / added: {read / added:.2f}x, dedup and compression)" if read > 0 and added > 0 else ""
+    if read <= 0 or added <= 0:
+        return ""
+    ratio = round(read / added, 2)
+    if ratio <= 1.0:  # (bytes neither dedup nor compression shrank grow a store a little more: chunk headers)
+        return f" (read / added: {ratio:.2f}x: no dedup or compression gain)"
+    return f" (read / added: {ratio:.2f}x, dedup and compression)"
 
 
 def store_bytes(store_dir: Path) -> int:
