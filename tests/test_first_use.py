@@ -240,9 +240,10 @@ def test_ls_warns_in_the_style_of_every_other_command(basic_store: OracleStore, 
 
 @pytest.mark.integration
 def test_the_stats_table_shows_seconds_to_the_millisecond() -> None:
-    table = format_stats({"uptime_seconds": 12.345678, "remote": {"wait_s": 0.30516277387505397, "ranges": 1234}})
+    table = format_stats({"uptime_seconds": 12.345678, "remote": {"wait_s": 0.30516277387505397, "ranges": 1234},
+                          "refresh_error": ""})  # fmt: skip
     assert table.splitlines() == ["uptime_seconds          12.35", "remote:", "  wait_s                0.305",
-                                  "  ranges                1,234"]  # fmt: skip
+                                  "  ranges                1,234", "refresh_error           -"]  # fmt: skip
 
 
 @pytest.mark.integration

@@ -402,7 +402,8 @@ def format_stats(doc: dict[str, Any]) -> str:
     lines = []
     for group, values in doc.items():
         if not isinstance(values, dict):
-            lines.append(f"{group:<24}{f'{values:,.2f}' if isinstance(values, float) else values}")
+            shown = f"{values:,.2f}" if isinstance(values, float) else "-" if values == "" else values
+            lines.append(f"{group:<24}{shown}")  # (an empty text, as refresh_error after no failure: "-")
             continue
         lines.append(f"{group}:")
         for key, value in values.items():
