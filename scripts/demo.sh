@@ -33,13 +33,14 @@ for e in json.load(open(sys.argv[1])):
 run getfattr -d --absolute-names "$mnt/model/model.safetensors"
 run dd if="$mnt/data/random.bin" of=/dev/null bs=1M
 run xetfs stats "$mnt"
-printf '\n(to unmount a mount of your own: xetfs umount MOUNTPOINT)\n'
 run xetfs umount "$mnt"
 ours=$PWD/.venv/bin/xetfs
 if ! found=$(PATH=$user_path command -v xetfs); then
-    printf '\nxetfs is not on your PATH: run it as %s\n' "$ours"
+    printf '\nxetfs is not on your PATH: run it as %s (%s mount STORE MOUNTPOINT, %s umount MOUNTPOINT)\n' \
+        "$ours" "$ours" "$ours"
 elif [[ $(readlink -f "$found") == $(readlink -f "$ours") ]]; then
-    printf '\nxetfs is on your PATH (%s): try xetfs --help\n' "$found"
+    printf '\nxetfs is on your PATH (%s): try xetfs --help (xetfs mount STORE MOUNTPOINT, xetfs umount MOUNTPOINT)\n' \
+        "$found"
 else
     printf '\nthe xetfs on your PATH (%s) is not this checkout'"'"'s: run this one as %s\n' "$found" "$ours"
 fi
