@@ -38,9 +38,10 @@ ours=$PWD/.venv/bin/xetfs
 if ! found=$(PATH=$user_path command -v xetfs); then
     printf '\nxetfs is not on your PATH: run it as %s (%s mount STORE MOUNTPOINT, %s umount MOUNTPOINT)\n' \
         "$ours" "$ours" "$ours"
-elif [[ $(readlink -f "$found") == $(readlink -f "$ours") ]]; then
+elif [[ $(readlink -f "$found") == "$(readlink -f "$ours")" ]]; then
     printf '\nxetfs is on your PATH (%s): try xetfs --help (xetfs mount STORE MOUNTPOINT, xetfs umount MOUNTPOINT)\n' \
         "$found"
 else
-    printf '\nthe xetfs on your PATH (%s) is not this checkout'"'"'s: run this one as %s\n' "$found" "$ours"
+    printf '\nthe xetfs on your PATH (%s) is not this checkout'"'"'s: run this one as %s (%s mount STORE MOUNTPOINT, %s umount MOUNTPOINT)\n' \
+        "$found" "$ours" "$ours" "$ours"
 fi

@@ -453,7 +453,9 @@ def test_streaming_through_the_page_cache_decodes_once_in_runs(big_store: Oracle
         assert d["prefetch"]["hits"] >= 0.9 * n_chunks, d["prefetch"]
         w = after["workers"]
         runs = f.size / w["slot_bytes"]
-        assert d["decode"]["runs"] <= 1.2 * runs + 8, d["decode"]  # runs of about a slot
+        # Runs of about a slot, and a short one where a prefetch window's last chunks do not fill one (a window
+        # topped up by 8 MiB is two 4 MiB runs and a few chunks).
+        assert d["decode"]["runs"] <= 1.6 * runs + 8, d["decode"]
         assert d["cache"]["evictions"] == d["cache"]["evicted_read"] > 0.5 * runs, d["cache"]
         assert (w["slots"] - w["free_slots"]) * w["slot_bytes"] <= 64 * MiB, w  # slots in use or touched
         with step(m) as again:

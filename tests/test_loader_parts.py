@@ -104,20 +104,6 @@ def test_run_stop_agrees_with_the_rule_a_chunk_at_a_time() -> None:
         assert loader.run_stop(layout, start, limit) == stop
 
 
-def test_a_prefetch_window_leaves_a_small_remainder_to_the_next_window() -> None:
-    """A local store's runs stay within a slot, so a prefetch window's last chunks, when they decode to less
-    than an eighth of a run and more chunks of the xorb follow, are left for the next window's first run;
-    at the xorb's end, or alone, they are loaded."""
-    store = cast(Store, SimpleNamespace(local=True))
-    local = Loader(store, cast(RunStore, SimpleNamespace()), shared=lambda _: False, run_bytes=1000)
-    xorb = layout_of([100] * 40)
-    assert local.cut(xorb, 0, 21, ahead=True) == [(0, 10), (10, 20)]  # (20, 21) goes with the next window
-    assert local.cut(xorb, 0, 21) == [(0, 10), (10, 20), (20, 21)]  # a read needs them all
-    assert local.cut(xorb, 0, 22, ahead=True) == [(0, 10), (10, 20), (20, 22)]  # 200 bytes: an eighth or more
-    assert local.cut(xorb, 20, 21, ahead=True) == [(20, 21)]  # the only piece
-    assert local.cut(layout_of([100] * 21), 0, 21, ahead=True) == [(0, 10), (10, 20), (20, 21)]  # the xorb ends
-
-
 def test_where_the_chunks_no_run_or_load_has_end() -> None:
     runs = RunStore(1 << 20)
     xorb = b"x" * 32

@@ -241,6 +241,8 @@ def test_stale_mount_of_a_killed_daemon(basic_store: OracleStore, mnt: Path) -> 
     assert again.returncode != 0
     one_error_line(again.stderr, str(mnt), f"xetfs umount {mnt}")
     assert b"a stale FUSE mount is in the way" in again.stderr, again.stderr  # (not "already a mount point")
+    listed = run_xetfs("ls", mnt)  # (the dead mount given as a store: its store is named, not ENOTCONN alone)
+    assert listed.returncode == 1 and f"this is a xetfs mount of {basic_store.path}".encode() in listed.stderr
 
     umount = run_xetfs("umount", mnt)
     assert (umount.returncode, umount.stderr) == (0, b"")

@@ -166,22 +166,12 @@ class Loader:
             stop = limit
         return stop
 
-    def cut(self, layout: XorbLayout, lo: int, hi: int, *, ahead: bool = False) -> list[tuple[int, int]]:
-        """Chunks ``[lo, hi)``, which no run or load has, as store reads (``run_stop``): ``(first, stop)`` each.
-
-        ``ahead`` (a prefetch window) leaves out a last piece that decodes to less than ``1 / RUN_TAIL_SHARE``
-        of a run when more chunks of the xorb follow it: the next window's first run takes it in, where it
-        would be a store read of its own (a third more runs per GiB with runs of 4 MiB, and a reply across
-        two of them for each).
-        """
+    def cut(self, layout: XorbLayout, lo: int, hi: int) -> list[tuple[int, int]]:
+        """Chunks ``[lo, hi)``, which no run or load has, as store reads (``run_stop``): ``(first, stop)`` each."""
         pieces = []
         while lo < hi:
             pieces.append((lo, end := self.run_stop(layout, lo, hi)))
             lo = end
-        if ahead and len(pieces) > 1 and hi < layout.num_chunks:
-            a, b = pieces[-1]
-            if layout.range_size(a, b) < self.run_bytes // RUN_TAIL_SHARE:
-                pieces.pop()
         return pieces
 
     async def load(self, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:

@@ -307,7 +307,7 @@ class Reader:
         def cut(lo: int, hi: int) -> list[tuple[int, int]]:
             if not prefetch:
                 self._ahead.loaded(xorb_hash, hi)
-            return self._loader.cut(layout, lo, hi, ahead=prefetch)
+            return self._loader.cut(layout, lo, hi)
 
         async def load(lo: int, hi: int) -> Loaded:
             loaded = await self._loader.load(xorb_hash, layout, lo, hi)

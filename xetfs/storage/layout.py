@@ -111,23 +111,32 @@ def check_listed(listing: Listing, location: str) -> None:
 
 def find_root(path: Path) -> Path:
     """The directory that holds ``xorbs/`` and ``shards/`` for a store directory at ``path``."""
-    if not path.exists():
-        raise StoreError(f"store {path}: no such directory")
-    if not path.is_dir():
-        raise StoreError(f"store {path}: not a directory")
-    for rel in ROOTS:
-        root = path / rel
-        if (root / "shards").is_dir():
-            return root
+    try:
+        if not path.exists():
+            raise StoreError(f"store {path}: no such directory")
+        if not path.is_dir():
+            raise StoreError(f"store {path}: not a directory")
+        for rel in ROOTS:
+            root = path / rel
+            if (root / "shards").is_dir():
+                return root
+    except OSError as exc:  # (a mount whose daemon died: "Transport endpoint is not connected")
+        _mount_given(path)
+        raise StoreError(f"store {path}: {exc.strerror or exc}") from None
     # A xetfs mount may show a store's files (a mount of a mirror's directory), so the table is asked last.
-    source = xetfs_source(os.path.abspath(path))
-    if source is not None:
-        source = source if "://" in source else urllib.parse.unquote(source)  # (its non-ASCII, as the mount wrote it)
-        raise StoreError(f"store {path}: this is a xetfs mount of {source}: give that store instead, or read the files "
-                         f"under {path}")  # fmt: skip
+    _mount_given(path)
     looked = ", ".join(str(path / r) for r in ROOTS)
     hint = f"; to make a store of the files there: xetfs pack {path} STORE" if _has_files(path) else ""
     raise StoreError(f"store {path}: no shards/ directory found (looked in {looked}){hint}")
+
+
+def _mount_given(path: Path) -> None:
+    """Raise ``StoreError`` if ``path`` is a xetfs mount point (which was given where its store belongs)."""
+    source = xetfs_source(os.path.abspath(path))
+    if source is not None:
+        source = source if "://" in source else urllib.parse.unquote(source)  # (its non-ASCII, as the mount wrote it)
+        raise StoreError(f"store {path}: this is a xetfs mount of {source}: give that store instead, or read the "
+                         f"files under {path}")  # fmt: skip
 
 
 def _has_files(path: Path, depth: int = 1) -> bool:
