@@ -25,7 +25,7 @@ from helpers.oracle import OracleStore, run_xetfs
 from xetfs.base import hashes
 from xetfs.base.exitstatus import MEANING, ExitStatus
 from xetfs.base.messages import plural
-from xetfs.base.settings import UNMOUNT_TIMEOUT
+from xetfs.base.settings import DAEMON_TIMEOUT
 from xetfs.commands.mount import format_stats
 from xetfs.storage.manifest import MAX_WARNINGS_PER_KIND, ManifestFile, dump_manifest
 
@@ -457,6 +457,13 @@ FORCE_SCENARIO = textwrap.dedent(
             time.sleep(0.02)
         os.kill(daemon.pid, signal.SIGSTOP)
         result = {}
+        if fusectl == "mounted":  # commands that ask the daemon give up, and say how to end the mount
+            began = time.monotonic()
+            asks = {cmd: subprocess.Popen([sys.executable, "-m", "xetfs", cmd, mnt], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True) for cmd in ("ls", "stats", "refresh")}
+            for cmd, ask in asks.items():
+                result[cmd] = (ask.wait(60), ask.stderr.read())
+            result["asks_seconds"] = time.monotonic() - began
         if fusectl == "mounted":  # a plain umount, with a read waiting for the stopped daemon: it gives up
             reader = subprocess.Popen(["cat", os.path.join(mnt, "a.bin")], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL)
@@ -512,8 +519,21 @@ def test_umount_force_cleans_a_stopped_daemon(basic_store: OracleStore, tmp_path
         assert result["plain_stderr"].startswith(f"xetfs: error: {mnt}: the mount's daemon does not answer ("), result
         assert f"'xetfs umount -z {mnt}' detaches it now" in result["plain_stderr"], result
         assert f"; 'xetfs umount --force {mnt}' fails its pending reads" in result["plain_stderr"], result
-        assert result["plain_seconds"] < UNMOUNT_TIMEOUT * 2 + 10, result
+        assert result["plain_seconds"] < DAEMON_TIMEOUT * 2 + 10, result
         assert result["reader_status"] != 0, result  # (its read failed when the connection was aborted)
+        force = f"'xetfs umount --force {mnt}' fails its pending reads and unmounts it\n"
+        assert result["ls"] == [
+            ExitStatus.ERROR,
+            f"xetfs: error: store {mnt}: this is a xetfs mount of {basic_store.path}, whose daemon does not answer "
+            f"(it is stopped or hung): give that store instead; {force}",
+        ], result
+        for cmd in ("stats", "refresh"):
+            assert result[cmd] == [
+                ExitStatus.ERROR,
+                f"xetfs: error: {mnt}: the mount's daemon does not answer (waited {DAEMON_TIMEOUT:g} s): it is "
+                f"stopped or hung; {force}",
+            ], result
+        assert result["asks_seconds"] < DAEMON_TIMEOUT + 10, result
 
 
 # -- logs of the test suite ---------------------------------------------------------------------

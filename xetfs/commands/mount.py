@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from xetfs.base import settings
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import human_size, plural, print_warning
+from xetfs.base.mounttable import force_hint, within
+from xetfs.base.settings import DAEMON_TIMEOUT
 from xetfs.fuse.daemonlog import LogFile
 from xetfs.storage.store import Store
 
@@ -314,9 +316,14 @@ def cmd_refresh(args: argparse.Namespace) -> int:
 
 
 def _stats_doc(mountpoint: Path) -> dict[str, Any]:
-    """The mount's ``.xetfs/stats`` document; ``XetfsError`` if it is not a xetfs mount, or a stale one."""
+    """The mount's ``.xetfs/stats`` document; ``XetfsError`` if it is not a xetfs mount, a stale one, or one
+    whose daemon does not answer within ``DAEMON_TIMEOUT`` (a read of the document would wait for good)."""
     try:
-        doc: dict[str, Any] = json.loads((mountpoint / STATS_PATH).read_bytes())
+        answered, data = within(DAEMON_TIMEOUT, (mountpoint / STATS_PATH).read_bytes)
+        if not answered or data is None:
+            raise XetfsError(f"{mountpoint}: the mount's daemon does not answer (waited {DAEMON_TIMEOUT:g} s): it "
+                             f"is stopped or hung; {force_hint(mountpoint)}")  # fmt: skip
+        doc: dict[str, Any] = json.loads(data)
     except FileNotFoundError:
         if not mountpoint.is_dir():
             raise XetfsError(f"{mountpoint}: no such directory") from None
@@ -357,8 +364,7 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
     ``FILE`` is a path under ``MNT`` (absolute, or from the working directory, as a shell completes it), or
     one relative to ``MNT``.
     """
-    if not (mountpoint / STATS_PATH).exists():
-        raise XetfsError(f"{mountpoint}: not a xetfs mount (no {STATS_PATH})")
+    _stats_doc(mountpoint)  # (a xetfs mount, whose daemon answers)
     path = file if file.is_absolute() else mountpoint / file
     here = Path(os.path.abspath(file))  # (from the working directory; not resolved: Hub snapshots are symlinks)
     under = Path(os.path.realpath(here.parent)).is_relative_to(os.path.realpath(mountpoint))

@@ -19,7 +19,6 @@ import select
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,9 +26,10 @@ from pathlib import Path
 
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import plural
-from xetfs.base.mounttable import XETFS_FS_TYPE, mounts
+from xetfs.base.mounttable import XETFS_FS_TYPE, force_hint, mount_at, mounts, within
 from xetfs.base.settings import (
     CACHE_SIZE,
+    DAEMON_TIMEOUT,
     DISK_CACHE_SIZE,
     FAILED_DAEMON_EXIT,
     IO_MODE,
@@ -39,7 +39,6 @@ from xetfs.base.settings import (
     READ_AHEAD,
     READY_TIMEOUT,
     RESOLVE_TIMEOUT,
-    UNMOUNT_TIMEOUT,
     KiB,
     user_home,
 )
@@ -262,14 +261,14 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
     pending and future request at once: the way out of a hung daemon.
     """
     path = os.path.abspath(mountpoint)  # no syscalls: the mount may be hung
-    found = _mount_at(path)
+    found = mount_at(path)
     if found is None:  # (the kernel's table names real paths: the parent's symlinks resolved, if that is quick)
         real = _real_parent(path)
-        path, found = (real, _mount_at(real)) if real is not None else (path, None)
+        path, found = (real, mount_at(real)) if real is not None else (path, None)
     if found is None:
         shown = str(mountpoint) if str(mountpoint) == path else f"{mountpoint} ({path})"
         raise MountError(f"{shown}: not mounted")
-    device, kind = found
+    device, kind, _ = found
     if kind != XETFS_FS_TYPE and not force:
         hint = "; use --force to unmount it anyway" if kind.split(".")[0] == "fuse" else ""
         raise MountError(f"{mountpoint}: not a xetfs mount (it is {kind}){hint}")
@@ -289,20 +288,19 @@ def unmount(mountpoint: Path, *, lazy: bool = False, force: bool = False) -> Non
 
 def _unmount_command(cmd: list[str], mountpoint: Path, lazy: bool) -> tuple[int, str]:
     """Run an unmount command: its exit status and what it said.  One that takes longer than
-    ``UNMOUNT_TIMEOUT`` waits for a daemon that does not answer (stopped, or hung): it is killed, and the
+    ``DAEMON_TIMEOUT`` waits for a daemon that does not answer (stopped, or hung): it is killed, and the
     error says how to get out (``lazy``: the unmount was lazy already)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _, err = proc.communicate(timeout=UNMOUNT_TIMEOUT)
+        _, err = proc.communicate(timeout=DAEMON_TIMEOUT)
     except subprocess.TimeoutExpired:
         proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(RESOLVE_TIMEOUT)  # (a process stuck in the kernel may not go at once: it is left)
         ways = [] if lazy else [f"'xetfs umount -z {mountpoint}' detaches it now (reads already waiting go on waiting)"]
-        force = f"'xetfs umount --force {mountpoint}' fails its pending reads and unmounts it"
-        ways.append(force if os.geteuid() == 0 else f"as root, {force}")
+        ways.append(force_hint(mountpoint))
         raise MountError(f"{mountpoint}: the mount's daemon does not answer ({' '.join(cmd[:2])} waited "
-                         f"{UNMOUNT_TIMEOUT:g} s): it is stopped or hung; {'; '.join(ways)}") from None  # fmt: skip
+                         f"{DAEMON_TIMEOUT:g} s): it is stopped or hung; {'; '.join(ways)}") from None  # fmt: skip
     finally:
         if proc.stderr is not None:
             proc.stderr.close()
@@ -337,26 +335,15 @@ def _mount_fusectl() -> None:
 
 def mounted_device(path: str) -> str | None:
     """``major:minor`` of the mount at ``path``, or None."""
-    found = _mount_at(path)
+    found = mount_at(path)
     return found[0] if found else None
-
-
-def _mount_at(path: str) -> tuple[str, str] | None:
-    """``(major:minor, filesystem type)`` of the mount at ``path`` (a path as the kernel's table gives it), or None."""
-    return next(((device, kind) for point, device, kind, _ in mounts() if point == path), None)
 
 
 def _real_parent(path: str) -> str | None:
     """``path`` with the symlinks of its parent resolved, or None if that takes longer than ``RESOLVE_TIMEOUT``:
     resolving stats each component, and one may lie on a hung FUSE mount."""
-    out: list[str] = []
-    resolve = threading.Thread(
-        target=lambda: out.append(os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))),
-        daemon=True,
-    )
-    resolve.start()
-    resolve.join(RESOLVE_TIMEOUT)
-    return out[0] if out else None
+    parent, name = os.path.split(path)
+    return within(RESOLVE_TIMEOUT, lambda: os.path.join(os.path.realpath(parent), name))[1]
 
 
 def default_log_file(mountpoint: Path) -> Path:

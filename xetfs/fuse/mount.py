@@ -23,7 +23,7 @@ import trio
 from xetfs.base.errors import XetfsError, describe
 from xetfs.base.exitstatus import ExitStatus
 from xetfs.base.malloc import keep_freed_memory
-from xetfs.base.mounttable import mounts
+from xetfs.base.mounttable import fs_type
 from xetfs.base.settings import (
     JOB_TIMEOUT_MARGIN,
     PREFETCH_CACHE_SHARE,
@@ -160,22 +160,11 @@ REMOTE_FS_TYPES = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "gluste
                    "afs", "davfs", "sshfs", "gpfs", "beegfs", "fuse")  # fmt: skip
 
 
-def fs_type(path: Path) -> str:
-    """The type of the filesystem holding ``path`` (longest mountinfo prefix), or ""."""
-    target = str(path)
-    best, kind = "", ""
-    for point, _device, fstype, _source in mounts():
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best):
-            best, kind = point, fstype
-    return kind
-
-
 def choose_io_mode(mode: str, store_root: Path) -> str:
     """``inline`` for local disks (no thread hop per read); ``thread`` where reads may hang."""
     if mode != "auto":
         return mode
-    kind = fs_type(store_root)
+    kind = fs_type(str(store_root))
     return "thread" if kind.split(".")[0] in REMOTE_FS_TYPES else "inline"
 
 

@@ -25,7 +25,8 @@ from typing import TypeVar
 
 from xetfs.base import hashes
 from xetfs.base.errors import ObjectReadError, StoreError, XorbFormatError
-from xetfs.base.mounttable import xetfs_source
+from xetfs.base.mounttable import force_hint, within, xetfs_source
+from xetfs.base.settings import DAEMON_TIMEOUT
 
 XORB_NAME = re.compile(r"(?:default\.)?([0-9a-f]{64})(?:\.xorb)?")
 SHARD_NAME = re.compile(r"[0-9a-f]{64}\.mdb")
@@ -110,7 +111,23 @@ def check_listed(listing: Listing, location: str) -> None:
 
 
 def find_root(path: Path) -> Path:
-    """The directory that holds ``xorbs/`` and ``shards/`` for a store directory at ``path``."""
+    """The directory that holds ``xorbs/`` and ``shards/`` for a store directory at ``path``.
+
+    A xetfs mount point given as the store is looked into for at most
+    ``DAEMON_TIMEOUT``: its daemon may be stopped or hung, and a look would
+    wait for it for good.
+    """
+    source = _xetfs_source(path)
+    if source is None:
+        return _find_root(path)
+    answered, root = within(DAEMON_TIMEOUT, lambda: _find_root(path))
+    if not answered or root is None:
+        raise StoreError(f"store {path}: this is a xetfs mount of {source}, whose daemon does not answer (it is "
+                         f"stopped or hung): give that store instead; {force_hint(path)}")  # fmt: skip
+    return root
+
+
+def _find_root(path: Path) -> Path:
     try:
         if not path.exists():
             raise StoreError(f"store {path}: no such directory")
@@ -130,11 +147,18 @@ def find_root(path: Path) -> Path:
     raise StoreError(f"store {path}: no shards/ directory found (looked in {looked}){hint}")
 
 
+def _xetfs_source(path: Path) -> str | None:
+    """The store the xetfs mount at ``path`` shows, if ``path`` is a xetfs mount point."""
+    source = xetfs_source(os.path.abspath(path))
+    if source is None or "://" in source:
+        return source
+    return urllib.parse.unquote(source)  # (its non-ASCII, as the mount wrote it)
+
+
 def _mount_given(path: Path) -> None:
     """Raise ``StoreError`` if ``path`` is a xetfs mount point (which was given where its store belongs)."""
-    source = xetfs_source(os.path.abspath(path))
+    source = _xetfs_source(path)
     if source is not None:
-        source = source if "://" in source else urllib.parse.unquote(source)  # (its non-ASCII, as the mount wrote it)
         raise StoreError(f"store {path}: this is a xetfs mount of {source}: give that store instead, or read the "
                          f"files under {path}")  # fmt: skip
 
