@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -26,7 +27,7 @@ from xetfs.base import hashes
 from xetfs.base.exitstatus import MEANING, ExitStatus
 from xetfs.base.messages import plural
 from xetfs.base.settings import DAEMON_TIMEOUT
-from xetfs.commands.mount import format_stats
+from xetfs.commands.statsview import format_stats, summarize_stats
 from xetfs.storage.manifest import MAX_WARNINGS_PER_KIND, ManifestFile, dump_manifest
 
 REPO = oracle.REPO_ROOT
@@ -633,6 +634,56 @@ def test_the_control_directory_is_hidden_but_reachable(packed_mount: Path) -> No
     cd = subprocess.run(["bash", "-c", "cd .xetfs && cat stats"], cwd=packed_mount, capture_output=True, timeout=60)
     assert cd.returncode == 0 and json.loads(cd.stdout)["index"]["files"] == 4
     assert os.stat(packed_mount).st_nlink == 2 + 2  # data, model
+
+
+@pytest.mark.fuse
+def test_stats_shows_a_summary_and_every_counter_with_all(packed_mount: Path, packed: Path) -> None:
+    assert (packed_mount / "model" / "config.json").read_bytes() == TREE["model/config.json"]
+    proc = run_xetfs("stats", packed_mount)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.decode().splitlines()
+    assert [line.split()[0] for line in lines[:-1]] == [
+        "mount", "files", "reads", "cache", "decoded", "workers", "prefetch", "errors", "remote", "refresh"
+    ]  # fmt: skip
+    assert re.fullmatch(rf"mount +{re.escape(str(packed_mount))} of {re.escape(str(packed.resolve()))}: pid \d+, "
+                        r"up [\d.]+ s", lines[0]), lines[0]  # fmt: skip
+    assert lines[1].split(None, 1)[1] == "4 files in 1 shard"
+    assert re.fullmatch(r"reads +[1-9]\d* requests?, .* returned", lines[2]), lines[2]
+    assert lines[7:10] == ["errors    none", "remote    none (a local store)", "refresh   never"]
+    assert lines[-1] == f"(every counter: xetfs stats --all {packed_mount}; the keys: docs/stats.md)"
+    table = run_xetfs("stats", "--all", packed_mount).stdout.decode()
+    doc = json.loads(run_xetfs("stats", "--json", packed_mount).stdout)
+    assert [line[:-1] for line in table.splitlines() if line.endswith(":")] == [
+        k for k, v in doc.items() if isinstance(v, dict)
+    ]
+
+
+@pytest.mark.integration
+def test_the_stats_summary_names_what_went_wrong() -> None:
+    doc = {
+        "index": {"files": 9, "shards": 3, "shards_skipped": 1},
+        "reads": {"requests": 1, "bytes": 4096},
+        "cache": {"bytes": 0, "capacity_bytes": 1 << 20, "hits": 1, "misses": 3, "evictions": 1},
+        "decode": {"chunks": 2, "bytes": 10, "in_workers": 2, "worker_fallbacks": 1},
+        "workers": {"workers": 2, "alive": 1, "lost": 1, "hung": 1},
+        "errors": {"integrity": 2, "missing": 0, "timeout": 1},
+        "remote": {"requests": 5, "bytes": 3 << 20, "retries": 2, "errors": 0, "disk_hits": 1, "disk_bytes": 2048,
+                   "disk_corrupt": 1},
+        "refresh": {"refreshes": 2, "failures": 1, "last_refresh": 0, "last_failure": 0},
+        "uptime_seconds": 3725.0,
+        "pid": 7,
+        "refresh_error": "server down",
+    }  # fmt: skip
+    lines = summarize_stats(doc, "/mnt", "http://mirror/store").splitlines()
+    assert lines[0] == "mount     /mnt of http://mirror/store: pid 7, up 1 h 2 min"
+    assert lines[1] == "files     9 files in 3 shards; 1 skipped (bad shards: see the mount's log)"
+    assert lines[3] == "cache     0 B held of 1.0 MiB; hit ratio 25.0%; 1 eviction"
+    assert lines[4] == "decoded   2 chunks, 10 B (2 in workers); 1 done in the daemon (worker lost)"
+    assert lines[5] == "workers   1 of 2 alive; 1 lost; 1 stopped as hung"
+    assert lines[7] == "errors    3 reads failed with EIO (integrity 2, timeout 1; the mount's log names each)"
+    assert lines[8] == ("remote    5 requests, 3.0 MiB received; 2 retried; disk cache 2.0 KiB, 1 hits, 0 misses; "
+                        "1 corrupt (fetched again)")  # fmt: skip
+    assert lines[9] == "refresh   2 refreshes (last never); 1 failed (last never: server down)"
 
 
 @pytest.mark.fuse

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 from xetfs.base import settings
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import human_size, plural, print_warning
-from xetfs.base.mounttable import force_hint, within
+from xetfs.base.mounttable import force_hint, within, xetfs_source
 from xetfs.base.settings import DAEMON_TIMEOUT
+from xetfs.commands.statsview import format_stats, summarize_stats
 from xetfs.fuse.daemonlog import LogFile
 from xetfs.storage.store import Store
 
@@ -154,6 +155,7 @@ def _add_admin_parsers(sub: Any) -> None:
     p.add_argument("file", nargs="?",
                    help="a file of the mount (a path to it, or one relative to MOUNTPOINT): its chunk count and "
                         "what reads of it decoded, over its size and chunks (amplification)")  # fmt: skip
+    p.add_argument("--all", action="store_true", help="every counter, one section per group (default: a summary)")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.set_defaults(func=cmd_stats)
 
@@ -344,7 +346,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    print(format_stats(doc))
+    if args.all:
+        print(format_stats(doc))
+        return 0
+    print(summarize_stats(doc, args.mountpoint, xetfs_source(os.path.abspath(args.mountpoint))))
     return 0
 
 
@@ -401,25 +406,3 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
         print(f"{'':<22}(a chunk counts for the file whose read decoded it: not counted here are chunks this "
               f"file shares with files read before it, and chunks not read yet)")  # fmt: skip
     return 0
-
-
-def format_stats(doc: dict[str, Any]) -> str:
-    """The stats document as a two-column table, one section per group."""
-    lines = []
-    for group, values in doc.items():
-        if not isinstance(values, dict):
-            shown = f"{values:,.2f}" if isinstance(values, float) else "-" if values == "" else values
-            lines.append(f"{group:<24}{shown}")  # (an empty text, as refresh_error after no failure: "-")
-            continue
-        lines.append(f"{group}:")
-        for key, value in values.items():
-            shown = f"{value:,.3f}" if isinstance(value, float) else f"{value:,}"  # (seconds: to the millisecond)
-            if ("bytes" in key or key == "bytes") and isinstance(value, int) and value >= 1024:
-                shown += f"  ({human_size(value)})"
-            elif key.startswith("last_") and isinstance(value, int):  # (a time: Unix seconds, 0 if never)
-                shown = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(value)) if value else "never"
-            lines.append(f"  {key:<22}{shown}")
-        if group == "cache" and values.get("hits", 0) + values.get("misses", 0):
-            ratio = values["hits"] / (values["hits"] + values["misses"])
-            lines.append(f"  {'hit ratio':<22}{ratio:.1%}")
-    return "\n".join(lines)
