@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -607,6 +608,15 @@ def test_ls_shows_names_and_mtimes(packed: Path) -> None:
     assert len(text) == len(TREE)
     readme = next(line for line in text if line.endswith("  README.md"))
     assert readme.split()[-2:] == ["2020-09-13T12:26:40Z", "README.md"]
+    # On a terminal, a header names the columns, each above its values.
+    if shutil.which("script") is None:
+        pytest.fail("needs script (util-linux)")
+    cmd = shlex.join([sys.executable, "-m", "xetfs", "ls", str(packed)])
+    tty = subprocess.run(["script", "-qec", cmd, "/dev/null"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    header, *lines = tty.stdout.replace("\r", "").splitlines()
+    assert header.split() == ["xet", "hash", "size", "sha256", "terms", "chunks", "mtime", "path"], tty.stdout
+    assert lines == text
+    assert header.index("path") == readme.index("README.md") and header.index("mtime") == readme.index("2020-")
 
 
 @pytest.fixture(scope="module")

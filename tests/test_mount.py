@@ -618,7 +618,7 @@ def test_stats_file_changes_after_a_read(basic_store: OracleStore) -> None:
         assert after["errors"] == {"integrity": 0, "missing": 0, "format": 0, "timeout": 0, "io": 0}
         assert after["index"]["files"] == len(basic_store.unique())
 
-        text = run_xetfs("stats", m.path)
+        text = run_xetfs("stats", "--all", m.path)
         assert text.returncode == 0, text.stderr
         out = text.stdout.decode()
         assert re.search(r"^reads:$", out, re.M) and re.search(r"^  bytes +[\d,]+", out, re.M), out

@@ -227,12 +227,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
         json.dump(rows, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return EXIT_OK
+    named_rows = manifest is not None
+    if sys.stdout.isatty():  # (a header for a person; none for a pipe or a file, whose readers count columns)
+        cells = [f"{'xet hash':<64}", f"{'size':>14}", f"{'sha256':<64}", "terms", f"{'chunks':>7}"]
+        print("  ".join(cells + ([f"{'mtime':<20}", "path"] if named_rows else [])))
     for row in rows:
         cells = [row["hash"], f"{row['size']:>14}", f"{row['sha256'] or '-':<64}", f"{row['terms']:>5}",
                  f"{row['chunks']:>7}"]  # fmt: skip
-        if "path" in row:  # the time to the second
+        if named_rows:  # the time to the second
             mtime = row["mtime"]
-            cells += [mtime.partition(".")[0].removesuffix("Z") + "Z" if mtime else "-", row["path"] or "-"]
+            cells += [f"{mtime.partition('.')[0].removesuffix('Z') + 'Z' if mtime else '-':<20}", row["path"] or "-"]
         print("  ".join(cells))
     return EXIT_OK
 
