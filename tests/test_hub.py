@@ -305,6 +305,14 @@ def test_a_directory_as_a_revision_and_the_layouts(imported: Imported, tmp_path:
     given = "ab" * 20
     xetfs(tmp_path, "pack", src, store, "--repo", "me/tagged", "--repo-type", "dataset", "--commit", given,
           "--no-progress")  # fmt: skip
+    # A pack that moves a ref the store has says so (here a branch set back to an earlier commit).
+    moved = xetfs(tmp_path, "pack", src, store, "--repo", "me/tagged", "--repo-type", "dataset", "--commit",
+                  "cd" * 20, "--no-progress").stdout  # fmt: skip
+    assert moved.rstrip().endswith(f"; 1 ref moved: dataset me/tagged: main {given[:8]} -> {'cd' * 4}"), moved
+    back = xetfs(tmp_path, "pack", src, store, "--repo", "me/tagged", "--repo-type", "dataset", "--commit", given,
+                 "--no-progress").stdout  # fmt: skip
+    assert back.rstrip().endswith(f"; 1 ref moved: dataset me/tagged: main {'cd' * 4} -> {given[:8]}"), back
+    assert "moved" not in again
     with mounted(store) as m:
         folder = m.path / "models--me--copy"
         assert sorted(os.listdir(folder / "refs")) == ["main", "v2"]

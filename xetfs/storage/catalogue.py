@@ -250,6 +250,19 @@ def merge_repo(old: Repo, new: Repo) -> Repo:
     )
 
 
+def moved_refs(old: Catalogue, new: Catalogue) -> list[str]:
+    """What merging ``new`` into ``old`` does to refs ``old`` has: ``"model org/name: main c2f7ab12 -> c7461e0f"``
+    for each ref that will name another commit."""
+    moved = []
+    for repo in new.repos:
+        before = old.repo(repo.type, repo.id)
+        for ref, commit in sorted(repo.refs.items()):
+            was = before.refs.get(ref) if before is not None else None
+            if was is not None and was != commit:
+                moved.append(f"{repo.type} {repo.id}: {ref} {was[:8]} -> {commit[:8]}")
+    return moved
+
+
 def merge(old: Catalogue, new: Catalogue) -> Catalogue:
     """The repos of both; a repo in both is ``merge_repo(old, new)``."""
     repos = {r.key: r for r in old.repos}
@@ -345,14 +358,13 @@ def locked(store_dir: Path, waiting: Callable[[], None] | None = None) -> Iterat
         os.close(fd)
 
 
-def update_catalogue(store_dir: Path, new: Catalogue) -> Catalogue:
-    """Merge ``new`` into the store's catalogue, write it atomically, and return the result.
+def update_catalogue(store_dir: Path, new: Catalogue) -> list[str]:
+    """Merge ``new`` into the store's catalogue and write it atomically; the refs that moved (``moved_refs``).
 
     The caller holds ``locked(store_dir)``.  An unreadable existing
     catalogue raises ``CatalogueError`` rather than being overwritten.
     """
     path = store_dir / CATALOGUE_NAME
     old = load_catalogue(path) if path.exists() else Catalogue()
-    merged = merge(old, new)
-    write_catalogue(path, merged)
-    return merged
+    write_catalogue(path, merge(old, new))
+    return moved_refs(old, new)

@@ -189,13 +189,15 @@ class HubPackResult:
     store_bytes: int  # bytes the store grew by
     skipped: str
     skipped_count: int = 0  # the items ``skipped`` sums up
+    moved: tuple[str, ...] = ()  # refs the store had that now name another commit (``catalogue.moved_refs``)
 
     def line(self, store: Path) -> str:
+        moved = f"; {plural(len(self.moved), 'ref')} moved: {', '.join(self.moved)}" if self.moved else ""
         return (
             f"imported {plural(self.repos, 'repo')}, {plural(self.revisions, 'revision')}, "
             f"{plural(self.files, 'file')} into {store}: {plural(self.uploaded, 'file')} read "
             f"({plural(self.cache_bytes, 'byte')}) -> {plural(self.store_bytes, 'store byte')} added"
-            f"{read_over_added(self.cache_bytes, self.store_bytes)}; {self.skipped}"
+            f"{read_over_added(self.cache_bytes, self.store_bytes)}; {self.skipped}{moved}"
         )
 
 
@@ -256,10 +258,10 @@ def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Seq
         new = _catalogue(scanned, old, by_local, skips)
         if strict:
             refuse_skips(skips.total, "item")
-        update_catalogue(store_dir, new)
+        moved = update_catalogue(store_dir, new)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
-    return _result(new, stored, grown, skips)
+    return replace(_result(new, stored, grown, skips), moved=tuple(moved))
 
 
 def _waiting(store_dir: Path, warn: Warn) -> Callable[[], None]:
@@ -411,7 +413,7 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         blobs = {s.blob: s.content for s in stored if s is not None}
         commit_id = commit.lower() if commit else derive_commit(files)
         new = Catalogue((Repo(repo_type, repo_id, {revision: commit_id}, blobs, {commit_id: Revision(files)}),))
-        update_catalogue(store_dir, new)
+        moved = update_catalogue(store_dir, new)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
-    return commit_id, replace(_result(new, stored, grown, skips), skipped_count=len(plan.skipped))
+    return commit_id, replace(_result(new, stored, grown, skips), skipped_count=len(plan.skipped), moved=tuple(moved))
