@@ -41,7 +41,8 @@ fuse = pytest.mark.fuse
 SUMMARY = re.compile(
     r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) files? read \((\d+) bytes?\) -> "
     r"(-?\d+) store bytes? added(?: \(read / added: ([\d.]+)x"
-    r"(?:, dedup and compression|: no dedup or compression gain)\))?; (.*)"
+    r"(?:, dedup and compression|: no dedup or compression gain|: the shard and xorb footers outweigh so few "
+    r"bytes)\))?; (.*)"
 )
 
 

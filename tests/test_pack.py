@@ -524,3 +524,10 @@ def test_a_damaged_hf_xet_index_is_replaced(tmp_path: Path, cli: CliRunner) -> N
     assert f"{index}: hf_xet cannot open its index" in proc.stderr
     assert set(read_manifest(store)) == {"a", "b"}
     assert cli("verify", store).returncode == 0
+
+
+def test_the_summary_words_what_read_over_added_means() -> None:
+    assert read_over_added(300, 100) == " (read / added: 3.00x, dedup and compression)"
+    assert read_over_added(1000, 1010) == " (read / added: 0.99x: no dedup or compression gain)"
+    assert read_over_added(288, 1329) == " (read / added: 0.22x: the shard and xorb footers outweigh so few bytes)"
+    assert read_over_added(0, 100) == read_over_added(100, 0) == ""

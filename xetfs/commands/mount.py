@@ -309,8 +309,9 @@ def cmd_refresh(args: argparse.Namespace) -> int:
         return 0
     names = r.get("names_added", 0) - before["refresh"].get("names_added", 0)
     if shards == files == 0:  # (the catalogue or names changed, or their tags could not vouch that they had not)
-        print(f"refreshed {mountpoint}: no new shard or file, {plural(names, 'new name')}; the names were read "
-              "again (a name that changed shows now)", file=sys.stderr)  # fmt: skip
+        added = f"{plural(names, 'new name')}" if names else "no new name"
+        print(f"refreshed {mountpoint}: no new shard or file, {added}; the names were read again, so a ref or "
+              "path that changed shows now", file=sys.stderr)  # fmt: skip
         return 0
     print(f"refreshed {mountpoint}: {plural(shards, 'new shard')}, {plural(files, 'new file')}, "
           f"{plural(names, 'new name')}", file=sys.stderr)  # fmt: skip

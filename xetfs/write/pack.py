@@ -383,6 +383,8 @@ def read_over_added(read: int, added: int) -> str:
     if read <= 0 or added <= 0:
         return ""
     ratio = round(read / added, 2)
+    if ratio < 0.5:  # (a few small files: the new shard, and each xorb's footer, outweigh them)
+        return f" (read / added: {ratio:.2f}x: the shard and xorb footers outweigh so few bytes)"
     if ratio <= 1.0:  # (bytes neither dedup nor compression shrank grow a store a little more: chunk headers)
         return f" (read / added: {ratio:.2f}x: no dedup or compression gain)"
     return f" (read / added: {ratio:.2f}x, dedup and compression)"
