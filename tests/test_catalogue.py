@@ -95,6 +95,24 @@ def test_merge_moves_refs_and_unites_revisions() -> None:
     assert r is not None and set(r.revisions[C1].files) == {"model.safetensors", "sub/config.json", "more.json"}
 
 
+def test_a_blob_keeps_the_time_first_recorded_for_it() -> None:
+    def with_time(ns: int | None) -> Catalogue:
+        return Catalogue((Repo("model", "org/name", {}, {SHA1: Content(X2, 7, ns)}, {}),))
+
+    def time_of(cat: Catalogue) -> int | None:
+        r = cat.repo("model", "org/name")
+        assert r is not None
+        return r.blobs[SHA1].mtime_ns
+
+    first, later = 1_600_000_000_123_456_789, 1_700_000_000_000_000_000
+    assert time_of(merge(with_time(first), with_time(later))) == first  # (a pack of the same bytes, later)
+    assert time_of(merge(with_time(None), with_time(later))) == later  # (a catalogue that had no time)
+    assert time_of(merge(with_time(first), with_time(None))) == first
+    back = parse_catalogue(dump_catalogue(with_time(first)), source="t")
+    assert time_of(back) == first and b'"mtime": "2020-09-13T12:26:40.123456789Z"' in dump_catalogue(back)
+    assert b'"mtime"' not in dump_catalogue(with_time(None))
+
+
 def test_write_is_atomic_and_load_needs_no_write_access(tmp_path: Path) -> None:
     path = tmp_path / CATALOGUE_NAME
     write_catalogue(path, Catalogue((repo(),)))

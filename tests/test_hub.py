@@ -71,8 +71,13 @@ def hf_cache_ls(cache: Path, tmp: Path) -> list[dict[str, Any]]:
 def imported(tmp_path_factory: pytest.TempPathFactory) -> Imported:
     tmp = tmp_path_factory.mktemp("hub")
     spec = hub_cache.make_hub_cache(tmp / "cache")
+    for i, blob in enumerate(sorted(spec.root.glob("*/blobs/*"))):  # (distinct times, long past: a mount shows them)
+        os.utime(blob, ns=(BLOB_TIME_NS + i * 1_000_000_123,) * 2)
     store = tmp / "store"
     return Imported(spec, store, tmp, xetfs(tmp, "pack", "--hub-cache", spec.root, store, "--no-progress"))
+
+
+BLOB_TIME_NS = 1_600_000_000_000_000_000  # 2020-09-13
 
 
 @pytest.mark.integration
@@ -162,6 +167,8 @@ def test_the_mount_is_the_cache_for_every_client(imported: Imported) -> None:
                 assert path.is_symlink()
                 assert os.readlink(path) == os.readlink(cache / path.relative_to(m.path))
         assert (folder / ".no_exist" / c1 / "nested" / "absent.txt").stat().st_size == 0
+        for blob in cache.glob("*/blobs/*"):  # a blob shows the time its file had in the cache, on every node
+            assert os.stat(m.path / blob.relative_to(cache)).st_mtime_ns == blob.stat().st_mtime_ns, blob
         got = clients(m.path, imported.tmp)
         got_ls = hf_cache_ls(m.path, imported.tmp)
         stats = m.stats()

@@ -54,6 +54,9 @@ def _repo(repo: Repo, builder: TreeBuilder) -> Pending:
             log.add("size", f"{where}: blob {name}: {content.size} bytes in the catalogue, {entry.size} in the store")
         _place(folder, ("blobs", name), functools.partial(builder.link, inode), where, log)
         present.add(name)
+        if content.mtime_ns is not None:  # (the latest, when several blobs name one file: as a manifest's names)
+            i = inode - builder.first_file_inode
+            builder.mtimes[i] = max(builder.mtimes[i], content.mtime_ns)
     for ref, commit in repo.refs.items():
         ref_file = functools.partial(builder.add, Kind.DATA, commit.encode())
         _place(folder, ("refs", *ref.split("/")), ref_file, where, log)

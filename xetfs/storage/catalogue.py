@@ -8,14 +8,16 @@ lock that serialises writers.  The format::
     {"format": "xetfs-hub", "version": 1,
      "repos": [{"type": "model", "id": "org/name",
                 "refs": {"main": "<commit>", "pr/1": "<commit>"},
-                "blobs": {"<blob name>": {"xetHash": "<64 hex>", "size": 123}},
+                "blobs": {"<blob name>": {"xetHash": "<64 hex>", "size": 123,
+                                          "mtime": "2024-05-01T12:00:00.5Z"}},
                 "revisions": {"<commit>": {"files": {"dir/a.json": "<blob name>"},
                                            "noExist": ["adapter_config.json"],
                                            "tree": {"xetHash": "<64 hex>", "size": 456}}}}]}
 
 A blob name is what huggingface_hub names the file in ``blobs/``: a sha256
 (64 hex) or a git blob sha1 (40 hex).  ``tree`` is the bytes of
-``trees/<commit>.json`` when the cache had one.
+``trees/<commit>.json`` when the cache had one.  A blob's ``mtime`` (optional)
+is the time its file had where it was packed from; a mount shows it.
 
 Contract of ``parse_catalogue``: input that is not a catalogue document at
 all raises ``CatalogueError``; a bad repo, ref, revision or file is dropped
@@ -37,7 +39,7 @@ from typing import Any
 from xetfs.base import hashes
 from xetfs.base.errors import CatalogueError
 from xetfs.storage.layout import find_beside, replace_file
-from xetfs.storage.manifest import WarningLog, parse_json, path_problem
+from xetfs.storage.manifest import WarningLog, format_mtime, parse_json, parse_mtime, path_problem
 from xetfs.storage.store import Store
 
 CATALOGUE_NAME = "xetfs-hub.json"
@@ -54,10 +56,12 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?
 
 @dataclass(frozen=True, slots=True)
 class Content:
-    """Bytes kept in the store: the Xet file hash (hex) and the size."""
+    """Bytes kept in the store: the Xet file hash (hex) and the size; for a blob, the modification time its
+    file had where it was packed from (the Hub cache's blob, or the directory's file), when recorded."""
 
     xet_hash: str
     size: int
+    mtime_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +202,7 @@ def _content(value: Any) -> Content | None:
     xet, size = value.get("xetHash"), value.get("size")
     if not isinstance(xet, str) or not hashes.is_hex(xet) or type(size) is not int or size < 0:
         return None
-    return Content(xet.lower(), size)
+    return Content(xet.lower(), size, parse_mtime(value.get("mtime")))  # (a bad time: none, as none recorded)
 
 
 def _revision(commit: str, value: Any, blobs: Mapping[str, Content], where: str, log: WarningLog) -> Revision | None:
@@ -233,7 +237,8 @@ def _revision(commit: str, value: Any, blobs: Mapping[str, Content], where: str,
 
 
 def merge_repo(old: Repo, new: Repo) -> Repo:
-    """``new`` over ``old``: refs move to ``new``'s commits, blobs and revisions are united."""
+    """``new`` over ``old``: refs move to ``new``'s commits, blobs and revisions are united (a blob keeps the
+    time first recorded for it, so that every node and every later pack shows the same)."""
     revisions = dict(old.revisions)
     for commit, rev in new.revisions.items():
         before = revisions.get(commit)
@@ -242,10 +247,11 @@ def merge_repo(old: Repo, new: Repo) -> Repo:
             no_exist = tuple(sorted((set(before.no_exist) | set(rev.no_exist)) - set(files)))
             rev = Revision(files, no_exist, rev.tree or before.tree)
         revisions[commit] = rev
+    kept = {name: c for name, c in old.blobs.items() if c.mtime_ns is not None or name not in new.blobs}
     return replace(
         old,
         refs={**old.refs, **new.refs},
-        blobs={**old.blobs, **new.blobs},
+        blobs={**new.blobs, **kept},
         revisions=revisions,
     )
 
@@ -275,7 +281,10 @@ def dump_catalogue(catalogue: Catalogue) -> bytes:
     """The catalogue document (sorted, UTF-8 JSON); ``parse_catalogue`` reads it back unchanged."""
 
     def content(c: Content) -> dict[str, Any]:
-        return {"xetHash": c.xet_hash, "size": c.size}
+        row: dict[str, Any] = {"xetHash": c.xet_hash, "size": c.size}
+        if c.mtime_ns is not None:
+            row["mtime"] = format_mtime(c.mtime_ns)
+        return row
 
     repos = []
     for r in sorted(catalogue.repos, key=lambda r: r.key):

@@ -128,7 +128,8 @@ def upload_checked(jobs: Sequence[Job], store_dir: Path, *, progress: bool, warn
     uploaded = upload(paths, store_dir, progress=progress, rounds=rounds) if ready else []
     out: list[Stored | None] = [None] * len(jobs)
     for (i, stamp, digests), up in zip(ready, uploaded, strict=True):
-        out[i] = _check(jobs[i], stamp, digests, up.sha256, Content(hashes.to_hex(up.xet_hash), up.size), warn)
+        content = Content(hashes.to_hex(up.xet_hash), up.size, stamp[1])
+        out[i] = _check(jobs[i], stamp, digests, up.sha256, content, warn)
     return out
 
 
