@@ -39,7 +39,8 @@ from xetfs.storage.store import Store
 
 fuse = pytest.mark.fuse
 SUMMARY = re.compile(
-    r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) files? read \((\d+) bytes?\) -> "
+    r"imported (\d+) repos?, (\d+) revisions?, (\d+) files? into .*: (\d+) files? read \((\d+) bytes?"
+    r"(?:; \d+ unchanged, not read again)?\) -> "
     r"(-?\d+) store bytes? added(?: \(read / added: ([\d.]+)x"
     r"(?:, dedup and compression|: no dedup or compression gain|: the shard and xorb footers outweigh so few "
     r"bytes)\))?; (.*)"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import hub_cache
-from helpers.oracle import CliRunner, hf_xet_env
+from helpers.oracle import CliRunner, hf_xet_env, run_xetfs
 
 from xetfs.base import hashes
 from xetfs.base.errors import ManifestError, XetfsError
@@ -311,7 +311,7 @@ def test_pack_parser_hub_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         with pytest.raises(PackUsageError):
             pack_targets(parser.parse_args(bad))
     follow = parser.parse_args(["pack", "--hub-cache", str(tmp_path / "hub"), "STORE", "--follow-symlinks"])
-    with pytest.raises(PackUsageError, match=r"--follow-symlinks go with pack SRC\.\.\. STORE"):
+    with pytest.raises(PackUsageError, match=r"--follow-symlinks and --reread go with pack SRC\.\.\. STORE"):
         cmd_pack(follow)  # (a cache's snapshots are links by design: --hub-cache reads them as such)
 
 
@@ -387,12 +387,42 @@ def test_packing_again_merges_the_manifest(tmp_path: Path) -> None:
     before = read_manifest(store)
     proc = run_pack(tmp_path, second / "a", tmp_path / "first" / "b", store)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
-    assert proc.stdout.endswith(f"{store / MANIFEST_NAME} names 2 files (1 with new bytes)\n"), proc.stdout
+    assert proc.stdout.startswith("packed 1 file (3 bytes)"), proc.stdout  # ("b" is as it was: not read again)
+    assert proc.stdout.endswith(
+        f"{store / MANIFEST_NAME} names 2 files (1 unchanged, not read again, 1 with new bytes)\n"
+    ), proc.stdout
     after = read_manifest(store)
     assert set(after) == {"a", "b"}
     assert after["b"] == before["b"] and after["a"] != before["a"]
     assert after["a"]["lfs"] == {"oid": hashlib.sha256(b"two").hexdigest(), "size": 3}
     assert len(load_index(Store.open(store)).index) == 3  # both versions of "a" stay in the store
+
+
+def test_packing_again_reads_only_what_changed(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", {"a": b"one" * 1000, "b": b"bee", "sub/c": b"sea"}, ())
+    store = tmp_path / "store"
+    assert run_pack(tmp_path, src, store).returncode == 0
+    first = read_manifest(store)
+    again = run_pack(tmp_path, src, store)
+    assert again.returncode == 0 and again.stderr == "", again.stderr
+    assert again.stdout.startswith(f"packed 0 files (0 bytes) into {store}: 0 store bytes added; "), again.stdout
+    assert again.stdout.endswith("names 3 files (3 unchanged, not read again)\n") and read_manifest(store) == first
+    # Same size, another time: read again; a file whose bytes the store lost: read again; --reread: all of them.
+    (src / "b").write_bytes(b"BEE")
+    for shard in list(store.rglob("*.mdb")):  # (every shard gone: the store no longer holds any file's bytes)
+        shard.unlink()
+    lost = run_pack(tmp_path, src, store)
+    assert lost.returncode == 0 and lost.stdout.startswith("packed 3 files (3006 bytes)"), lost.stdout
+    assert lost.stderr.startswith("xetfs: warning: every file is read again: the store's shards cannot tell what "
+                                  "it holds: "), lost.stderr  # fmt: skip
+    assert run_pack(tmp_path, src, store).stdout.startswith("packed 0 files"), "all known again"
+    os.utime(src / "sub" / "c", ns=(1, 1))
+    touched = run_pack(tmp_path, src, store)
+    assert touched.stdout.startswith("packed 1 file (3 bytes)") and "2 unchanged" in touched.stdout, touched.stdout
+    assert read_manifest(store)["sub/c"]["mtime"] == "1970-01-01T00:00:00.000000001Z"
+    reread = run_pack(tmp_path, src, store, "--reread")
+    assert reread.stdout.startswith("packed 3 files (3006 bytes)") and "unchanged" not in reread.stdout, reread.stdout
+    assert run_xetfs("verify", store).returncode == 0
 
 
 def test_packing_again_with_replace_drops_the_names_of_deleted_files(tmp_path: Path) -> None:
@@ -405,7 +435,7 @@ def test_packing_again_with_replace_drops_the_names_of_deleted_files(tmp_path: P
     assert kept.returncode == 0 and set(read_manifest(store)) == {"a", "b", "sub", "sub/c"}, kept.stdout
     replaced = run_pack(tmp_path, src, store, "--replace")
     assert replaced.returncode == 0, replaced.stderr
-    assert replaced.stdout.endswith(f"{store / MANIFEST_NAME} names 2 files (1 removed)\n"), replaced.stdout
+    assert replaced.stdout.endswith("names 2 files (2 unchanged, not read again, 1 removed)\n"), replaced.stdout
     assert set(read_manifest(store)) == {"a", "sub", "sub/c"}
     refused = run_pack(tmp_path, src, store, "--replace", "--repo", "org/name")
     assert refused.returncode != 0 and "--replace goes with pack SRC... STORE" in refused.stderr

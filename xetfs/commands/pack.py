@@ -59,8 +59,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
     if args.replace and (cache_dir is not None or args.repo):
         raise PackUsageError("--replace goes with pack SRC... STORE (a revision of a repo names its files anyway)")
     if cache_dir is not None:
-        if args.revision or args.commit or args.repo_type or args.follow_symlinks:
-            raise PackUsageError("--revision, --commit, --repo-type and --follow-symlinks go with pack SRC... STORE")
+        if args.revision or args.commit or args.repo_type or args.follow_symlinks or args.reread:
+            raise PackUsageError(
+                "--revision, --commit, --repo-type, --follow-symlinks and --reread go with pack SRC... STORE"
+            )
         hub = pack_hub_cache(cache_dir, store, repos=args.repo or (), progress=show, strict=args.strict)
         print(hub.line(Path(store)))
         return ExitStatus.SKIPPED if hub.skipped_count else done
@@ -70,14 +72,14 @@ def cmd_pack(args: argparse.Namespace) -> int:
         commit, hub = pack_revision(
             sources, store, repo_id=args.repo[0], repo_type=args.repo_type or "model",
             revision=args.revision or "main", commit=args.commit, progress=show, strict=args.strict,
-            follow_symlinks=args.follow_symlinks,
+            follow_symlinks=args.follow_symlinks, reread=args.reread,
         )  # fmt: skip
         print(f"{args.repo[0]} {args.revision or 'main'} = {commit}; {hub.line(Path(store))}")
         return ExitStatus.SKIPPED if hub.skipped_count else done
     if args.revision or args.commit or args.repo_type:
         raise PackUsageError("--revision, --commit and --repo-type need --repo")
     result = pack(sources, store, progress=show, strict=args.strict, follow_symlinks=args.follow_symlinks,
-                  replace=args.replace)  # fmt: skip
+                  replace=args.replace, reread=args.reread)  # fmt: skip
     print(result.line())
     return ExitStatus.SKIPPED if result.skipped else done
 
@@ -114,6 +116,9 @@ def add_pack_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], No
                         "names from earlier packs that are not among them go, files deleted from SRC since "
                         "included (their bytes stay in the store); without it, a pack adds to the names "
                         "there")  # fmt: skip
+    p.add_argument("--reread", action="store_true",
+                   help="with SRC: read every file again, also those the store names at their path with the "
+                        "size and modification time they have now (otherwise taken as they are)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_pack)
     add_common(p)

@@ -39,7 +39,7 @@ from xetfs.storage.catalogue import (
 )
 from xetfs.storage.remote import publish
 from xetfs.write.hubcache import CachedRepo, Digests, digest_file, is_lfs_path, scan_cache
-from xetfs.write.pack import links_hint, plan_pack, read_over_added, refuse_skips, store_bytes, upload
+from xetfs.write.pack import Source, held, links_hint, plan_pack, read_over_added, refuse_skips, store_bytes, upload
 
 Warn = Callable[[str], None]
 
@@ -191,13 +191,15 @@ class HubPackResult:
     skipped: str
     skipped_count: int = 0  # the items ``skipped`` sums up
     moved: tuple[str, ...] = ()  # refs the store had that now name another commit (``catalogue.moved_refs``)
+    unchanged: int = 0  # files of a directory the revision had with the same size and time: not read again
 
     def line(self, store: Path) -> str:
         moved = f"; {plural(len(self.moved), 'ref')} moved: {', '.join(self.moved)}" if self.moved else ""
+        unchanged = f"; {self.unchanged} unchanged, not read again" if self.unchanged else ""
         return (
             f"imported {plural(self.repos, 'repo')}, {plural(self.revisions, 'revision')}, "
             f"{plural(self.files, 'file')} into {store}: {plural(self.uploaded, 'file')} read "
-            f"({plural(self.cache_bytes, 'byte')}) -> {plural(self.store_bytes, 'store byte')} added"
+            f"({plural(self.cache_bytes, 'byte')}{unchanged}) -> {plural(self.store_bytes, 'store byte')} added"
             f"{read_over_added(self.cache_bytes, self.store_bytes)}; {self.skipped}{moved}"
         )
 
@@ -377,13 +379,16 @@ def derive_commit(files: dict[str, str]) -> str:
 def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.PathLike[str], *, repo_id: str,
                   repo_type: str = "model", revision: str = "main", commit: str | None = None,
                   progress: bool = False, warn: Warn = print_warning, strict: bool = False,
-                  follow_symlinks: bool = False) -> tuple[str, HubPackResult]:  # fmt: skip
+                  follow_symlinks: bool = False, reread: bool = False) -> tuple[str, HubPackResult]:  # fmt: skip
     """Record the files of ``sources`` (named as plain ``pack`` names them) as one revision of a repo.
 
     Returns the commit id and the result.  Raises ``XetfsError`` for a bad
     repo id, ref or commit, when a file fails its checks (a revision is
     recorded whole or not at all), and with ``strict`` when a source path
-    would be skipped.  ``follow_symlinks`` as for ``pack.plan_pack``.
+    would be skipped.  ``follow_symlinks`` as for ``pack.plan_pack``.  A
+    file that the revision ``revision`` names now has at its path, with the
+    size and time it has now, is not read again (unless ``reread``), as in
+    a plain ``pack``.
     """
     problem = repo_id_problem(repo_id)
     if problem is not None:
@@ -400,12 +405,17 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
     if strict:
         refuse_skips(len(plan.skipped))
     paths = ["/".join(f.path) for f in plan.files]
-    jobs = [Job(f.local, None, is_lfs_path(p, _size(f.local))) for f, p in zip(plan.files, paths, strict=True)]
     with locked(store_dir, _waiting(store_dir, warn)):
-        _existing(store_dir)  # a broken catalogue stops the pack before anything is uploaded
+        old = _existing(store_dir)  # a broken catalogue stops the pack before anything is uploaded
+        known = {} if reread else _unchanged(plan.files, paths, old.repo(repo_type, repo_id), revision, store_dir, warn)
+        todo = [i for i, p in enumerate(paths) if p not in known]
+        jobs = [Job(plan.files[i].local, None, is_lfs_path(paths[i], plan.files[i].size)) for i in todo]
         before = store_bytes(store_dir)
-        stored = upload_checked(jobs, store_dir, progress=progress, warn=skips)
-        failed = [str(j.local) for j, s in zip(jobs, stored, strict=True) if s is None]
+        uploaded = upload_checked(jobs, store_dir, progress=progress, warn=skips) if jobs else []
+        stored: list[Stored | None] = [known.get(p) for p in paths]
+        for i, s in zip(todo, uploaded, strict=True):
+            stored[i] = s
+        failed = [str(j.local) for j, s in zip(jobs, uploaded, strict=True) if s is None]
         if failed:
             raise XetfsError(
                 f"revision not recorded: {plural(len(failed), 'file')} failed their checks: {', '.join(failed)}"
@@ -417,4 +427,22 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         moved = update_catalogue(store_dir, new)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
-    return commit_id, replace(_result(new, stored, grown, skips), skipped_count=len(plan.skipped), moved=tuple(moved))
+    result = _result(new, uploaded, grown, skips)
+    return commit_id, replace(result, skipped_count=len(plan.skipped), moved=tuple(moved), unchanged=len(known))
+
+
+def _unchanged(files: Sequence[Source], paths: Sequence[str], repo: Repo | None, revision: str,
+               store_dir: Path, warn: Warn) -> dict[str, Stored]:  # fmt: skip
+    """By path, the blobs of the files that ``revision`` of ``repo`` names at their path with the size and time
+    they have now, and whose bytes the store holds: what a pack need not read again (as ``pack.unchanged``)."""
+    rev = repo.revisions.get(repo.refs.get(revision, "")) if repo is not None else None
+    if rev is None:
+        return {}
+    same = {}
+    for f, path in zip(files, paths, strict=True):
+        blob = rev.files.get(path)
+        content = repo.blobs.get(blob) if repo is not None and blob is not None else None
+        if blob is not None and content is not None and (content.size, content.mtime_ns) == (f.size, f.mtime_ns):
+            same[path] = Stored(blob, content)
+    there = held(store_dir, [hashes.from_hex(s.content.xet_hash) for s in same.values()], warn)
+    return {p: s for p, s in same.items() if hashes.from_hex(s.content.xet_hash) in there}

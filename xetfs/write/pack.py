@@ -73,11 +73,12 @@ def find_manifest(store_dir: Path) -> Path | None:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """One file to upload: its name in the manifest, where it is on disk (absolute), its mtime (ns)."""
+    """One file to upload: its name in the manifest, where it is on disk (absolute), its mtime (ns) and size."""
 
     path: PathParts
     local: Path
     mtime_ns: int
+    size: int
 
 
 @dataclass
@@ -127,7 +128,7 @@ def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = print_warning, 
                 plan.directories.append(prefix)
             _walk(src, prefix, plan, skip, warn, follow_symlinks)
         elif stat.S_ISREG(st.st_mode):
-            plan.files.append(Source((_top_name(src),), src.absolute(), st.st_mtime_ns))
+            plan.files.append(Source((_top_name(src),), src.absolute(), st.st_mtime_ns, st.st_size))
         else:
             raise XetfsError(f"{src}: not a regular file or directory")
     if not plan.files:
@@ -189,7 +190,8 @@ def _walk(top: Path, prefix: PathParts, plan: Plan, skip: Path, warn: Warn, foll
                 plan.directories.append((*parts, e.name))
                 below.append((path, (*parts, e.name), above | {real}))
             elif e.is_file(follow_symlinks=follow):
-                plan.files.append(Source((*parts, e.name), path.absolute(), e.stat(follow_symlinks=follow).st_mtime_ns))
+                st = e.stat(follow_symlinks=follow)
+                plan.files.append(Source((*parts, e.name), path.absolute(), st.st_mtime_ns, st.st_size))
             else:
                 skipped(f"skipping {path}: not a regular file", path)
         stack.extend(reversed(below))
@@ -363,10 +365,12 @@ class PackResult:
     store_bytes: int = 0  # what the store grew by
     changed: int = 0  # paths named before that now name other bytes
     removed: int = 0  # paths named before and no more (``--replace``)
+    unchanged: int = 0  # files the manifest named with the size and time they have: not read again
 
     def line(self) -> str:
         """The summary line ``pack`` prints."""
-        news = [f"{self.changed} with new bytes"] if self.changed else []
+        news = [f"{self.unchanged} unchanged, not read again"] if self.unchanged else []
+        news += [f"{self.changed} with new bytes"] if self.changed else []
         news += [f"{self.removed} removed"] if self.removed else []
         skipped = f"; skipped {plural(self.skipped, 'path')} (see the warnings)" if self.skipped else ""
         return (
@@ -418,9 +422,14 @@ def pack(
     strict: bool = False,
     follow_symlinks: bool = False,
     replace: bool = False,
+    reread: bool = False,
 ) -> PackResult:
     """Upload ``sources`` into ``store`` and merge their names into its manifest (with ``replace``, the
     manifest names only what ``sources`` hold).
+
+    A file the manifest names at its path with the size and modification
+    time it has now, whose bytes the store holds, is taken as it is, not
+    read again (``unchanged``), unless ``reread``.
 
     With ``strict``, a source path that would be skipped (``Plan.skipped``)
     stops the pack before anything is uploaded.  Raises ``XetfsError`` or
@@ -442,11 +451,12 @@ def pack(
         manifest_path = store_dir / MANIFEST_NAME
         old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
         before = store_bytes(store_dir)
-        results = upload([f.local for f in plan.files], store_dir, progress=progress)
+        kept, todo = ([], plan.files) if reread else unchanged(plan.files, old, store_dir, warn)
+        results = upload([f.local for f in todo], store_dir, progress=progress) if todo else []
         new: list[Entry] = [
-            ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns)
-            for f, r in zip(plan.files, results, strict=True)
+            ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns) for f, r in zip(todo, results, strict=True)
         ]
+        new.extend(kept)
         new.extend(plan.directories)
         merged, messages, (changed, removed) = merge(new, old, source=MANIFEST_NAME, replace=replace)
         for message in messages:
@@ -455,4 +465,36 @@ def pack(
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
     return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files),
-                      len(plan.skipped), grown, changed, removed)  # fmt: skip
+                      len(plan.skipped), grown, changed, removed, len(kept))  # fmt: skip
+
+
+def unchanged(
+    files: Sequence[Source], old: Manifest | None, store_dir: Path, warn: Warn
+) -> tuple[list[ManifestFile], list[Source]]:
+    """The entries of ``old`` for the files it names with the size and modification time they have now, whose
+    bytes the store holds (the store's shards are read to know), and the files to upload: the rest.
+
+    Size and time are the test rsync makes; a file changed within the same
+    second and size on a filesystem with coarse times needs ``--reread``.
+    """
+    known = {f.path: f for f in (old.files if old is not None else ()) if f.mtime_ns is not None}
+    same = [f for f in files if (e := known.get(f.path)) is not None and (e.size, e.mtime_ns) == (f.size, f.mtime_ns)]
+    there = held(store_dir, [known[f.path].xet_hash for f in same], warn)
+    kept = {f.path: known[f.path] for f in same if known[f.path].xet_hash in there}
+    return list(kept.values()), [f for f in files if f.path not in kept]
+
+
+def held(store_dir: Path, file_hashes: Sequence[bytes], warn: Warn) -> set[bytes]:
+    """Which of ``file_hashes`` the store's shards list (read only if there are any to ask about); none, with a
+    warning, if the shards cannot be read: then a pack reads every file again."""
+    if not file_hashes:
+        return set()
+    from xetfs.storage.indexer import load_index
+    from xetfs.storage.store import Store
+
+    try:
+        index = load_index(Store.open(store_dir)).index
+    except XetfsError as exc:
+        warn(f"every file is read again: the store's shards cannot tell what it holds: {exc}")
+        return set()
+    return {h for h in file_hashes if index.get(h) is not None}
