@@ -154,3 +154,26 @@ def test_verify_names_only_the_files_that_touch_the_damaged_chunk(tmp_path: Path
     assert len(unchecked) == 1, out  # one file uses that chunk; the other five are read and hashed
     assert re.match(r"PROBLEM: model/model\.safetensors \(file [0-9a-f]{64}\): content not checked", unchecked[0]), out
     assert "6 files" in out.splitlines()[-1]
+
+
+def test_verify_names_the_files_and_xorbs_a_bad_shard_takes_with_it(tmp_path: Path) -> None:
+    """A cut shard is one problem; the named files it listed are another, and its xorbs are counted in a note."""
+    sample = Path(__file__).resolve().parent.parent / "sample" / "store"
+    store = tmp_path / "store"
+    shutil.copytree(sample, store)
+    (shard,) = store.rglob("shards/*.mdb")
+    oracle.truncate(shard, 3000)
+    result = oracle.run_xetfs("verify", store)
+    out = result.stdout.decode()
+    assert result.returncode == 3, out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"PROBLEM: shard {shard.name}: "), out
+    assert re.fullmatch(r"PROBLEM: names: 6 of the 6 files named are not in the store \(a bad or lost shard's\?\); "
+                        r"the first: README\.md \(file [0-9a-f]{64}\)", lines[1]), out  # fmt: skip
+    assert lines[2] == ("note: 1 xorb no shard lists (a bad or lost shard's, or a pack's stopped before it wrote its "
+                        "shard): no file needs them"), out  # fmt: skip
+    assert lines[3].startswith("2 problems: 1 shard, 1 xorb, "), out
+    (store / "xetfs-manifest.json").write_text("{not json")
+    broken = oracle.run_xetfs("verify", store).stdout.decode()
+    assert f"\nPROBLEM: manifest {store / 'xetfs-manifest.json'}: not valid JSON: " in broken, broken
+    assert broken.splitlines()[-1].startswith("2 problems: "), broken  # (the shard, the manifest)

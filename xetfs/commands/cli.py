@@ -8,7 +8,7 @@ stderr and a non-zero exit status; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import io
 import json
 import logging
@@ -337,28 +337,13 @@ def _stdout_writer() -> Callable[[bytes | memoryview], None]:
     return write_all
 
 
-def _file_names(store: Store, catalogue: Catalogue | None) -> dict[bytes, str]:
-    """A path for each file the store's names manifest or Hub catalogue names, for ``verify``'s messages."""
-    from xetfs.storage.manifest import store_manifest
-
-    names: dict[bytes, str] = {}
-    with contextlib.suppress(XetfsError):  # (a broken manifest only costs the names)
-        for f in manifest.files if (manifest := store_manifest(store)) else ():
-            names.setdefault(f.xet_hash, f.name)
-    for repo in catalogue.repos if catalogue else ():
-        for commit, rev in sorted(repo.revisions.items()):
-            for path, blob in sorted(rev.files.items()):
-                if (content := repo.blobs.get(blob)) is not None:
-                    names.setdefault(hashes.from_hex(content.xet_hash), f"{repo.id}@{commit[:12]}/{path}")
-    return names
-
-
 def cmd_verify(args: argparse.Namespace) -> int:
     import trio
 
     from xetfs.commands.args import open_location
-    from xetfs.commands.verify import audit, audit_catalogue
+    from xetfs.commands.verify import audit
     from xetfs.storage.catalogue import store_catalogue
+    from xetfs.storage.manifest import store_manifest
 
     if is_url(args.store) and not args.use_cache:
         args.disk_cache_size = 0  # the server's bytes, not the disk cache's
@@ -367,15 +352,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     catalogue = store_catalogue(store)
-    names = _file_names(store, catalogue)
+    try:
+        manifest, broken = store_manifest(store), None
+    except XetfsError as exc:  # (a broken manifest is a problem of the store; the files are checked all the same)
+        manifest, broken = None, str(exc)
     with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not show, desc="verify") as bar:
-        report = trio.run(audit, store, bar, names)
-    if catalogue is not None:
-        report.problems += audit_catalogue(catalogue, load_index(store).index)
+        report = trio.run(functools.partial(audit, store, bar, manifest=manifest, catalogue=catalogue))
+    report.problems += [broken] if broken else []
     status = EXIT_OK if report.ok else EXIT_PROBLEMS
     try:
         for problem in report.problems:
             print(f"PROBLEM: {problem}")
+        if report.unlisted_xorbs:
+            print(f"note: {plural(report.unlisted_xorbs, 'xorb')} no shard lists (a bad or lost shard's, or a pack's "
+                  "stopped before it wrote its shard): no file needs them")  # fmt: skip
         summary = "OK" if report.ok else plural(len(report.problems), "problem")
         print(
             f"{summary}: {plural(report.shards, 'shard')}, {plural(report.xorbs, 'xorb')}, "

@@ -16,7 +16,13 @@ versus found:
 * with a Hub catalogue (``audit_catalogue``): every blob and tree listing it
   names is a file of the store of the size it claims, and a blob named by a
   sha256 is a file whose recorded SHA-256 is that name (git sha1 names are
-  checked when a pack reads the file).
+  checked when a pack reads the file);
+* with a names manifest (``audit_manifest``): it parses, and every file it
+  names is a file of the store of the size it claims.
+
+Xorbs that no shard lists (a lost or bad shard's, or a pack's that was
+stopped before it wrote its shard) are counted in a note: no file needs
+them, so they are not a problem of their own.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from xetfs.storage.catalogue import Catalogue, Content, Repo
 from xetfs.storage.index import EMPTY_SHA256, FileEntry, Index
 from xetfs.storage.indexer import shards_missing
 from xetfs.storage.layout import shard_name_problem
+from xetfs.storage.manifest import Manifest
 from xetfs.storage.store import Store
 
 
@@ -64,6 +71,7 @@ class Report:
     chunks: int = 0
     files: int = 0
     bytes_checked: int = 0
+    unlisted_xorbs: int = 0  # xorbs no shard lists (see the module docstring)
 
     @property
     def ok(self) -> bool:
@@ -84,12 +92,11 @@ class _Audit:
         self.report.problems.append(message)
 
 
-async def audit(store: Store, progress: Progress | None = None, names: Mapping[bytes, str] | None = None) -> Report:
-    """Check everything in ``store``; progress counts xorb bytes scanned plus file bytes read.
-
-    ``names``: a path for some files (by file hash), for the messages about them.
-    """
-    a = _Audit(store, progress or _NoProgress(), names or {})
+async def audit(store: Store, progress: Progress | None = None, *, manifest: Manifest | None = None,
+                catalogue: Catalogue | None = None) -> Report:  # fmt: skip
+    """Check everything in ``store``, and its names ``manifest`` and Hub ``catalogue`` if it has them; progress
+    counts xorb bytes scanned plus file bytes read.  The messages about a file give a path it has."""
+    a = _Audit(store, progress or _NoProgress(), _file_names(manifest, catalogue))
     shards = _check_shards(a)
     xorb_bytes = sum(store.xorb_size(x) for x in store.xorb_hashes())
     file_bytes = {r.file_hash: r.size for shard in shards for r in shard.files if r.sha256 is not None}
@@ -97,10 +104,14 @@ async def audit(store: Store, progress: Progress | None = None, names: Mapping[b
     for xorb_hash in sorted(store.xorb_hashes()):
         _check_xorb(a, xorb_hash)
     index = Index()
+    listed: set[bytes] = set()
     for shard in shards:
         index.add_shard(shard)
         for cas in shard.xorbs:
             _check_cas(a, cas)
+            listed.add(cas.xorb_hash)
+        listed.update(t.xorb_hash for record in shard.files for t in record.terms)
+    a.report.unlisted_xorbs = sum(1 for x in store.xorb_hashes() if x not in listed)
     checked: set[bytes] = set()
     reader = Reader(index, store, cache_size=VERIFY_CACHE_SIZE)
     for shard in shards:
@@ -109,7 +120,22 @@ async def audit(store: Store, progress: Progress | None = None, names: Mapping[b
                 checked.add(record.file_hash)
                 await _check_file(a, index, reader, record)
     a.report.files = len(checked)
+    a.report.problems += audit_catalogue(catalogue, index) if catalogue is not None else []
+    a.report.problems += audit_manifest(manifest, index) if manifest is not None else []
     return a.report
+
+
+def _file_names(manifest: Manifest | None, catalogue: Catalogue | None) -> dict[bytes, str]:
+    """A path for each file the names manifest or Hub catalogue names, for the messages."""
+    names: dict[bytes, str] = {}
+    for f in manifest.files if manifest else ():
+        names.setdefault(f.xet_hash, f.name)
+    for repo in catalogue.repos if catalogue else ():
+        for commit, rev in sorted(repo.revisions.items()):
+            for path, blob in sorted(rev.files.items()):
+                if (content := repo.blobs.get(blob)) is not None:
+                    names.setdefault(hashes.from_hex(content.xet_hash), f"{repo.id}@{commit[:12]}/{path}")
+    return names
 
 
 def _check_shards(a: _Audit) -> list[Shard]:
@@ -279,6 +305,22 @@ def audit_catalogue(catalogue: Catalogue, index: Index) -> list[str]:
         for commit, rev in sorted(repo.revisions.items()):
             if rev.tree is not None:
                 check(f"{where}: trees/{commit}.json", rev.tree, None, index.get(hashes.from_hex(rev.tree.xet_hash)))
+    return problems
+
+
+def audit_manifest(manifest: Manifest, index: Index) -> list[str]:
+    """Problems of a names manifest against the store's files (see the module docstring)."""
+    problems = [f"names: {w}" for w in manifest.warnings]
+    missing = [f for f in manifest.files if index.get(f.xet_hash) is None]
+    if missing:  # (one line: a skipped shard takes thousands)
+        first = f"{missing[0].name} (file {hashes.to_hex(missing[0].xet_hash)})"
+        problems.append(f"names: {first} is not in the store" if len(missing) == 1 else
+                        f"names: {len(missing)} of the {len(manifest.files)} files named are not in the store (a "
+                        f"bad or lost shard's?); the first: {first}")  # fmt: skip
+    for f in manifest.files:
+        entry = index.get(f.xet_hash)
+        if entry is not None and f.size is not None and f.size != entry.size:
+            problems.append(f"names: {f.name}: {f.size} bytes in the manifest, {entry.size} in the store")
     return problems
 
 
