@@ -169,7 +169,7 @@ def test_verify_names_the_files_and_xorbs_a_bad_shard_takes_with_it(tmp_path: Pa
     lines = out.splitlines()
     assert lines[0].startswith(f"PROBLEM: shard {shard.name}: "), out
     assert re.fullmatch(r"PROBLEM: names: 6 of the 6 files named are not in the store \(a bad or lost shard's\?\); "
-                        r"the first: README\.md \(file [0-9a-f]{64}\)", lines[1]), out  # fmt: skip
+                        r"the first: 'README\.md' \(file [0-9a-f]{64}\)", lines[1]), out  # fmt: skip
     assert lines[2] == ("note: 1 xorb no shard lists (a bad or lost shard's, or a pack's stopped before it wrote its "
                         "shard): no file needs them"), out  # fmt: skip
     assert lines[3].startswith("2 problems: 1 shard, 1 xorb, "), out

@@ -237,7 +237,7 @@ def test_ls_warns_in_the_style_of_every_other_command(basic_store: OracleStore, 
     (store.path / "xetfs-manifest.json").write_bytes(dump_manifest(named))
     proc = run_xetfs("ls", store.path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.decode() == f"xetfs: warning: names: 'gone.bin': file {missing} is not in the store; skipped\n"
+    assert proc.stderr.decode() == f"xetfs: warning: names: 'gone.bin' (file {missing}) is not in the store: left out\n"
 
 
 @pytest.mark.integration
@@ -350,8 +350,8 @@ def test_the_mount_counts_every_warning_the_log_sums_up(basic_store: OracleStore
     still counts each."""
     store = oracle.copy_store(basic_store, tmp_path / "store")
     skipped = MAX_WARNINGS_PER_KIND + 10
-    # (hashes of 1 to N: all zeros is the empty file's)
-    named = [ManifestFile((f"gone{k}.bin",), bytes([k + 1]) * 32, None, None) for k in range(skipped)]
+    one = basic_store["one-byte"]  # (names whose size is not the store's: one warning each)
+    named = [ManifestFile((f"wrong{k}.bin",), hashes.from_hex(one.hash), one.size + 1, None) for k in range(skipped)]
     (store.path / "xetfs-manifest.json").write_bytes(dump_manifest(named))
     log = tmp_path / "daemon.log"
     proc = run_xetfs("mount", store.path, mnt, "--log-file", log)
@@ -361,7 +361,7 @@ def test_the_mount_counts_every_warning_the_log_sums_up(basic_store: OracleStore
     assert more == (
         f"xetfs: warning: ... and {skipped - len(shown)} more warnings (the log lists more of them and counts the rest)"
     ), more
-    assert "names: ... and 10 more missing warnings" in log.read_text()
+    assert "names: ... and 10 more size warnings" in log.read_text()
 
 
 @pytest.mark.integration

@@ -29,7 +29,7 @@ from xetfs.commands.mountopts import option_table
 from xetfs.storage.catalogue import Catalogue
 from xetfs.storage.index import FileEntry, Index
 from xetfs.storage.indexer import load_index
-from xetfs.storage.manifest import format_mtime
+from xetfs.storage.manifest import format_mtime, not_in_store
 from xetfs.storage.objects import is_url
 from xetfs.storage.store import Store
 
@@ -215,13 +215,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
         for warning in manifest.warnings:
             log.warning("names: %s", warning)
         named: set[bytes] = set()
+        missing = []
         for f in sorted(manifest.files, key=lambda f: f.path):
             entry = index.get(f.xet_hash)
             if entry is None:
-                log.warning("names: %r: file %s is not in the store; skipped", f.name, hashes.to_hex(f.xet_hash))
+                missing.append(f)
                 continue
             named.add(f.xet_hash)
             rows.append(_ls_row(entry, f.name, f.mtime_ns))
+        if missing:
+            log.warning("names: %s: left out", not_in_store(missing, len(manifest.files)))
         rows += [_ls_row(e, None, None) for e in sorted(index, key=lambda e: e.hex) if e.file_hash not in named]
     if args.json:
         json.dump(rows, sys.stdout, indent=1)

@@ -43,7 +43,7 @@ from xetfs.storage.catalogue import Catalogue, Content, Repo
 from xetfs.storage.index import EMPTY_SHA256, FileEntry, Index
 from xetfs.storage.indexer import shards_missing
 from xetfs.storage.layout import shard_name_problem
-from xetfs.storage.manifest import Manifest
+from xetfs.storage.manifest import Manifest, not_in_store
 from xetfs.storage.store import Store
 
 
@@ -312,11 +312,8 @@ def audit_manifest(manifest: Manifest, index: Index) -> list[str]:
     """Problems of a names manifest against the store's files (see the module docstring)."""
     problems = [f"names: {w}" for w in manifest.warnings]
     missing = [f for f in manifest.files if index.get(f.xet_hash) is None]
-    if missing:  # (one line: a skipped shard takes thousands)
-        first = f"{missing[0].name} (file {hashes.to_hex(missing[0].xet_hash)})"
-        problems.append(f"names: {first} is not in the store" if len(missing) == 1 else
-                        f"names: {len(missing)} of the {len(manifest.files)} files named are not in the store (a "
-                        f"bad or lost shard's?); the first: {first}")  # fmt: skip
+    if missing:
+        problems.append(f"names: {not_in_store(missing, len(manifest.files))}")
     for f in manifest.files:
         entry = index.get(f.xet_hash)
         if entry is not None and f.size is not None and f.size != entry.size:

@@ -43,10 +43,9 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from xetfs.base import hashes
 from xetfs.base.messages import plural
 from xetfs.storage.index import FileEntry, Index
-from xetfs.storage.manifest import Manifest, ManifestFile, WarningLog
+from xetfs.storage.manifest import Manifest, ManifestFile, WarningLog, not_in_store
 
 ROOT_INODE = 1  # == pyfuse3.ROOT_INODE
 XETFS_INODE = 2
@@ -376,13 +375,14 @@ def _named(
     ranks = {entry.file_hash: i for i, entry in enumerate(entries)}
     root: _Pending = {}
     reserved = 0
+    missing: list[ManifestFile] = []
     for f in manifest.files:
         if f.path[0] == XETFS_NAME:
             reserved += 1
             continue
         i = ranks.get(f.xet_hash)
         if i is None:
-            log.add("missing", f"manifest: {f.name!r}: file {hashes.to_hex(f.xet_hash)} is not in the store; skipped")
+            missing.append(f)
             continue
         _check_claims(f, entries[i], log)
         parent = _descend(root, f.path[:-1], f, log)
@@ -395,6 +395,8 @@ def _named(
             reserved += 1
         else:
             _descend(root, parts, "/".join(parts), log)
+    if missing:
+        log.add("missing", f"manifest: {not_in_store(missing, len(manifest.files))}: left out")
     if reserved:
         skipped = plural(reserved, "entry")
         log.add("reserved", f"manifest: {skipped} under the reserved name {XETFS_NAME!r} skipped")

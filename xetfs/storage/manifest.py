@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -106,6 +106,17 @@ class WarningLog:
             if n > self._limit
         ]
         return self._lines + more
+
+
+def not_in_store(missing: Sequence[ManifestFile], total: int) -> str:
+    """What to say of the named files whose bytes the store lacks (``missing``, of ``total`` named): one
+    line however many (a bad shard takes thousands), naming the first."""
+    first = f"{missing[0].name!r} (file {hashes.to_hex(missing[0].xet_hash)})"
+    if len(missing) == 1:
+        return f"{first} is not in the store"
+    return (
+        f"{len(missing)} of the {total} files named are not in the store (a bad or lost shard's?); the first: {first}"
+    )
 
 
 # -- paths ---------------------------------------------------------------------
