@@ -17,6 +17,7 @@ import mmap
 import os
 import random
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -764,3 +765,31 @@ def test_a_failing_read_is_logged_with_the_files_name(multi_store: OracleStore, 
     named = f"read of weights/a.bin (file {victim.hash}) at file offset 0"
     assert errors and all(named in line for line in errors), errors
     assert len(errors) == 1 < failures, errors  # a failure at one offset is logged once (the kernel retries)
+
+
+@pytest.mark.fuse
+def test_a_missing_xorb_is_logged_once_for_a_reader_that_goes_on(tmp_path: Path) -> None:
+    """A reader that tries every block of a file whose xorb is gone: each read fails, one log line says so."""
+    sample = Path(__file__).resolve().parent.parent / "sample" / "store"
+    store = tmp_path / "store"
+    shutil.copytree(sample, store)
+    (xorb,) = (p for p in (store / "xet" / "xorbs" / "xorbs").iterdir() if p.suffix != ".tagset")
+    xorb.unlink()
+    with mounted(store, "--direct-io", allow_errors=True) as m:
+        failed = 0
+        fd = os.open(m.path / "model" / "model.safetensors", os.O_RDONLY)
+        try:
+            for off in range(0, 2 << 20, 64 << 10):
+                try:
+                    os.pread(fd, 64 << 10, off)
+                except OSError as exc:
+                    assert exc.errno == errno.EIO
+                    failed += 1
+        finally:
+            os.close(fd)
+        errors = [line for line in m.log().splitlines() if " ERROR " in line]
+        counted = m.stats()["errors"]["missing"]
+    assert failed == 32 and counted >= failed, (failed, counted)
+    assert len(errors) == 1, errors
+    assert "read of model/model.safetensors (file " in errors[0] and "at file offset 0 " in errors[0], errors
+    assert errors[0].endswith("not in the store (reads of this file failing alike are not logged for 10 s)"), errors

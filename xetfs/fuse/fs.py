@@ -9,9 +9,10 @@ file (``lookup``, ``open``, ``read``), which catch what they call themselves
 raises); ``_fuse_error``
 is the one place that maps errors to errno: unknown names are ``ENOENT``,
 corrupt or missing data ``EIO``, every write ``EROFS``.  A failed read is
-logged once per file, offset and failure for ``REPEATS_QUIET`` seconds (the
-kernel asks again, in other sizes) and counted in stats; other failed
-requests are logged each time.
+logged once per file, failure and object (a xorb, or a chunk of it) for
+``REPEATS_QUIET`` seconds (the kernel asks again, in other sizes, and a
+reader goes on at the next offsets, which a missing xorb fails alike) and
+counted in stats; other failed requests are logged each time.
 """
 
 from __future__ import annotations
@@ -414,12 +415,16 @@ class XetFS(_ReadOnly):
             raise _fuse_error("read", exc) from None
 
     def _log_failed_read(self, session: Session, off: int, size: int, exc: XetfsError) -> None:
-        """Log a failed read, once in ``REPEATS_QUIET`` seconds for the same file, offset and failure: the
-        kernel and readers try a failed read again, in other sizes (each try is counted in ``errors``)."""
-        key = f"{session.key} {off} {exc}"
+        """Log a failed read, once in ``REPEATS_QUIET`` seconds for the same file, kind of failure and object:
+        the kernel and readers try a failed read again, in other sizes, and go on at other offsets that the same
+        damage fails (each try is counted in ``errors``).  The object is what the message names before its first
+        ``": "`` (``xorb <hash>``, or ``xorb <hash> chunk <i> at byte <n> of the xorb``): a missing or cut xorb
+        is one failure, each damaged chunk another."""
+        key = f"{session.key} {type(exc).__name__} {str(exc).split(': ', 1)[0]}"
         if key not in self._failures_logged:
             self._failures_logged[key] = None
-            log.error("read of %s at file offset %d (%d bytes) failed: %s", self._describe(session), off, size, exc)
+            log.error("read of %s at file offset %d (%d bytes) failed: %s (reads of this file failing alike are "
+                      "not logged for %g s)", self._describe(session), off, size, exc, REPEATS_QUIET)  # fmt: skip
 
     def _describe(self, session: Session) -> str:
         """``path (file <hex>)`` for messages, or ``file <hex>`` when the file has no other name."""
