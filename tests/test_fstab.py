@@ -210,6 +210,8 @@ def test_unknown_o_option_is_refused(cli: CliRunner, tmp_path: Path) -> None:
         (["--gid", "4294967296"], "--gid: 4294967296 is out of range (0 to 4294967294)"),
         (["--workers", "-1"], "--workers: -1 is out of range (0 to 256)"),
         (["--read-ahead", "3G"], "--read-ahead: 3G is more than 64M"),
+        (["--read-ahead", "1"], "--read-ahead: 1 is less than 4K"),
+        (["-o", "read_ahead=4095"], "--read-ahead: 4095 is less than 4K"),
     ],
 )
 def test_values_that_cannot_work_are_refused_before_mounting(tmp_path: Path, option: list[str], said: str) -> None:

@@ -69,13 +69,15 @@ def whole(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def up_to(most: int) -> Callable[[str], int]:
-    """An argument type: a size (``parse_size``) of at most ``most`` bytes."""
+def up_to(most: int, least: int = 0) -> Callable[[str], int]:
+    """An argument type: a size (``parse_size``) of at most ``most`` bytes, and at least ``least``."""
 
     def parse(text: str) -> int:
         value = parse_size(text)
         if value > most:
             raise argparse.ArgumentTypeError(f"{text} is more than {size_text(most)}")
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text} is less than {size_text(least)}")
         return value
 
     return parse

@@ -84,9 +84,11 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-size", type=parse_size, default=settings.CACHE_SIZE,
                    help="decoded chunks kept, shared memory included, e.g. 512M, 2G; 0 keeps nothing "
                         f"beyond the reads in progress (default {size_text(settings.CACHE_SIZE)})")  # fmt: skip
-    p.add_argument("--read-ahead", type=up_to(settings.MOST_READ_AHEAD), default=settings.READ_AHEAD,
-                   help=f"kernel read-ahead for the mount (default {size_text(settings.READ_AHEAD)}; from 4K "
-                        f"to {size_text(settings.MOST_READ_AHEAD)}; needs root)")  # fmt: skip
+    p.add_argument("--read-ahead", type=up_to(settings.MOST_READ_AHEAD, settings.LEAST_READ_AHEAD),
+                   default=settings.READ_AHEAD,
+                   help=f"kernel read-ahead for the mount (default {size_text(settings.READ_AHEAD)}; from "
+                        f"{size_text(settings.LEAST_READ_AHEAD)} to {size_text(settings.MOST_READ_AHEAD)}, in "
+                        "in whole KiB, rounded down; needs root)")  # fmt: skip
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="decode no chunks before a read asks for them")  # fmt: skip
 
@@ -192,7 +194,7 @@ def _config(args: argparse.Namespace) -> MountConfig:
         "mountpoint": Path(args.mountpoint).resolve(),
         "options": _fuse_options(args),
         "names": args.names.resolve() if args.names else None,
-        "read_ahead_kb": max(4, args.read_ahead // 1024),
+        "read_ahead_kb": args.read_ahead // settings.KiB,
         "cache_dir": args.cache_dir.absolute() if args.cache_dir else None,
         "headers": tuple(args.headers),
     })  # fmt: skip
