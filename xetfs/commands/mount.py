@@ -87,7 +87,7 @@ def _add_cache_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--read-ahead", type=up_to(settings.MOST_READ_AHEAD, settings.LEAST_READ_AHEAD),
                    default=settings.READ_AHEAD,
                    help=f"kernel read-ahead for the mount (default {size_text(settings.READ_AHEAD)}; from "
-                        f"{size_text(settings.LEAST_READ_AHEAD)} to {size_text(settings.MOST_READ_AHEAD)}, in "
+                        f"{size_text(settings.LEAST_READ_AHEAD)} to {size_text(settings.MOST_READ_AHEAD)}, "
                         "in whole KiB, rounded down; needs root)")  # fmt: skip
     p.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="decode no chunks before a read asks for them")  # fmt: skip
