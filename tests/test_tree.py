@@ -173,6 +173,22 @@ def test_unknown_hash_is_skipped_with_a_warning() -> None:
     assert len(warnings) == 1 and "'d/gone'" in warnings[0] and B.hex in warnings[0]
 
 
+def test_a_directory_whose_files_the_store_lacks_goes_with_them() -> None:
+    """pack records every directory; one left with none of its named files (a bad shard's) is left out, unless
+    something else is in it, and one that was empty when packed stays."""
+    m = manifest(
+        mfile("gone/a", B), mfile("gone/deep/b", B), mfile("half/a", A), mfile("half/b", B), mfile("sub/x/a", B),
+        dirs=(("gone",), ("gone", "deep"), ("half",), ("empty",), ("sub",), ("sub", "x"), ("sub", "kept")),
+    )  # fmt: skip
+    tree, warnings = build_tree(make_index(A), m)
+    assert listing(tree, ROOT_INODE) == [b"empty", b"half", b"sub"]
+    assert resolve(tree, "half/a") is not None and resolve(tree, "half/b") is None
+    sub = resolve(tree, "sub")
+    assert sub is not None and listing(tree, sub.inode) == [b"kept"]  # (an empty directory of the source stays)
+    assert warnings == [f"manifest: 4 of the 5 files named are not in the store (a bad or lost shard's?); the first: "
+                        f"'gone/a' (file {B.hex}): left out"]  # fmt: skip
+
+
 def test_store_size_wins_over_the_manifest() -> None:
     tree, warnings = build_tree(make_index(A), manifest(mfile("a", A, size=99), mfile("b", A, size=A.size)))
     node = resolve(tree, "a")

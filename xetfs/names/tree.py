@@ -390,10 +390,12 @@ def _named(
             nlinks[i] += 1
             if f.mtime_ns is not None:
                 mtimes[i] = max(mtimes[i], f.mtime_ns)
+    # A directory whose named files the store lacks is left out with them, unless something else is in it.
+    lost = {f.path[:k] for f in missing for k in range(1, len(f.path))}
     for parts in manifest.directories:
         if parts[0] == XETFS_NAME:
             reserved += 1
-        else:
+        elif parts not in lost or _pending_at(root, parts) is not None:
             _descend(root, parts, "/".join(parts), log)
     if missing:
         log.add("missing", f"manifest: {not_in_store(missing, len(manifest.files))}: left out")
@@ -426,6 +428,14 @@ def _descend(root: _Pending, parts: tuple[str, ...], what: ManifestFile | str, l
             log.add("conflict", f"manifest: {name!r}: {part!r} is a file in another entry; skipped")
             return None
         node = child
+    return node
+
+
+def _pending_at(root: _Pending, parts: tuple[str, ...]) -> _Pending | int | None:
+    """What the pending tree holds at ``parts``, or None."""
+    node: _Pending | int | None = root
+    for part in parts:
+        node = node.get(part.encode("utf-8")) if isinstance(node, dict) else None
     return node
 
 
