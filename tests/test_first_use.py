@@ -619,6 +619,18 @@ def test_ls_shows_names_and_mtimes(packed: Path) -> None:
     assert header.index("path") == readme.index("README.md") and header.index("mtime") == readme.index("2020-")
 
 
+@pytest.mark.integration
+def test_cat_takes_a_path_the_store_names(packed: Path) -> None:
+    for name in ("model/config.json", "./README.md"):
+        proc = run_xetfs("cat", packed, name)
+        assert (proc.returncode, proc.stdout) == (0, TREE[name.removeprefix("./")]), proc.stderr
+    proc = run_xetfs("cat", packed, "model/nope.json")
+    assert proc.returncode == ExitStatus.USAGE and proc.stderr.decode() == (
+        "xetfs: error: not a file hash or a hash prefix of at least 8 hex digits, nor a path the store's names "
+        "give: 'model/nope.json'\n"
+    )
+
+
 @pytest.fixture(scope="module")
 def packed_mount(packed: Path) -> Iterator[Path]:
     from helpers.mounting import mounted

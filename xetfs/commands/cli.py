@@ -29,7 +29,7 @@ from xetfs.commands.mountopts import option_table
 from xetfs.storage.catalogue import Catalogue
 from xetfs.storage.index import FileEntry, Index
 from xetfs.storage.indexer import load_index
-from xetfs.storage.manifest import format_mtime, not_in_store
+from xetfs.storage.manifest import Manifest, format_mtime, not_in_store
 from xetfs.storage.objects import is_url
 from xetfs.storage.store import Store
 
@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cat", help="write a file's bytes to stdout")
     p.add_argument("store", help="store directory or URL")
     add_remote_args(p)
-    p.add_argument("hash", help="xet hash of the file (a unique prefix of at least 8 digits is enough)")
+    p.add_argument("hash", metavar="FILE",
+                   help="the file's path in the store's names, or its xet hash (a unique prefix of at least 8 "
+                        "digits is enough)")  # fmt: skip
     p.add_argument("--offset", type=parse_size, default=0, help="first byte to write")
     p.add_argument("--length", type=parse_size, default=None, help="bytes to write (default: to the end)")
     p.set_defaults(func=cmd_cat)
@@ -169,8 +171,16 @@ def open_index(args: argparse.Namespace) -> tuple[Store, Index]:
     return store, load_index(store).index
 
 
-def find_file(index: Index, text: str) -> FileEntry:
-    """The file whose xet hash is ``text`` or starts with it (at least 8 digits)."""
+def find_file(index: Index, text: str, names: Manifest | None = None) -> FileEntry:
+    """The file the store's ``names`` give the path ``text``, or else the one whose xet hash is ``text`` or
+    starts with it (at least 8 digits)."""
+    path = text.removeprefix("./")
+    named = next((f for f in names.files if f.name == path), None) if names is not None else None
+    if named is not None:
+        entry = index.get(named.xet_hash)
+        if entry is None:
+            raise UsageError(f"{path}: its file {hashes.to_hex(named.xet_hash)} is not in the store")
+        return entry
     key = text.lower()
     if hashes.is_hex(key):
         entry = index.get(hashes.from_hex(key))
@@ -178,7 +188,8 @@ def find_file(index: Index, text: str) -> FileEntry:
             raise UsageError(f"no file with hash {key} in the store")
         return entry
     if len(key) < 8 or any(c not in "0123456789abcdef" for c in key):
-        raise UsageError(f"not a file hash or a hash prefix of at least 8 hex digits: {text!r}")
+        paths = ", nor a path the store's names give" if names is not None else " (the store has no names)"
+        raise UsageError(f"not a file hash or a hash prefix of at least 8 hex digits{paths}: {text!r}")
     found = [e for e in index if e.hex.startswith(key)]
     if len(found) != 1:
         raise UsageError(f"{len(found)} files have a hash starting with {key}")
@@ -299,9 +310,10 @@ def cmd_cat(args: argparse.Namespace) -> int:
     import trio
 
     from xetfs.read.reader import Reader
+    from xetfs.storage.manifest import store_manifest
 
     store, index = open_index(args)
-    entry = find_file(index, args.hash)
+    entry = find_file(index, args.hash, store_manifest(store))
     end = entry.size if args.length is None else min(entry.size, args.offset + args.length)
     reader = Reader(index, store, cache_size=CAT_CACHE_SIZE)
     write = _stdout_writer()
