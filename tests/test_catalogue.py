@@ -19,13 +19,13 @@ from xetfs.storage.catalogue import (
     dump_catalogue,
     find_catalogue,
     load_catalogue,
-    locked,
     merge,
     parse_catalogue,
     repo_folder,
     update_catalogue,
     write_catalogue,
 )
+from xetfs.write.pack import locked
 
 pytestmark = pytest.mark.unit
 
@@ -130,7 +130,7 @@ def test_write_is_atomic_and_load_needs_no_write_access(tmp_path: Path) -> None:
 
 def _writer(store: str, first: int) -> None:
     for k in range(first, first + 10):
-        with locked(Path(store)):
+        with locked(Path(store), print):
             update_catalogue(Path(store), Catalogue((repo(f"org/repo{k}"),)))
 
 

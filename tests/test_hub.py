@@ -33,9 +33,10 @@ from helpers.processes import kill_when
 from xetfs.base import hashes
 from xetfs.base.errors import CatalogueError
 from xetfs.base.exitstatus import ExitStatus
-from xetfs.storage.catalogue import CATALOGUE_NAME, load_catalogue, locked
+from xetfs.storage.catalogue import CATALOGUE_NAME, load_catalogue
 from xetfs.storage.indexer import load_index
 from xetfs.storage.store import Store
+from xetfs.write.pack import locked
 
 fuse = pytest.mark.fuse
 SUMMARY = re.compile(
@@ -343,7 +344,7 @@ def test_concurrent_packs_into_one_store_take_turns_and_keep_both(imported: Impo
     store.mkdir()
     env = hf_xet_env(tmp_path / "hf_xet")
     errs = [tmp_path / f"err{i}" for i in range(2)]
-    with locked(store):  # both packs start while the lock is held, so both must wait
+    with locked(store, print):  # both packs start while the lock is held, so both must wait
         procs = []
         for repo, err in zip((hub_cache.MODEL, hub_cache.DATASET), errs, strict=True):
             cmd = [sys.executable, "-m", "xetfs", "pack", "--hub-cache", str(imported.spec.root), str(store),

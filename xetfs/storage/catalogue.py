@@ -2,8 +2,8 @@
 
 Owns the catalogue format (pure: bytes in, frozen records out, and back),
 how two catalogues merge, and the catalogue file beside the store
-(``STORE/xetfs-hub.json``): where a mount finds it, the atomic write and the
-lock that serialises writers.  The format::
+(``STORE/xetfs-hub.json``): where a mount finds it, and its atomic write
+(writers hold the store's pack lock, ``pack.locked``).  The format::
 
     {"format": "xetfs-hub", "version": 1,
      "repos": [{"type": "model", "id": "org/name",
@@ -26,12 +26,9 @@ with a warning naming it, and the rest is used.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
-import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +40,6 @@ from xetfs.storage.manifest import WarningLog, format_mtime, parse_json, parse_m
 from xetfs.storage.store import Store
 
 CATALOGUE_NAME = "xetfs-hub.json"
-LOCK_NAME = ".xetfs-hub.lock"
 FORMAT = "xetfs-hub"
 VERSION = 1
 MAX_CATALOGUE_BYTES = 1024 * 1024 * 1024
@@ -343,34 +339,10 @@ def write_catalogue(path: Path, catalogue: Catalogue) -> None:
     replace_file(path, dump_catalogue(catalogue))
 
 
-@contextlib.contextmanager
-def locked(store_dir: Path, waiting: Callable[[], None] | None = None) -> Iterator[None]:
-    """Hold the store's pack lock (``flock`` on ``STORE/.xetfs-hub.lock``) for the block.
-
-    A pack holds it from reading the catalogue to replacing it, uploads
-    included (hf_xet itself cannot write one store from two processes at
-    once), so two packs into one store run one after the other and keep
-    both their repos.  ``waiting`` is called when another process holds it.
-    The kernel drops the lock when a process dies, so a killed pack never
-    leaves it held.  Not re-entrant within one process.
-    """
-    fd = os.open(store_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if waiting is not None:
-                waiting()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def update_catalogue(store_dir: Path, new: Catalogue) -> list[str]:
     """Merge ``new`` into the store's catalogue and write it atomically; the refs that moved (``moved_refs``).
 
-    The caller holds ``locked(store_dir)``.  An unreadable existing
+    The caller holds the store's pack lock (``pack.locked``).  An unreadable existing
     catalogue raises ``CatalogueError`` rather than being overwritten.
     """
     path = store_dir / CATALOGUE_NAME

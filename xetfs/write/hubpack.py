@@ -32,14 +32,23 @@ from xetfs.storage.catalogue import (
     Revision,
     is_commit,
     load_catalogue,
-    locked,
     ref_problem,
     repo_id_problem,
     update_catalogue,
 )
 from xetfs.storage.remote import publish
 from xetfs.write.hubcache import CachedRepo, Digests, digest_file, is_lfs_path, scan_cache
-from xetfs.write.pack import Source, held, links_hint, plan_pack, read_over_added, refuse_skips, store_bytes, upload
+from xetfs.write.pack import (
+    Source,
+    held,
+    links_hint,
+    locked,
+    plan_pack,
+    read_over_added,
+    refuse_skips,
+    store_bytes,
+    upload,
+)
 
 Warn = Callable[[str], None]
 
@@ -252,7 +261,7 @@ def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Seq
     scanned = scan_cache(cache_dir, repos, skips)
     if strict:
         refuse_skips(skips.total, "item")
-    with locked(store_dir, _waiting(store_dir, warn)):
+    with locked(store_dir, warn):
         old = _existing(store_dir)
         jobs = _plan_jobs(scanned, old)
         before = store_bytes(store_dir)
@@ -265,10 +274,6 @@ def pack_hub_cache(cache_dir: Path, store: str | os.PathLike[str], *, repos: Seq
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
     return replace(_result(new, stored, grown, skips), moved=tuple(moved))
-
-
-def _waiting(store_dir: Path, warn: Warn) -> Callable[[], None]:
-    return lambda: warn(f"another pack is writing {store_dir}: waiting for it to finish")
 
 
 def _previous(old: Catalogue, repo: CachedRepo, commit: str) -> Revision | None:
@@ -405,7 +410,7 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
     if strict:
         refuse_skips(len(plan.skipped))
     paths = ["/".join(f.path) for f in plan.files]
-    with locked(store_dir, _waiting(store_dir, warn)):
+    with locked(store_dir, warn):
         old = _existing(store_dir)  # a broken catalogue stops the pack before anything is uploaded
         known = {} if reread else _unchanged(plan.files, paths, old.repo(repo_type, repo_id), revision, store_dir, warn)
         todo = [i for i, p in enumerate(paths) if p not in known]

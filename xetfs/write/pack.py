@@ -29,10 +29,11 @@ subdirectories are real) gets a hint naming ``--hub-cache`` and
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import stat
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from xetfs.storage.manifest import (
 )
 from xetfs.storage.remote import publish
 
+LOCK_NAME = ".xetfs-pack.lock"  # the store's pack lock (``locked``)
 REDB_INDEX = "global_dedup_lookup.redb"  # hf_xet's own lookup table in xet/xorbs/, not read by xetfs
 
 Warn = Callable[[str], None]
@@ -407,6 +409,29 @@ def store_bytes(store_dir: Path) -> int:
     return total
 
 
+@contextlib.contextmanager
+def locked(store_dir: Path, warn: Warn) -> Iterator[None]:
+    """Hold the store's pack lock (``flock`` on ``STORE/.xetfs-pack.lock``) for the block.
+
+    A pack holds it from reading the manifest or catalogue to replacing it,
+    uploads included (hf_xet itself cannot write one store from two
+    processes at once), so two packs into one store run one after the other
+    and keep both their names.  ``warn`` is told when another process holds
+    it.  The kernel drops the lock when a process dies, so a killed pack
+    never leaves it held.  Not re-entrant within one process.
+    """
+    fd = os.open(store_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            warn(f"another pack is writing {store_dir}: waiting for it to finish")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def refuse_skips(skipped: int, what: str = "path") -> None:
     """For ``--strict``: raise ``XetfsError`` when anything was skipped (``skipped`` of ``what``)."""
     if skipped:
@@ -435,8 +460,6 @@ def pack(
     stops the pack before anything is uploaded.  Raises ``XetfsError`` or
     ``OSError`` with a message fit for one line.
     """
-    from xetfs.storage.catalogue import locked
-
     store_dir = Path(store).absolute()
     if store_dir.exists() and not store_dir.is_dir():
         raise XetfsError(f"store {store_dir}: exists and is not a directory")
@@ -447,7 +470,7 @@ def pack(
         refuse_skips(len(plan.skipped))
     store_dir.mkdir(parents=True, exist_ok=True)
     # hf_xet cannot write one store from two processes at once: packs take turns.
-    with locked(store_dir, lambda: warn(f"another pack is writing {store_dir}: waiting for it to finish")):
+    with locked(store_dir, warn):
         manifest_path = store_dir / MANIFEST_NAME
         old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
         before = store_bytes(store_dir)
