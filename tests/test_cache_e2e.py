@@ -651,7 +651,7 @@ def test_stats_command_shows_required_keys(multi_store: OracleStore, cli: CliRun
         live = m.stats()
         assert {g: live[g] for g in REQUIRED} == {g: doc[g] for g in REQUIRED}
 
-        result = cli("stats", m.path)
+        result = cli("stats", "--all", m.path)
         assert result.returncode == 0, result.stderr
         table = parse_table(result.stdout.decode())
         for group, keys in REQUIRED.items():

@@ -701,6 +701,7 @@ def test_server_processes_answer_on_one_port_and_stop_together(packed: Packed) -
         server.proc.terminate()
         assert server.proc.wait(30) == 0, log_of(server)
         wait_until(lambda: all(state(pid) in (None, "Z") for pid in workers), 30, f"workers {workers} ended")
+        assert log_of(server).rstrip().endswith("xetfs: stopped serving at http://127.0.0.1:" + str(server.port))
 
 
 def test_a_killed_server_process_stops_the_others_with_an_error(packed: Packed) -> None:

@@ -158,4 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 0
 
     with sock:
-        return run_workers(args.workers, work)
+        status = run_workers(args.workers, work)
+    if status == 0:  # (stopped by SIGTERM or SIGINT; a failure said what it was)
+        print(f"xetfs: stopped serving at {public_url}", file=sys.stderr, flush=True)
+    return status

@@ -126,16 +126,17 @@ async def audit(store: Store, progress: Progress | None = None, *, manifest: Man
 
 
 def _file_names(manifest: Manifest | None, catalogue: Catalogue | None) -> dict[bytes, str]:
-    """A path for each file the names manifest or Hub catalogue names, for the messages."""
-    names: dict[bytes, str] = {}
+    """A path for each file the names manifest or Hub catalogue names, for the messages: the first, and how
+    many more there are (``"org/name@<commit>/model.bin, and 2 more names"``)."""
+    paths: dict[bytes, list[str]] = {}
     for f in manifest.files if manifest else ():
-        names.setdefault(f.xet_hash, f.name)
+        paths.setdefault(f.xet_hash, []).append(f.name)
     for repo in catalogue.repos if catalogue else ():
         for commit, rev in sorted(repo.revisions.items()):
             for path, blob in sorted(rev.files.items()):
                 if (content := repo.blobs.get(blob)) is not None:
-                    names.setdefault(hashes.from_hex(content.xet_hash), f"{repo.id}@{commit[:12]}/{path}")
-    return names
+                    paths.setdefault(hashes.from_hex(content.xet_hash), []).append(f"{repo.id}@{commit[:12]}/{path}")
+    return {h: p[0] + (f", and {plural(len(p) - 1, 'more name')}" if len(p) > 1 else "") for h, p in paths.items()}
 
 
 def _check_shards(a: _Audit) -> list[Shard]:
