@@ -346,6 +346,8 @@ class XetFS(_ReadOnly):
 
     @_guard
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
+        if not name.startswith(b"user."):  # (``ls -l`` asks every file for security.selinux: no work for that)
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
         node = self._node(inode)
         value = _file_stats(self.reader, node) if name == FILE_STATS_XATTR else _xattrs(node).get(name)
         if value is None:
