@@ -26,6 +26,7 @@ def usable_cpus() -> int:
 # -- the mount ---------------------------------------------------------------------------------
 CACHE_SIZE = 512 * MiB  # --cache-size: decoded chunks kept, shared memory of the decode workers included
 READ_AHEAD = 1 * MiB  # --read-ahead: the kernel's read-ahead for the mount
+RACY_SECONDS = 2.0  # pack reads again a file that had changed less than this long before an earlier pack stamped it
 LEAST_READ_AHEAD = 4 * KiB  # --read-ahead: at least this (one page)
 MOST_READ_AHEAD = 64 * MiB  # --read-ahead: at most this (FUSE read requests are 1 MiB at most anyway)
 IO_TIMEOUT = 30.0  # --io-timeout: a threaded or remote store read that takes longer fails

@@ -243,11 +243,14 @@ def merge_repo(old: Repo, new: Repo) -> Repo:
             no_exist = tuple(sorted((set(before.no_exist) | set(rev.no_exist)) - set(files)))
             rev = Revision(files, no_exist, rev.tree or before.tree)
         revisions[commit] = rev
-    kept = {name: c for name, c in old.blobs.items() if c.mtime_ns is not None or name not in new.blobs}
+    blobs = dict(old.blobs)
+    for name, c in new.blobs.items():
+        first = old.blobs[name].mtime_ns if name in old.blobs else None
+        blobs[name] = c if first is None else replace(c, mtime_ns=first)
     return replace(
         old,
         refs={**old.refs, **new.refs},
-        blobs={**new.blobs, **kept},
+        blobs=blobs,
         revisions=revisions,
     )
 

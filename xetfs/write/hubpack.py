@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -49,6 +49,7 @@ from xetfs.write.pack import (
     store_bytes,
     upload,
 )
+from xetfs.write.packstate import Known, load_state, save_state
 
 Warn = Callable[[str], None]
 
@@ -391,9 +392,9 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
     repo id, ref or commit, when a file fails its checks (a revision is
     recorded whole or not at all), and with ``strict`` when a source path
     would be skipped.  ``follow_symlinks`` as for ``pack.plan_pack``.  A
-    file that the revision ``revision`` names now has at its path, with the
-    size and time it has now, is not read again (unless ``reread``), as in
-    a plain ``pack``.
+    file an earlier pack read and gave a blob name, that has not changed
+    since (``packstate``), is not read again (unless ``reread``), as in a
+    plain ``pack``.
     """
     problem = repo_id_problem(repo_id)
     if problem is not None:
@@ -411,8 +412,9 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         refuse_skips(len(plan.skipped))
     paths = ["/".join(f.path) for f in plan.files]
     with locked(store_dir, warn):
-        old = _existing(store_dir)  # a broken catalogue stops the pack before anything is uploaded
-        known = {} if reread else _unchanged(plan.files, paths, old.repo(repo_type, repo_id), revision, store_dir, warn)
+        _existing(store_dir)  # a broken catalogue stops the pack before anything is uploaded
+        state = load_state(store_dir)
+        known = {} if reread else _unchanged(plan.files, paths, state, store_dir, warn)
         todo = [i for i, p in enumerate(paths) if p not in known]
         jobs = [Job(plan.files[i].local, None, is_lfs_path(paths[i], plan.files[i].size)) for i in todo]
         before = store_bytes(store_dir)
@@ -425,29 +427,30 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
             raise XetfsError(
                 f"revision not recorded: {plural(len(failed), 'file')} failed their checks: {', '.join(failed)}"
             )
+        for i, s in zip(todo, uploaded, strict=True):
+            if s is not None:
+                sha256 = s.blob if len(s.blob) == 64 else None  # (a blob named by its sha256; else a git sha1)
+                state[str(plan.files[i].local)] = Known(plan.files[i].stamp, s.content.xet_hash, sha256, s.blob)
         files = {p: s.blob for p, s in zip(paths, stored, strict=True) if s is not None}
         blobs = {s.blob: s.content for s in stored if s is not None}
         commit_id = commit.lower() if commit else derive_commit(files)
         new = Catalogue((Repo(repo_type, repo_id, {revision: commit_id}, blobs, {commit_id: Revision(files)}),))
         moved = update_catalogue(store_dir, new)
+        save_state(store_dir, state)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
     result = _result(new, uploaded, grown, skips)
     return commit_id, replace(result, skipped_count=len(plan.skipped), moved=tuple(moved), unchanged=len(known))
 
 
-def _unchanged(files: Sequence[Source], paths: Sequence[str], repo: Repo | None, revision: str,
-               store_dir: Path, warn: Warn) -> dict[str, Stored]:  # fmt: skip
-    """By path, the blobs of the files that ``revision`` of ``repo`` names at their path with the size and time
-    they have now, and whose bytes the store holds: what a pack need not read again (as ``pack.unchanged``)."""
-    rev = repo.revisions.get(repo.refs.get(revision, "")) if repo is not None else None
-    if rev is None:
-        return {}
+def _unchanged(files: Sequence[Source], paths: Sequence[str], state: Mapping[str, Known], store_dir: Path,
+               warn: Warn) -> dict[str, Stored]:  # fmt: skip
+    """By path, the blobs of the files an earlier pack read and named, that have not changed since and whose
+    bytes the store lists at their size: what a pack need not read again (as ``pack.unchanged``)."""
     same = {}
     for f, path in zip(files, paths, strict=True):
-        blob = rev.files.get(path)
-        content = repo.blobs.get(blob) if repo is not None and blob is not None else None
-        if blob is not None and content is not None and (content.size, content.mtime_ns) == (f.size, f.mtime_ns):
-            same[path] = Stored(blob, content)
+        k = state.get(str(f.local))
+        if k is not None and k.blob is not None and k.still(f.stamp):
+            same[path] = Stored(k.blob, Content(k.xet_hash, f.size, f.mtime_ns))
     there = held(store_dir, [hashes.from_hex(s.content.xet_hash) for s in same.values()], warn)
-    return {p: s for p, s in same.items() if hashes.from_hex(s.content.xet_hash) in there}
+    return {p: s for p, s in same.items() if there.get(hashes.from_hex(s.content.xet_hash)) == s.content.size}

@@ -33,7 +33,7 @@ import fcntl
 import os
 import stat
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from xetfs.storage.manifest import (
     path_problem,
 )
 from xetfs.storage.remote import publish
+from xetfs.write.packstate import Known, Stamp, load_state, save_state
 
 LOCK_NAME = ".xetfs-pack.lock"  # the store's pack lock (``locked``)
 REDB_INDEX = "global_dedup_lookup.redb"  # hf_xet's own lookup table in xet/xorbs/, not read by xetfs
@@ -75,12 +76,19 @@ def find_manifest(store_dir: Path) -> Path | None:
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """One file to upload: its name in the manifest, where it is on disk (absolute), its mtime (ns) and size."""
+    """One file to upload: its name in the manifest, where it is on disk (absolute), what its ``stat`` said."""
 
     path: PathParts
     local: Path
-    mtime_ns: int
-    size: int
+    stamp: Stamp
+
+    @property
+    def mtime_ns(self) -> int:
+        return self.stamp.mtime_ns
+
+    @property
+    def size(self) -> int:
+        return self.stamp.size
 
 
 @dataclass
@@ -130,7 +138,7 @@ def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = print_warning, 
                 plan.directories.append(prefix)
             _walk(src, prefix, plan, skip, warn, follow_symlinks)
         elif stat.S_ISREG(st.st_mode):
-            plan.files.append(Source((_top_name(src),), src.absolute(), st.st_mtime_ns, st.st_size))
+            plan.files.append(Source((_top_name(src),), src.absolute(), Stamp.of(st)))
         else:
             raise XetfsError(f"{src}: not a regular file or directory")
     if not plan.files:
@@ -192,8 +200,7 @@ def _walk(top: Path, prefix: PathParts, plan: Plan, skip: Path, warn: Warn, foll
                 plan.directories.append((*parts, e.name))
                 below.append((path, (*parts, e.name), above | {real}))
             elif e.is_file(follow_symlinks=follow):
-                st = e.stat(follow_symlinks=follow)
-                plan.files.append(Source((*parts, e.name), path.absolute(), st.st_mtime_ns, st.st_size))
+                plan.files.append(Source((*parts, e.name), path.absolute(), Stamp.of(e.stat(follow_symlinks=follow))))
             else:
                 skipped(f"skipping {path}: not a regular file", path)
         stack.extend(reversed(below))
@@ -452,9 +459,9 @@ def pack(
     """Upload ``sources`` into ``store`` and merge their names into its manifest (with ``replace``, the
     manifest names only what ``sources`` hold).
 
-    A file the manifest names at its path with the size and modification
-    time it has now, whose bytes the store holds, is taken as it is, not
-    read again (``unchanged``), unless ``reread``.
+    A file an earlier pack read and that has not changed since
+    (``packstate``), whose bytes the store holds, is taken as it is, not read
+    again (``unchanged``), unless ``reread``.
 
     With ``strict``, a source path that would be skipped (``Plan.skipped``)
     stops the pack before anything is uploaded.  Raises ``XetfsError`` or
@@ -474,17 +481,21 @@ def pack(
         manifest_path = store_dir / MANIFEST_NAME
         old = load_manifest(manifest_path) if manifest_path.exists() else None  # a broken one stops us here
         before = store_bytes(store_dir)
-        kept, todo = ([], plan.files) if reread else unchanged(plan.files, old, store_dir, warn)
+        state = load_state(store_dir)
+        kept, todo = ([], plan.files) if reread else unchanged(plan.files, state, store_dir, warn)
         results = upload([f.local for f in todo], store_dir, progress=progress) if todo else []
         new: list[Entry] = [
             ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns) for f, r in zip(todo, results, strict=True)
         ]
         new.extend(kept)
+        for f, r in zip(todo, results, strict=True):
+            state[str(f.local)] = Known(f.stamp, hashes.to_hex(r.xet_hash), r.sha256)
         new.extend(plan.directories)
         merged, messages, (changed, removed) = merge(new, old, source=MANIFEST_NAME, replace=replace)
         for message in messages:
             warn(message)
         write_manifest(manifest_path, merged)
+        save_state(store_dir, state)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before
     return PackResult(len(results), sum(r.size for r in results), store_dir, manifest_path, len(merged.files),
@@ -492,26 +503,25 @@ def pack(
 
 
 def unchanged(
-    files: Sequence[Source], old: Manifest | None, store_dir: Path, warn: Warn
+    files: Sequence[Source], state: Mapping[str, Known], store_dir: Path, warn: Warn
 ) -> tuple[list[ManifestFile], list[Source]]:
-    """The entries of ``old`` for the files it names with the size and modification time they have now, whose
-    bytes the store holds (the store's shards are read to know), and the files to upload: the rest.
-
-    Size and time are the test rsync makes; a file changed within the same
-    second and size on a filesystem with coarse times needs ``--reread``.
-    """
-    known = {f.path: f for f in (old.files if old is not None else ()) if f.mtime_ns is not None}
-    same = [f for f in files if (e := known.get(f.path)) is not None and (e.size, e.mtime_ns) == (f.size, f.mtime_ns)]
-    there = held(store_dir, [known[f.path].xet_hash for f in same], warn)
-    kept = {f.path: known[f.path] for f in same if known[f.path].xet_hash in there}
+    """The manifest entries of the files an earlier pack read that have not changed since (``Known.still``),
+    whose bytes the store lists at their size (its shards are read to know), and the files to upload: the rest."""
+    same = [(f, k) for f in files if (k := state.get(str(f.local))) is not None and k.sha256 and k.still(f.stamp)]
+    there = held(store_dir, [hashes.from_hex(k.xet_hash) for _, k in same], warn)
+    kept = {
+        f.path: ManifestFile(f.path, hashes.from_hex(k.xet_hash), f.size, k.sha256, f.mtime_ns)
+        for f, k in same
+        if there.get(hashes.from_hex(k.xet_hash)) == f.size
+    }
     return list(kept.values()), [f for f in files if f.path not in kept]
 
 
-def held(store_dir: Path, file_hashes: Sequence[bytes], warn: Warn) -> set[bytes]:
-    """Which of ``file_hashes`` the store's shards list (read only if there are any to ask about); none, with a
-    warning, if the shards cannot be read: then a pack reads every file again."""
+def held(store_dir: Path, file_hashes: Sequence[bytes], warn: Warn) -> dict[bytes, int]:
+    """Which of ``file_hashes`` the store's shards list, with their sizes (read only if there are any to ask
+    about); none, with a warning, if the shards cannot be read: then a pack reads every file again."""
     if not file_hashes:
-        return set()
+        return {}
     from xetfs.storage.indexer import load_index
     from xetfs.storage.store import Store
 
@@ -519,5 +529,5 @@ def held(store_dir: Path, file_hashes: Sequence[bytes], warn: Warn) -> set[bytes
         index = load_index(Store.open(store_dir)).index
     except XetfsError as exc:
         warn(f"every file is read again: the store's shards cannot tell what it holds: {exc}")
-        return set()
-    return {h for h in file_hashes if index.get(h) is not None}
+        return {}
+    return {h: entry.size for h in file_hashes if (entry := index.get(h)) is not None}
