@@ -631,6 +631,21 @@ def test_cat_takes_a_path_the_store_names(packed: Path) -> None:
     )
 
 
+@pytest.mark.integration
+def test_cat_by_hash_needs_no_names(packed: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(packed, store)
+    xet = json.loads(run_xetfs("ls", store, "--json").stdout)[0]
+    (store / "xetfs-manifest.json").write_text("{broken")
+    for key in (xet["hash"], xet["hash"][:12]):
+        proc = run_xetfs("cat", store, key)
+        assert (proc.returncode, proc.stderr) == (0, b""), proc.stderr
+        assert proc.stdout == TREE[xet["path"]]
+    by_path = run_xetfs("cat", store, xet["path"]).stderr.decode()
+    assert by_path.startswith(f"xetfs: warning: manifest {store / 'xetfs-manifest.json'}: "), by_path
+    assert by_path.endswith(f"(the store has no names): {xet['path']!r}\n"), by_path
+
+
 @pytest.fixture(scope="module")
 def packed_mount(packed: Path) -> Iterator[Path]:
     from helpers.mounting import mounted

@@ -171,29 +171,31 @@ def open_index(args: argparse.Namespace) -> tuple[Store, Index]:
     return store, load_index(store).index
 
 
-def find_file(index: Index, text: str, names: Manifest | None = None) -> FileEntry:
-    """The file the store's ``names`` give the path ``text``, or else the one whose xet hash is ``text`` or
-    starts with it (at least 8 digits)."""
-    path = text.removeprefix("./")
-    named = next((f for f in names.files if f.name == path), None) if names is not None else None
-    if named is not None:
-        entry = index.get(named.xet_hash)
-        if entry is None:
-            raise UsageError(f"{path}: its file {hashes.to_hex(named.xet_hash)} is not in the store")
-        return entry
+def find_file(index: Index, text: str, names: Callable[[], Manifest | None] = lambda: None) -> FileEntry:
+    """The file whose xet hash is ``text`` or, alone, starts with it (at least 8 hex digits), or else the one
+    the store's names (``names()``, read only then) give the path ``text``."""
     key = text.lower()
     if hashes.is_hex(key):
         entry = index.get(hashes.from_hex(key))
         if entry is None:
             raise UsageError(f"no file with hash {key} in the store")
         return entry
-    if len(key) < 8 or any(c not in "0123456789abcdef" for c in key):
-        paths = ", nor a path the store's names give" if names is not None else " (the store has no names)"
-        raise UsageError(f"not a file hash or a hash prefix of at least 8 hex digits{paths}: {text!r}")
-    found = [e for e in index if e.hex.startswith(key)]
-    if len(found) != 1:
+    hexadecimal = len(key) >= 8 and all(c in "0123456789abcdef" for c in key)
+    found = [e for e in index if e.hex.startswith(key)] if hexadecimal else []
+    if len(found) == 1:
+        return found[0]
+    manifest = names()
+    path = text.removeprefix("./")
+    named = next((f for f in manifest.files if f.name == path), None) if manifest is not None else None
+    if named is not None:
+        entry = index.get(named.xet_hash)
+        if entry is None:
+            raise UsageError(f"{path}: its file {hashes.to_hex(named.xet_hash)} is not in the store")
+        return entry
+    if hexadecimal:
         raise UsageError(f"{len(found)} files have a hash starting with {key}")
-    return found[0]
+    paths = ", nor a path the store's names give" if manifest is not None else " (the store has no names)"
+    raise UsageError(f"not a file hash or a hash prefix of at least 8 hex digits{paths}: {text!r}")
 
 
 # -- commands ------------------------------------------------------------------
@@ -313,7 +315,15 @@ def cmd_cat(args: argparse.Namespace) -> int:
     from xetfs.storage.manifest import store_manifest
 
     store, index = open_index(args)
-    entry = find_file(index, args.hash, store_manifest(store))
+
+    def names() -> Manifest | None:
+        try:
+            return store_manifest(store)
+        except XetfsError as exc:  # (a broken manifest costs the paths, not the hashes)
+            print_warning(str(exc))
+            return None
+
+    entry = find_file(index, args.hash, names)
     end = entry.size if args.length is None else min(entry.size, args.offset + args.length)
     reader = Reader(index, store, cache_size=CAT_CACHE_SIZE)
     write = _stdout_writer()
