@@ -461,8 +461,11 @@ FORCE_SCENARIO = textwrap.dedent(
         result = {}
         if fusectl == "mounted":  # commands that ask the daemon give up, and say how to end the mount
             began = time.monotonic()
-            asks = {cmd: subprocess.Popen([sys.executable, "-m", "xetfs", cmd, mnt], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True) for cmd in ("ls", "stats", "refresh")}
+            link = mnt + "-link"
+            os.symlink(mnt, link)
+            given = {"ls": ("ls", mnt), "stats": ("stats", mnt), "refresh": ("refresh", mnt), "ls-link": ("ls", link)}
+            asks = {key: subprocess.Popen([sys.executable, "-m", "xetfs", *args], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True) for key, args in given.items()}
             for cmd, ask in asks.items():
                 result[cmd] = (ask.wait(60), ask.stderr.read())
             result["asks_seconds"] = time.monotonic() - began
@@ -535,6 +538,11 @@ def test_umount_force_cleans_a_stopped_daemon(basic_store: OracleStore, tmp_path
                 f"xetfs: error: {mnt}: the mount's daemon does not answer (waited {DAEMON_TIMEOUT:g} s): it is "
                 f"stopped or hung; {force}",
             ], result
+        assert result["ls-link"] == [
+            ExitStatus.ERROR,
+            f"xetfs: error: store {mnt}-link: no answer within {DAEMON_TIMEOUT:g} s: it lies on a mount whose daemon "
+            "or server does not answer (stopped or hung)\n",
+        ], result
         assert result["asks_seconds"] < DAEMON_TIMEOUT + 10, result
 
 

@@ -113,18 +113,19 @@ def check_listed(listing: Listing, location: str) -> None:
 def find_root(path: Path) -> Path:
     """The directory that holds ``xorbs/`` and ``shards/`` for a store directory at ``path``.
 
-    A xetfs mount point given as the store is looked into for at most
-    ``DAEMON_TIMEOUT``: its daemon may be stopped or hung, and a look would
-    wait for it for good.
+    It is looked for within ``DAEMON_TIMEOUT``: ``path`` may lie on a mount
+    whose daemon (or server) is stopped or hung, and a look would wait for
+    it for good.
     """
-    source = _xetfs_source(path)
-    if source is None:
-        return _find_root(path)
     answered, root = within(DAEMON_TIMEOUT, lambda: _find_root(path))
-    if not answered or root is None:
+    if answered and root is not None:
+        return root
+    source = _xetfs_source(path)
+    if source is not None:
         raise StoreError(f"store {path}: this is a xetfs mount of {source}, whose daemon does not answer (it is "
                          f"stopped or hung): give that store instead; {force_hint(path)}")  # fmt: skip
-    return root
+    raise StoreError(f"store {path}: no answer within {DAEMON_TIMEOUT:g} s: it lies on a mount whose daemon or "
+                     "server does not answer (stopped or hung)")  # fmt: skip
 
 
 def _find_root(path: Path) -> Path:
