@@ -111,6 +111,11 @@ def test_a_blob_keeps_the_time_first_recorded_for_it() -> None:
     back = parse_catalogue(dump_catalogue(with_time(first)), source="t")
     assert time_of(back) == first and b'"mtime": "2020-09-13T12:26:40.123456789Z"' in dump_catalogue(back)
     assert b'"mtime"' not in dump_catalogue(with_time(None))
+    bad = dump_catalogue(with_time(first)).replace(b"2020-09-13T12:26:40.123456789Z", b"yesterday")
+    parsed = parse_catalogue(bad, source="t")
+    assert time_of(parsed) is None
+    said = f"catalogue t: repo 0 (model org/name): blob {SHA1!r}: mtime 'yesterday' is not a time; the store's time"
+    assert parsed.warnings == (said + " is shown",), parsed.warnings
 
 
 def test_write_is_atomic_and_load_needs_no_write_access(tmp_path: Path) -> None:

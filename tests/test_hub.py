@@ -386,6 +386,10 @@ def test_verify_checks_the_catalogue_against_the_store(imported: Imported, tmp_p
     assert f"blob {big[0]}: the store's file" in text and f"has sha256 {big[1]}" in text
     assert f"blob {small[0]}: " in text and "bytes in the catalogue" in text
     assert f"blob {small[1]}: file {'0' * 64} (snapshots/" in text and "is not in the store" in text
+    (store / CATALOGUE_NAME).write_text("{broken")  # a catalogue that cannot be read: one problem, the rest checked
+    proc = xetfs(tmp_path, "verify", store, check=False)
+    assert proc.returncode == 3 and f"PROBLEM: catalogue {store / CATALOGUE_NAME}" in proc.stdout, proc.stdout
+    assert proc.stdout.splitlines()[-1].startswith("1 problem: "), proc.stdout
 
 
 CHANGING_PACK = """

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
@@ -57,7 +58,10 @@ def fs_type(path: str) -> str:
 def xetfs_source(path: str) -> str | None:
     """The store a xetfs mount at ``path`` (an absolute path, as the table gives it) mounts, or None."""
     found = mount_at(path)
-    return found[2] if found is not None and found[1] == XETFS_FS_TYPE else None
+    if found is None or found[1] != XETFS_FS_TYPE:
+        return None
+    source = found[2]
+    return source if "://" in source else urllib.parse.unquote(source)  # (its non-ASCII, as the mount wrote it)
 
 
 T = TypeVar("T")

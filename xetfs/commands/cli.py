@@ -376,14 +376,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() and not args.no_progress
     from tqdm import tqdm
 
-    catalogue = store_catalogue(store)
+    broken = []  # (a broken manifest or catalogue is a problem of the store; the files are checked all the same)
     try:
-        manifest, broken = store_manifest(store), None
-    except XetfsError as exc:  # (a broken manifest is a problem of the store; the files are checked all the same)
-        manifest, broken = None, str(exc)
+        catalogue = store_catalogue(store)
+    except XetfsError as exc:
+        catalogue = None
+        broken.append(str(exc))
+    try:
+        manifest = store_manifest(store)
+    except XetfsError as exc:
+        manifest = None
+        broken.append(str(exc))
     with tqdm(total=0, unit="B", unit_scale=True, unit_divisor=1024, disable=not show, desc="verify") as bar:
         report = trio.run(functools.partial(audit, store, bar, manifest=manifest, catalogue=catalogue))
-    report.problems += [broken] if broken else []
+    report.problems += broken
     status = EXIT_OK if report.ok else EXIT_PROBLEMS
     try:
         for problem in report.problems:

@@ -342,6 +342,10 @@ def _stats_doc(mountpoint: Path) -> dict[str, Any]:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    if args.file is not None and args.all:
+        from xetfs.commands.args import UsageError
+
+        raise UsageError("--all goes with MNT alone (a file's counters are all shown)")
     if args.file is not None:
         return _file_stats(Path(args.mountpoint), Path(args.file), as_json=args.json)
     doc = _stats_doc(Path(args.mountpoint))

@@ -109,8 +109,8 @@ def _remote(remote: dict[str, Any], source: str | None) -> str:
     )
     if remote.get("disk_hits") or remote.get("disk_misses") or remote.get("disk_bytes"):
         text += (
-            f"; disk cache {human_size(remote.get('disk_bytes', 0))}, {remote.get('disk_hits', 0):,} hits, "
-            f"{remote.get('disk_misses', 0):,} misses"
+            f"; disk cache {human_size(remote.get('disk_bytes', 0))}, {plural(remote.get('disk_hits', 0), 'hit')}, "
+            f"{plural(remote.get('disk_misses', 0), 'miss', 'misses')}"
             + _unusual(remote, disk_corrupt="corrupt (fetched again)", disk_write_errors="not written")
         )
     return text  # fmt: skip

@@ -35,6 +35,7 @@ from typing import Any
 
 from xetfs.base import hashes
 from xetfs.base.errors import CatalogueError
+from xetfs.base.settings import SHOWN_CHARS
 from xetfs.storage.layout import find_beside, replace_file
 from xetfs.storage.manifest import WarningLog, format_mtime, parse_json, parse_mtime, path_problem
 from xetfs.storage.store import Store
@@ -167,8 +168,11 @@ def _repo(item: Any, where: str, log: WarningLog) -> Repo | None:
         content = _content(value)
         if not is_blob_name(name) or content is None:
             log.add("invalid", f"{where}: blob {name!r}: not a blob name with xetHash and size; skipped")
-        else:
-            blobs[name] = content
+            continue
+        if content.mtime_ns is None and isinstance(value, dict) and value.get("mtime") is not None:
+            log.add("invalid", f"{where}: blob {name!r}: mtime {str(value['mtime'])[:SHOWN_CHARS]!r} is not a time; "
+                    "the store's time is shown")  # fmt: skip
+        blobs[name] = content
     revisions: dict[str, Revision] = {}
     for commit, value in _dict(item.get("revisions"), f"{where}: revisions", log).items():
         revision = _revision(commit, value, blobs, f"{where}: revision {commit!r}", log)

@@ -18,7 +18,6 @@ import itertools
 import json
 import os
 import re
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import TypeVar
@@ -150,10 +149,7 @@ def _find_root(path: Path) -> Path:
 
 def _xetfs_source(path: Path) -> str | None:
     """The store the xetfs mount at ``path`` shows, if ``path`` is a xetfs mount point."""
-    source = xetfs_source(os.path.abspath(path))
-    if source is None or "://" in source:
-        return source
-    return urllib.parse.unquote(source)  # (its non-ASCII, as the mount wrote it)
+    return xetfs_source(os.path.abspath(path))
 
 
 def _mount_given(path: Path) -> None:
