@@ -454,6 +454,13 @@ def test_packing_again_reads_only_what_changed(tmp_path: Path) -> None:
     reread = pack("--reread")
     assert reread.startswith("packed 3 files (3006 bytes)") and "unchanged" not in reread, reread
     assert run_xetfs("verify", store).returncode == 0
+    # The state forgets files deleted from a source it walks, and keeps those of other sources.
+    other = make_tree(tmp_path / "other", {"o": b"oh"}, ())
+    assert run_pack(tmp_path, other, store).returncode == 0
+    (src / "b").unlink()
+    pack()
+    state = json.loads((store / ".xetfs-pack-state.json").read_bytes())["files"]
+    assert sorted(state) == sorted(str(p) for p in (src / "a", src / "sub" / "c", other / "o")), sorted(state)
 
 
 def test_a_revision_packed_again_reads_only_what_changed(tmp_path: Path) -> None:

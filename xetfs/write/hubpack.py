@@ -49,7 +49,7 @@ from xetfs.write.pack import (
     store_bytes,
     upload,
 )
-from xetfs.write.packstate import Known, load_state, save_state
+from xetfs.write.packstate import Known, forget_gone, load_state, save_state
 
 Warn = Callable[[str], None]
 
@@ -436,6 +436,7 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         commit_id = commit.lower() if commit else derive_commit(files)
         new = Catalogue((Repo(repo_type, repo_id, {revision: commit_id}, blobs, {commit_id: Revision(files)}),))
         moved = update_catalogue(store_dir, new)
+        forget_gone(state, [Path(s) for s in sources], (f.local for f in plan.files))
         save_state(store_dir, state)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before

@@ -55,7 +55,7 @@ from xetfs.storage.manifest import (
     path_problem,
 )
 from xetfs.storage.remote import publish
-from xetfs.write.packstate import Known, Stamp, load_state, save_state
+from xetfs.write.packstate import Known, Stamp, forget_gone, load_state, save_state
 
 LOCK_NAME = ".xetfs-pack.lock"  # the store's pack lock (``locked``)
 REDB_INDEX = "global_dedup_lookup.redb"  # hf_xet's own lookup table in xet/xorbs/, not read by xetfs
@@ -495,6 +495,7 @@ def pack(
         for message in messages:
             warn(message)
         write_manifest(manifest_path, merged)
+        forget_gone(state, [Path(s) for s in sources], (f.local for f in plan.files))
         save_state(store_dir, state)
         publish(store_dir)  # the listing an HTTP server needs to serve the store
         grown = store_bytes(store_dir) - before

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +92,15 @@ def load_state(store_dir: Path) -> dict[str, Known]:
         return out
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return {}
+
+
+def forget_gone(state: dict[str, Known], sources: Sequence[Path], seen: Iterable[Path]) -> None:
+    """Drop the entries of files below ``sources`` (directories a pack walked) that it did not see: deleted or
+    moved since, so that the state does not grow with every file ever packed."""
+    tops = [f"{s.absolute()}/" for s in sources]  # (as a pack names its sources: not resolved)
+    kept = {str(p) for p in seen}
+    for path in [p for p in state if p not in kept and any(p.startswith(t) for t in tops)]:
+        del state[path]
 
 
 def save_state(store_dir: Path, state: Mapping[str, Known]) -> None:
