@@ -377,22 +377,11 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
     one relative to ``MNT``.
     """
     _stats_doc(mountpoint)  # (a xetfs mount, whose daemon answers)
-    path = file if file.is_absolute() else mountpoint / file
-    here = Path(os.path.abspath(file))  # (from the working directory; not resolved: Hub snapshots are symlinks)
-    under = Path(os.path.realpath(here.parent)).is_relative_to(os.path.realpath(mountpoint))
-    if not file.is_absolute() and os.path.lexists(here) and under:
-        path = here
-    try:
-        doc = json.loads(os.getxattr(path, FILE_STATS_XATTR))
-    except FileNotFoundError:
-        raise XetfsError(f"{path}: no such file") from None
-    except OSError as exc:
-        if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
-            raise
-        if exc.errno == errno.ENODATA and path.is_file():  # (a file of the mount that holds no chunks)
-            raise XetfsError(f"{path}: not a file of the store (a Hub ref, or the mount's own stats, has no chunks "
-                             "to count)") from None  # fmt: skip
-        raise XetfsError(f"{path}: not a file of the xetfs mount {mountpoint}") from None
+    answered, found = within(DAEMON_TIMEOUT, lambda: _file_doc(mountpoint, file))
+    if not answered or found is None:
+        raise XetfsError(f"{mountpoint}: the mount's daemon does not answer (waited {DAEMON_TIMEOUT:g} s): it is "
+                         f"stopped or hung; {force_hint(mountpoint)}")  # fmt: skip
+    path, doc = found
     size, chunks = doc["size"], doc["chunks"]
     doc["bytes_amplification"] = round(doc["decoded_bytes"] / size, 4) if size else None  # (AMPLIFICATION_KEYS)
     doc["chunks_amplification"] = round(doc["decoded_chunks"] / chunks, 4) if chunks else None
@@ -413,3 +402,24 @@ def _file_stats(mountpoint: Path, file: Path, *, as_json: bool) -> int:
         print(f"{'':<22}(a chunk counts for the file whose read decoded it: not counted here are chunks this "
               f"file shares with files read before it, and chunks not read yet)")  # fmt: skip
     return 0
+
+
+def _file_doc(mountpoint: Path, file: Path) -> tuple[Path, dict[str, Any]]:
+    """The file's path, and its counters from its ``FILE_STATS_XATTR``: ``file`` as ``_file_stats`` takes it."""
+    path = file if file.is_absolute() else mountpoint / file
+    here = Path(os.path.abspath(file))  # (from the working directory; not resolved: Hub snapshots are symlinks)
+    under = Path(os.path.realpath(here.parent)).is_relative_to(os.path.realpath(mountpoint))
+    if not file.is_absolute() and os.path.lexists(here) and under:
+        path = here
+    try:
+        doc: dict[str, Any] = json.loads(os.getxattr(path, FILE_STATS_XATTR))
+        return path, doc
+    except FileNotFoundError:
+        raise XetfsError(f"{path}: no such file") from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENODATA, errno.ENOTSUP):
+            raise
+        if exc.errno == errno.ENODATA and path.is_file():  # (a file of the mount that holds no chunks)
+            raise XetfsError(f"{path}: not a file of the store (a Hub ref, or the mount's own stats, has no chunks "
+                             "to count)") from None  # fmt: skip
+        raise XetfsError(f"{path}: not a file of the xetfs mount {mountpoint}") from None
