@@ -7,6 +7,7 @@ xetfs`` as its own process, real mounts in temporary directories).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -640,15 +641,38 @@ def test_cat_takes_a_path_the_store_names(packed: Path) -> None:
 
 
 @pytest.mark.integration
+def test_cat_of_a_name_that_looks_like_a_hash(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x").write_bytes(b"first\n")
+    assert run_xetfs("pack", src, tmp_path / "probe", "--no-progress").returncode == 0
+    x_hash = json.loads(run_xetfs("ls", tmp_path / "probe", "--json").stdout)[0]["hash"]
+    sha = hashlib.sha256(b"second\n").hexdigest()
+    (src / x_hash[:10]).write_bytes(b"second\n")  # (named by the start of x's hash)
+    (src / sha).write_bytes(b"second\n")  # (named by a sha256, as a cache's blobs are)
+    store = tmp_path / "store"
+    assert run_xetfs("pack", src, store, "--no-progress").returncode == 0
+    assert run_xetfs("cat", store, sha).stdout == b"second\n"
+    assert run_xetfs("cat", store, f"./{x_hash[:10]}").stdout == b"second\n"
+    assert run_xetfs("cat", store, x_hash).stdout == b"first\n"
+    both = run_xetfs("cat", store, x_hash[:10])
+    assert both.returncode == ExitStatus.USAGE and both.stderr.decode() == (
+        f"xetfs: error: {x_hash[:10]!r} is a path of the store's names and the hash (or its start) of another "
+        f"file: give ./{x_hash[:10]} for the path, or the whole hash\n"
+    )
+
+
+@pytest.mark.integration
 def test_cat_by_hash_needs_no_names(packed: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
     shutil.copytree(packed, store)
     xet = json.loads(run_xetfs("ls", store, "--json").stdout)[0]
     (store / "xetfs-manifest.json").write_text("{broken")
-    for key in (xet["hash"], xet["hash"][:12]):
-        proc = run_xetfs("cat", store, key)
-        assert (proc.returncode, proc.stderr) == (0, b""), proc.stderr
-        assert proc.stdout == TREE[xet["path"]]
+    proc = run_xetfs("cat", store, xet["hash"])
+    assert (proc.returncode, proc.stderr, proc.stdout) == (0, b"", TREE[xet["path"]]), proc.stderr
+    proc = run_xetfs("cat", store, xet["hash"][:12])  # (a prefix could be a path too: the names are asked, and lost)
+    assert (proc.returncode, proc.stdout) == (0, TREE[xet["path"]]), proc.stderr
+    assert proc.stderr.decode().startswith(f"xetfs: warning: manifest {store / 'xetfs-manifest.json'}: "), proc.stderr
     by_path = run_xetfs("cat", store, xet["path"]).stderr.decode()
     assert by_path.startswith(f"xetfs: warning: manifest {store / 'xetfs-manifest.json'}: "), by_path
     assert by_path.endswith(f"(the store has no names): {xet['path']!r}\n"), by_path

@@ -616,3 +616,30 @@ def test_the_summary_words_what_read_over_added_means() -> None:
     assert read_over_added(1000, 1010) == " (read / added: 0.99x: no dedup or compression gain)"
     assert read_over_added(288, 1329) == " (read / added: 0.22x: the shard and xorb footers outweigh so few bytes)"
     assert read_over_added(0, 100) == read_over_added(100, 0) == ""
+
+
+def test_the_pack_state_keeps_only_what_a_read_saw_whole(tmp_path: Path) -> None:
+    """``remember`` records a file only if it was the same file before and after the read; a file whose
+    modification time lies in the future still settles (by its change time)."""
+    from xetfs.write.packstate import Known, Stamp, load_state, remember, save_state, stamp_of
+
+    path = tmp_path / "f"
+    path.write_bytes(b"v1")
+    state: dict[str, Known] = {}
+    known = Known(Stamp(0, 0, 0, 0, 0, 0), "a" * 64, "b" * 64)
+    before = stamp_of(path)
+    remember(state, path, before, known)
+    assert state[str(path)].stamp == before and state[str(path)].xet_hash == "a" * 64
+    (tmp_path / "g").write_bytes(b"v2")
+    os.replace(tmp_path / "g", path)  # another file took its place during the read
+    remember(state, path, before, known)
+    assert str(path) not in state
+    remember(state, tmp_path / "gone", None, known)
+    assert state == {}
+    racy = int(RACY_SECONDS * 1e9)
+    assert Stamp(2, time.time_ns() + 10**12, 0, 1, 1, racy).settled and not Stamp(2, 0, racy, 1, 1, racy).settled
+    bad = {"format": "xetfs-pack-state", "version": 1, "files": {"/x": [1, "2", 3, 4, 5, 6, "a" * 64, None, None]}}
+    (tmp_path / ".xetfs-pack-state.json").write_text(json.dumps(bad))
+    assert load_state(tmp_path) == {}  # (a value of the wrong type: the entry is dropped, nothing raises)
+    save_state(tmp_path, {"/y": known})
+    assert load_state(tmp_path) == {"/y": known}

@@ -172,26 +172,28 @@ def open_index(args: argparse.Namespace) -> tuple[Store, Index]:
 
 
 def find_file(index: Index, text: str, names: Callable[[], Manifest | None] = lambda: None) -> FileEntry:
-    """The file whose xet hash is ``text`` or, alone, starts with it (at least 8 hex digits), or else the one
-    the store's names (``names()``, read only then) give the path ``text``."""
+    """The file whose xet hash is ``text`` or, alone, starts with it (at least 8 hex digits), or the one the
+    store's names (``names()``) give the path ``text``.  Text that could be either (a file named by a hash)
+    must not mean two files; ``./`` before it makes it a path."""
     key = text.lower()
-    if hashes.is_hex(key):
-        entry = index.get(hashes.from_hex(key))
-        if entry is None:
-            raise UsageError(f"no file with hash {key} in the store")
-        return entry
+    if hashes.is_hex(key) and (entry := index.get(hashes.from_hex(key))) is not None:
+        return entry  # (a whole xet hash: no need of the names)
     hexadecimal = len(key) >= 8 and all(c in "0123456789abcdef" for c in key)
-    found = [e for e in index if e.hex.startswith(key)] if hexadecimal else []
-    if len(found) == 1:
-        return found[0]
+    found = [e for e in index if e.hex.startswith(key)] if hexadecimal and not hashes.is_hex(key) else []
+    by_hash = found[0] if len(found) == 1 else None
     manifest = names()
     path = text.removeprefix("./")
     named = next((f for f in manifest.files if f.name == path), None) if manifest is not None else None
-    if named is not None:
-        entry = index.get(named.xet_hash)
-        if entry is None:
-            raise UsageError(f"{path}: its file {hashes.to_hex(named.xet_hash)} is not in the store")
-        return entry
+    by_name = index.get(named.xet_hash) if named is not None else None
+    if named is not None and by_name is None:
+        raise UsageError(f"{path}: its file {hashes.to_hex(named.xet_hash)} is not in the store")
+    if by_hash is not None and by_name is not None and by_hash is not by_name:
+        raise UsageError(f"{text!r} is a path of the store's names and the hash (or its start) of another file: "
+                         f"give ./{path} for the path, or the whole hash")  # fmt: skip
+    if by_hash is not None or by_name is not None:
+        return by_hash or by_name  # type: ignore[return-value]
+    if hashes.is_hex(key):
+        raise UsageError(f"no file with hash {key} in the store")
     if hexadecimal:
         raise UsageError(f"{len(found)} files have a hash starting with {key}")
     paths = ", nor a path the store's names give" if manifest is not None else " (the store has no names)"

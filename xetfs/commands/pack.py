@@ -117,8 +117,8 @@ def add_pack_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], No
                         "included (their bytes stay in the store); without it, a pack adds to the names "
                         "there")  # fmt: skip
     p.add_argument("--reread", action="store_true",
-                   help="with SRC: read every file again, also those the store names at their path with the "
-                        "size and modification time they have now (otherwise taken as they are)")  # fmt: skip
+                   help="with SRC: read every file again, also those an earlier pack on this machine read and "
+                        "that have not changed since (otherwise taken as they are)")  # fmt: skip
     p.add_argument("--no-progress", action="store_true", help="no progress bar even on a terminal")
     p.set_defaults(func=cmd_pack)
     add_common(p)

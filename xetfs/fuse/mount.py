@@ -173,7 +173,7 @@ def fuse_options(config: MountConfig) -> set[str]:
     location = os.fspath(config.store)
     source = public_url(location) if is_url(location) else os.path.abspath(location)
     source = source.replace("\\", "\\\\").replace(",", "\\,")  # (libfuse splits options at commas)
-    source = "".join(c if c.isascii() else urllib.parse.quote(c) for c in source)  # (pyfuse3 takes ASCII)
+    source = "".join(c if c.isascii() and c != "%" else urllib.parse.quote(c) for c in source)  # (pyfuse3: ASCII)
     opts = set(pyfuse3.default_options) | {"ro", f"fsname={source}", "subtype=xetfs"}
     opts |= config.options & {"allow_other", "allow_root", *FUSE_FLAGS}
     return opts

@@ -49,7 +49,7 @@ from xetfs.write.pack import (
     store_bytes,
     upload,
 )
-from xetfs.write.packstate import Known, forget_gone, load_state, save_state
+from xetfs.write.packstate import Known, forget_gone, load_state, remember, save_state, stamp_of
 
 Warn = Callable[[str], None]
 
@@ -396,13 +396,7 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
     since (``packstate``), is not read again (unless ``reread``), as in a
     plain ``pack``.
     """
-    problem = repo_id_problem(repo_id)
-    if problem is not None:
-        raise XetfsError(f"--repo {repo_id!r}: {problem}")
-    if ref_problem(revision) is not None or is_commit(revision):
-        raise XetfsError(f"--revision {revision!r}: not a usable branch or tag name")
-    if commit is not None and not is_commit(commit.lower()):
-        raise XetfsError(f"--commit {commit!r}: not a 40-hex commit id")
+    _check_names(repo_id, revision, commit)
     store_dir = _store_dir(store)
     skips = Skips(warn)
     plan = plan_pack([Path(s) for s in sources], store_dir, skips, follow_symlinks=follow_symlinks)
@@ -417,6 +411,7 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         known = {} if reread else _unchanged(plan.files, paths, state, store_dir, warn)
         todo = [i for i, p in enumerate(paths) if p not in known]
         jobs = [Job(plan.files[i].local, None, is_lfs_path(paths[i], plan.files[i].size)) for i in todo]
+        stamps = [stamp_of(plan.files[i].local) for i in todo]  # (the file read next; the plan's may be old)
         before = store_bytes(store_dir)
         uploaded = upload_checked(jobs, store_dir, progress=progress, warn=skips) if jobs else []
         stored: list[Stored | None] = [known.get(p) for p in paths]
@@ -427,10 +422,11 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
             raise XetfsError(
                 f"revision not recorded: {plural(len(failed), 'file')} failed their checks: {', '.join(failed)}"
             )
-        for i, s in zip(todo, uploaded, strict=True):
+        for i, stamp, s in zip(todo, stamps, uploaded, strict=True):
             if s is not None:
                 sha256 = s.blob if len(s.blob) == 64 else None  # (a blob named by its sha256; else a git sha1)
-                state[str(plan.files[i].local)] = Known(plan.files[i].stamp, s.content.xet_hash, sha256, s.blob)
+                remember(state, plan.files[i].local, stamp, Known(plan.files[i].stamp, s.content.xet_hash, sha256,
+                                                                  s.blob))  # fmt: skip
         files = {p: s.blob for p, s in zip(paths, stored, strict=True) if s is not None}
         blobs = {s.blob: s.content for s in stored if s is not None}
         commit_id = commit.lower() if commit else derive_commit(files)
@@ -444,6 +440,17 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
     return commit_id, replace(result, skipped_count=len(plan.skipped), moved=tuple(moved), unchanged=len(known))
 
 
+def _check_names(repo_id: str, revision: str, commit: str | None) -> None:
+    """Raise ``XetfsError`` for a bad ``--repo``, ``--revision`` or ``--commit``."""
+    problem = repo_id_problem(repo_id)
+    if problem is not None:
+        raise XetfsError(f"--repo {repo_id!r}: {problem}")
+    if ref_problem(revision) is not None or is_commit(revision):
+        raise XetfsError(f"--revision {revision!r}: not a usable branch or tag name")
+    if commit is not None and not is_commit(commit.lower()):
+        raise XetfsError(f"--commit {commit!r}: not a 40-hex commit id")
+
+
 def _unchanged(files: Sequence[Source], paths: Sequence[str], state: Mapping[str, Known], store_dir: Path,
                warn: Warn) -> dict[str, Stored]:  # fmt: skip
     """By path, the blobs of the files an earlier pack read and named, that have not changed since and whose
@@ -451,7 +458,8 @@ def _unchanged(files: Sequence[Source], paths: Sequence[str], state: Mapping[str
     same = {}
     for f, path in zip(files, paths, strict=True):
         k = state.get(str(f.local))
-        if k is not None and k.blob is not None and k.still(f.stamp):
+        kind = 64 if is_lfs_path(path, f.size) else 40  # (a blob name's kind follows from the path: as a read names it)
+        if k is not None and k.blob is not None and len(k.blob) == kind and k.still(f.stamp):
             same[path] = Stored(k.blob, Content(k.xet_hash, f.size, f.mtime_ns))
     there = held(store_dir, [hashes.from_hex(s.content.xet_hash) for s in same.values()], warn)
     return {p: s for p, s in same.items() if there.get(hashes.from_hex(s.content.xet_hash)) == s.content.size}

@@ -55,7 +55,7 @@ from xetfs.storage.manifest import (
     path_problem,
 )
 from xetfs.storage.remote import publish
-from xetfs.write.packstate import Known, Stamp, forget_gone, load_state, save_state
+from xetfs.write.packstate import Known, Stamp, forget_gone, load_state, remember, save_state, stamp_of
 
 LOCK_NAME = ".xetfs-pack.lock"  # the store's pack lock (``locked``)
 REDB_INDEX = "global_dedup_lookup.redb"  # hf_xet's own lookup table in xet/xorbs/, not read by xetfs
@@ -483,13 +483,14 @@ def pack(
         before = store_bytes(store_dir)
         state = load_state(store_dir)
         kept, todo = ([], plan.files) if reread else unchanged(plan.files, state, store_dir, warn)
+        stamps = [stamp_of(f.local) for f in todo]  # (the file hf_xet reads next; the plan's stamp may be old)
         results = upload([f.local for f in todo], store_dir, progress=progress) if todo else []
         new: list[Entry] = [
             ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns) for f, r in zip(todo, results, strict=True)
         ]
         new.extend(kept)
-        for f, r in zip(todo, results, strict=True):
-            state[str(f.local)] = Known(f.stamp, hashes.to_hex(r.xet_hash), r.sha256)
+        for f, stamp, r in zip(todo, stamps, results, strict=True):
+            remember(state, f.local, stamp, Known(f.stamp, hashes.to_hex(r.xet_hash), r.sha256))
         new.extend(plan.directories)
         merged, messages, (changed, removed) = merge(new, old, source=MANIFEST_NAME, replace=replace)
         for message in messages:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from xetfs.base import hashes
 from xetfs.base.settings import RACY_SECONDS
+from xetfs.storage.catalogue import is_blob_name
 from xetfs.storage.layout import replace_file
 
 STATE_NAME = ".xetfs-pack-state.json"
@@ -61,8 +62,9 @@ class Stamp:
 
     @property
     def settled(self) -> bool:
-        """Whether the file had not changed for ``RACY_SECONDS`` when the stamp was taken."""
-        return self.taken_ns - max(self.mtime_ns, self.ctime_ns) >= RACY_SECONDS * 1_000_000_000
+        """Whether the file had not changed for ``RACY_SECONDS`` when the stamp was taken (by its change time:
+        every write sets it, and no tool can set it back, as they can the modification time)."""
+        return self.taken_ns - self.ctime_ns >= RACY_SECONDS * 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,25 @@ class Known:
         return self.stamp.settled and self.stamp.same_file(now)
 
 
+def stamp_of(path: Path) -> Stamp | None:
+    """``path``'s stamp now (following a symlink, as a pack reads it), or None if it cannot be had."""
+    try:
+        return Stamp.of(os.stat(path))
+    except OSError:
+        return None
+
+
+def remember(state: dict[str, Known], path: Path, before: Stamp | None, known: Known) -> None:
+    """Record what a pack learnt of ``path`` from a read between ``before`` (its stamp just before the read)
+    and now, if the file was the same all along; else forget it (it changed, or another took its place,
+    while it was read: the next pack reads it again)."""
+    after = stamp_of(path)
+    if before is not None and after is not None and before.same_file(after):
+        state[str(path)] = Known(before, known.xet_hash, known.sha256, known.blob)
+    else:
+        state.pop(str(path), None)
+
+
 def load_state(store_dir: Path) -> dict[str, Known]:
     """The store's pack state, by source path; empty if there is none or it cannot be read."""
     try:
@@ -87,7 +108,9 @@ def load_state(store_dir: Path) -> dict[str, Known]:
             return {}
         out = {}
         for path, (size, mtime, ctime, ino, dev, taken, xet, sha256, blob) in doc["files"].items():
-            if hashes.is_hex(xet):
+            numbers = (size, mtime, ctime, ino, dev, taken)
+            names_ok = all(v is None or (isinstance(v, str) and is_blob_name(v)) for v in (sha256, blob))
+            if all(type(v) is int for v in numbers) and isinstance(xet, str) and hashes.is_hex(xet) and names_ok:
                 out[path] = Known(Stamp(size, mtime, ctime, ino, dev, taken), xet, sha256, blob)
         return out
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
