@@ -461,6 +461,13 @@ def test_packing_again_reads_only_what_changed(tmp_path: Path) -> None:
     pack()
     state = json.loads((store / ".xetfs-pack-state.json").read_bytes())["files"]
     assert sorted(state) == sorted(str(p) for p in (src / "a", src / "sub" / "c", other / "o")), sorted(state)
+    # Xorbs gone while the shards list them: the files are read again, and the pack says they do not read.
+    for xorb in list((store / "xet" / "xorbs" / "xorbs").iterdir()):
+        xorb.unlink()
+    gone = run_pack(tmp_path, src, store)
+    assert gone.returncode == 0 and gone.stdout.startswith("packed 2 files"), gone.stdout
+    warned = sorted(line.split(":")[2].strip() for line in gone.stderr.splitlines())
+    assert warned == ["a", "sub/c"] and "a pack does not write a xorb again while a shard lists it" in gone.stderr
 
 
 def test_a_revision_packed_again_reads_only_what_changed(tmp_path: Path) -> None:

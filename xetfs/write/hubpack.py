@@ -48,6 +48,7 @@ from xetfs.write.pack import (
     refuse_skips,
     store_bytes,
     upload,
+    warn_of_lost_xorbs,
 )
 from xetfs.write.packstate import Known, forget_gone, load_state, remember, save_state, stamp_of
 
@@ -427,6 +428,8 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
                 sha256 = s.blob if len(s.blob) == 64 else None  # (a blob named by its sha256; else a git sha1)
                 remember(state, plan.files[i].local, stamp, Known(plan.files[i].stamp, s.content.xet_hash, sha256,
                                                                   s.blob))  # fmt: skip
+        done = [(paths[i], hashes.from_hex(s.content.xet_hash)) for i, s in zip(todo, uploaded, strict=True) if s]
+        warn_of_lost_xorbs(store_dir, done, warn)
         files = {p: s.blob for p, s in zip(paths, stored, strict=True) if s is not None}
         blobs = {s.blob: s.content for s in stored if s is not None}
         commit_id = commit.lower() if commit else derive_commit(files)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import os
 import stat
 import warnings
@@ -491,6 +492,8 @@ def pack(
         new.extend(kept)
         for f, stamp, r in zip(todo, stamps, results, strict=True):
             remember(state, f.local, stamp, Known(f.stamp, hashes.to_hex(r.xet_hash), r.sha256))
+        warn_of_lost_xorbs(store_dir, [("/".join(f.path), r.xet_hash) for f, r in zip(todo, results, strict=True)],
+                           warn)  # fmt: skip
         new.extend(plan.directories)
         merged, messages, (changed, removed) = merge(new, old, source=MANIFEST_NAME, replace=replace)
         for message in messages:
@@ -520,16 +523,46 @@ def unchanged(
 
 
 def held(store_dir: Path, file_hashes: Sequence[bytes], warn: Warn) -> dict[bytes, int]:
-    """Which of ``file_hashes`` the store's shards list, with their sizes (read only if there are any to ask
-    about); none, with a warning, if the shards cannot be read: then a pack reads every file again."""
+    """Which of ``file_hashes`` the store holds, with their sizes: its shards list them, and it has every xorb
+    their terms name (read only if there are any to ask about).  None, with a warning, if the shards cannot
+    be read: then a pack reads every file again."""
     if not file_hashes:
         return {}
+    found = _look_up(store_dir, file_hashes, warn)
+    return {h: size for h, (size, lost) in found.items() if lost is None}
+
+
+def warn_of_lost_xorbs(store_dir: Path, files: Sequence[tuple[str, bytes]], warn: Warn) -> None:
+    """Warn of each file just packed (``(name, xet hash)``) whose bytes a xorb the store lacks should hold:
+    hf_xet does not write a xorb again while a shard lists it, so the file does not read (``verify`` tells)."""
+    if not files:
+        return
+    found = _look_up(store_dir, [h for _, h in files], warn)
+    for name, h in files:
+        lost = found.get(h, (0, None))[1]
+        if lost is not None:
+            warn(f"{name}: the store lacks xorb {hashes.to_hex(lost)}, which holds its bytes, and a pack does not "
+                 "write a xorb again while a shard lists it: the file does not read "
+                 f"(xetfs verify {store_dir})")  # fmt: skip
+
+
+def _look_up(store_dir: Path, file_hashes: Sequence[bytes], warn: Warn) -> dict[bytes, tuple[int, bytes | None]]:
+    """By file hash, for those the store's shards list: the size, and the first xorb of its terms the store
+    lacks (None if it has them all).  Empty, with a warning, if the shards cannot be read."""
     from xetfs.storage.indexer import load_index
     from xetfs.storage.store import Store
 
     try:
-        index = load_index(Store.open(store_dir)).index
+        store = Store.open(store_dir)
+        index = load_index(store).index
     except XetfsError as exc:
         warn(f"every file is read again: the store's shards cannot tell what it holds: {exc}")
         return {}
-    return {h: entry.size for h in file_hashes if (entry := index.get(h)) is not None}
+    has_xorb = functools.cache(store.has_xorb)  # (a xorb holds the chunks of many files: looked up once)
+    out: dict[bytes, tuple[int, bytes | None]] = {}
+    for h in file_hashes:
+        entry = index.get(h)
+        if entry is not None:
+            out[h] = (entry.size, next((x for x, _, _, _ in index.terms_of(entry) if not has_xorb(x)), None))
+    store.close()
+    return out
