@@ -635,13 +635,13 @@ def test_the_pack_state_keeps_only_what_a_read_saw_whole(tmp_path: Path) -> None
     state: dict[str, Known] = {}
     known = Known(Stamp(0, 0, 0, 0, 0, 0), "a" * 64, "b" * 64)
     before = stamp_of(path)
-    remember(state, path, before, known)
+    remember(state, path, before, "a" * 64, "b" * 64)
     assert state[str(path)].stamp == before and state[str(path)].xet_hash == "a" * 64
     (tmp_path / "g").write_bytes(b"v2")
     os.replace(tmp_path / "g", path)  # another file took its place during the read
-    remember(state, path, before, known)
+    remember(state, path, before, "a" * 64, "b" * 64)
     assert str(path) not in state
-    remember(state, tmp_path / "gone", None, known)
+    remember(state, tmp_path / "gone", None, "a" * 64, "b" * 64)
     assert state == {}
     racy = int(RACY_SECONDS * 1e9)
     assert Stamp(2, time.time_ns() + 10**12, 0, 1, 1, racy).settled and not Stamp(2, 0, racy, 1, 1, racy).settled

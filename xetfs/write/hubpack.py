@@ -426,8 +426,7 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         for i, stamp, s in zip(todo, stamps, uploaded, strict=True):
             if s is not None:
                 sha256 = s.blob if len(s.blob) == 64 else None  # (a blob named by its sha256; else a git sha1)
-                remember(state, plan.files[i].local, stamp, Known(plan.files[i].stamp, s.content.xet_hash, sha256,
-                                                                  s.blob))  # fmt: skip
+                remember(state, plan.files[i].local, stamp, s.content.xet_hash, sha256, s.blob)
         done = [(paths[i], hashes.from_hex(s.content.xet_hash)) for i, s in zip(todo, uploaded, strict=True) if s]
         warn_of_lost_xorbs(store_dir, done, warn)
         files = {p: s.blob for p, s in zip(paths, stored, strict=True) if s is not None}

@@ -486,15 +486,13 @@ def pack(
         kept, todo = ([], plan.files) if reread else unchanged(plan.files, state, store_dir, warn)
         stamps = [stamp_of(f.local) for f in todo]  # (the file hf_xet reads next; the plan's stamp may be old)
         results = upload([f.local for f in todo], store_dir, progress=progress) if todo else []
-        new: list[Entry] = [
-            ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns) for f, r in zip(todo, results, strict=True)
-        ]
-        new.extend(kept)
+        new: list[Entry] = []
         for f, stamp, r in zip(todo, stamps, results, strict=True):
-            remember(state, f.local, stamp, Known(f.stamp, hashes.to_hex(r.xet_hash), r.sha256))
+            new.append(ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns))
+            remember(state, f.local, stamp, hashes.to_hex(r.xet_hash), r.sha256)
+        new += [*kept, *plan.directories]
         warn_of_lost_xorbs(store_dir, [("/".join(f.path), r.xet_hash) for f, r in zip(todo, results, strict=True)],
                            warn)  # fmt: skip
-        new.extend(plan.directories)
         merged, messages, (changed, removed) = merge(new, old, source=MANIFEST_NAME, replace=replace)
         for message in messages:
             warn(message)

@@ -89,13 +89,14 @@ def stamp_of(path: Path) -> Stamp | None:
         return None
 
 
-def remember(state: dict[str, Known], path: Path, before: Stamp | None, known: Known) -> None:
+def remember(state: dict[str, Known], path: Path, before: Stamp | None, xet_hash: str, sha256: str | None,
+             blob: str | None = None) -> None:  # fmt: skip
     """Record what a pack learnt of ``path`` from a read between ``before`` (its stamp just before the read)
     and now, if the file was the same all along; else forget it (it changed, or another took its place,
     while it was read: the next pack reads it again)."""
     after = stamp_of(path)
     if before is not None and after is not None and before.same_file(after):
-        state[str(path)] = Known(before, known.xet_hash, known.sha256, known.blob)
+        state[str(path)] = Known(before, xet_hash, sha256, blob)
     else:
         state.pop(str(path), None)
 
