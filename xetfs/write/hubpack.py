@@ -46,6 +46,7 @@ from xetfs.write.pack import (
     plan_pack,
     read_over_added,
     refuse_skips,
+    shard_names,
     store_bytes,
     upload,
     warn_of_lost_xorbs,
@@ -413,6 +414,7 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
         todo = [i for i, p in enumerate(paths) if p not in known]
         jobs = [Job(plan.files[i].local, None, is_lfs_path(paths[i], plan.files[i].size)) for i in todo]
         stamps = [stamp_of(plan.files[i].local) for i in todo]  # (the file read next; the plan's may be old)
+        shards = shard_names(store_dir)
         before = store_bytes(store_dir)
         uploaded = upload_checked(jobs, store_dir, progress=progress, warn=skips) if jobs else []
         stored: list[Stored | None] = [known.get(p) for p in paths]
@@ -428,7 +430,7 @@ def pack_revision(sources: Sequence[str | os.PathLike[str]], store: str | os.Pat
                 sha256 = s.blob if len(s.blob) == 64 else None  # (a blob named by its sha256; else a git sha1)
                 remember(state, plan.files[i].local, stamp, s.content.xet_hash, sha256, s.blob)
         done = [(paths[i], hashes.from_hex(s.content.xet_hash)) for i, s in zip(todo, uploaded, strict=True) if s]
-        warn_of_lost_xorbs(store_dir, done, warn)
+        warn_of_lost_xorbs(store_dir, done, shards, warn)
         files = {p: s.blob for p, s in zip(paths, stored, strict=True) if s is not None}
         blobs = {s.blob: s.content for s in stored if s is not None}
         commit_id = commit.lower() if commit else derive_commit(files)

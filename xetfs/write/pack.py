@@ -485,14 +485,15 @@ def pack(
         state = load_state(store_dir)
         kept, todo = ([], plan.files) if reread else unchanged(plan.files, state, store_dir, warn)
         stamps = [stamp_of(f.local) for f in todo]  # (the file hf_xet reads next; the plan's stamp may be old)
+        shards = shard_names(store_dir)
         results = upload([f.local for f in todo], store_dir, progress=progress) if todo else []
         new: list[Entry] = []
         for f, stamp, r in zip(todo, stamps, results, strict=True):
             new.append(ManifestFile(f.path, r.xet_hash, r.size, r.sha256, f.mtime_ns))
             remember(state, f.local, stamp, hashes.to_hex(r.xet_hash), r.sha256)
         new += [*kept, *plan.directories]
-        warn_of_lost_xorbs(store_dir, [("/".join(f.path), r.xet_hash) for f, r in zip(todo, results, strict=True)],
-                           warn)  # fmt: skip
+        done = [("/".join(f.path), r.xet_hash) for f, r in zip(todo, results, strict=True)]
+        warn_of_lost_xorbs(store_dir, done, shards, warn)
         merged, messages, (changed, removed) = merge(new, old, source=MANIFEST_NAME, replace=replace)
         for message in messages:
             warn(message)
@@ -530,12 +531,29 @@ def held(store_dir: Path, file_hashes: Sequence[bytes], warn: Warn) -> dict[byte
     return {h: size for h, (size, lost) in found.items() if lost is None}
 
 
-def warn_of_lost_xorbs(store_dir: Path, files: Sequence[tuple[str, bytes]], warn: Warn) -> None:
+def shard_names(store_dir: Path) -> frozenset[str]:
+    """The names of the store's shards now; none where there is no store yet."""
+    from xetfs.storage.store import Store
+
+    try:
+        store = Store.open(store_dir)
+    except XetfsError:
+        return frozenset()
+    try:
+        return frozenset(s.name for s in store.shard_files())
+    finally:
+        store.close()
+
+
+def warn_of_lost_xorbs(store_dir: Path, files: Sequence[tuple[str, bytes]], shards_before: frozenset[str],
+                       warn: Warn) -> None:  # fmt: skip
     """Warn of each file just packed (``(name, xet hash)``) whose bytes a xorb the store lacks should hold:
-    hf_xet does not write a xorb again while a shard lists it, so the file does not read (``verify`` tells)."""
+    hf_xet does not write a xorb again while a shard lists it, so the file does not read (``verify`` tells).
+    The shards the pack wrote (those not in ``shards_before``) are read first: they list what it uploaded,
+    and the whole store's index is read only for a file they do not list."""
     if not files:
         return
-    found = _look_up(store_dir, [h for _, h in files], warn)
+    found = _look_up(store_dir, [h for _, h in files], warn, shards_before)
     for name, h in files:
         lost = found.get(h, (0, None))[1]
         if lost is not None:
@@ -544,23 +562,43 @@ def warn_of_lost_xorbs(store_dir: Path, files: Sequence[tuple[str, bytes]], warn
                  f"(xetfs verify {store_dir})")  # fmt: skip
 
 
-def _look_up(store_dir: Path, file_hashes: Sequence[bytes], warn: Warn) -> dict[bytes, tuple[int, bytes | None]]:
+def _look_up(
+    store_dir: Path, file_hashes: Sequence[bytes], warn: Warn, passed_over: frozenset[str] | None = None
+) -> dict[bytes, tuple[int, bytes | None]]:
     """By file hash, for those the store's shards list: the size, and the first xorb of its terms the store
-    lacks (None if it has them all).  Empty, with a warning, if the shards cannot be read."""
-    from xetfs.storage.indexer import load_index
+    lacks (None if it has them all).  With ``passed_over``, the other shards are asked first, and every shard
+    only for the files they do not list.  Empty, with a warning, if the shards cannot be read."""
+    from xetfs.storage.index import Index
+    from xetfs.storage.indexer import load_index, read_shard
     from xetfs.storage.store import Store
 
     try:
         store = Store.open(store_dir)
-        index = load_index(store).index
     except XetfsError as exc:
         warn(f"every file is read again: the store's shards cannot tell what it holds: {exc}")
         return {}
     has_xorb = functools.cache(store.has_xorb)  # (a xorb holds the chunks of many files: looked up once)
-    out: dict[bytes, tuple[int, bytes | None]] = {}
-    for h in file_hashes:
-        entry = index.get(h)
-        if entry is not None:
-            out[h] = (entry.size, next((x for x, _, _, _ in index.terms_of(entry) if not has_xorb(x)), None))
-    store.close()
-    return out
+
+    def look(index: Index, wanted: Sequence[bytes]) -> dict[bytes, tuple[int, bytes | None]]:
+        found = {}
+        for h in wanted:
+            if (entry := index.get(h)) is not None:
+                found[h] = (entry.size, next((x for x, _, _, _ in index.terms_of(entry) if not has_xorb(x)), None))
+        return found
+
+    try:
+        out = {}
+        if passed_over is not None:
+            written = Index()
+            for shard_file in store.shard_files():
+                if shard_file.name not in passed_over:
+                    with contextlib.suppress(XetfsError):  # (a bad one: the whole index below says so)
+                        written.add_shard(read_shard(store, shard_file))
+            out = look(written, file_hashes)
+        rest = [h for h in file_hashes if h not in out]
+        return out | (look(load_index(store).index, rest) if rest else {})
+    except XetfsError as exc:
+        warn(f"every file is read again: the store's shards cannot tell what it holds: {exc}")
+        return {}
+    finally:
+        store.close()
