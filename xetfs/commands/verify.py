@@ -311,15 +311,15 @@ def audit_catalogue(catalogue: Catalogue, index: Index) -> list[str]:
 
 def audit_manifest(manifest: Manifest, index: Index) -> list[str]:
     """Problems of a names manifest against the store's files (see the module docstring)."""
-    problems = [f"names: {w}" for w in manifest.warnings]
-    missing = [f for f in manifest.files if index.get(f.xet_hash) is None]
-    if missing:
-        problems.append(f"names: {not_in_store(missing, len(manifest.files))}")
+    missing, sizes = [], []
     for f in manifest.files:
         entry = index.get(f.xet_hash)
-        if entry is not None and f.size is not None and f.size != entry.size:
-            problems.append(f"names: {f.name}: {f.size} bytes in the manifest, {entry.size} in the store")
-    return problems
+        if entry is None:
+            missing.append(f)
+        elif f.size is not None and f.size != entry.size:
+            sizes.append(f"names: {f.name}: {f.size} bytes in the manifest, {entry.size} in the store")
+    lost = [f"names: {not_in_store(missing, len(manifest.files))}"] if missing else []
+    return [f"names: {w}" for w in manifest.warnings] + lost + sizes
 
 
 def _named_by(repo: Repo, blob: str) -> str:
