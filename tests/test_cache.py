@@ -8,11 +8,14 @@ from __future__ import annotations
 import random
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import partial
 
 import pytest
 import trio
 import trio.testing
+from cachetools import TTLCache
 
+from xetfs.base.settings import BAD_LAYOUT_SECONDS
 from xetfs.base.stats import LayoutCounters
 from xetfs.read.cache import LoadingCache
 
@@ -212,6 +215,29 @@ def test_loader_failure_propagates_and_nothing_is_cached() -> None:
         assert await get_all(cache, [1, 2], load) == [value_of(1), value_of(2)]  # no stale flight left
         assert load.calls == [1, 1, 2]
         _check_invariants(cache, 3)
+
+    trio.run(main)
+
+
+def test_a_remembered_failure_fails_again_at_once_until_it_expires(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load that fails with an error the cache is told to remember (a layout that failed its check) is not
+    tried again for ``BAD_LAYOUT_SECONDS``: the lookups fail at once, each a miss; other keys load."""
+    now = [0.0]
+    monkeypatch.setattr("xetfs.read.cache.TTLCache", partial(TTLCache, timer=lambda: now[0]))
+
+    async def main() -> None:
+        cache: LoadingCache[int, bytes] = LoadingCache(100, len, LayoutCounters(), remember=(Boom,))
+        load = FakeLoader()
+        load.fail_next = 1
+        for _ in range(3):
+            with pytest.raises(Boom, match="cannot load 1"):
+                await cache.get(1, load)
+        assert await cache.get(2, load) == value_of(2)
+        assert load.calls == [1, 2]
+        _check_invariants(cache, 4)
+        now[0] += BAD_LAYOUT_SECONDS
+        assert await cache.get(1, load) == value_of(1)
+        assert load.calls == [1, 2, 1]
 
     trio.run(main)
 

@@ -527,11 +527,11 @@ def test_a_store_slow_to_answer_gets_the_deep_window_and_a_near_one_the_local_wi
     assert local.maximum() == PREFETCH_MAXIMUM  # a local store's bound is never passed
 
 
-def _sessions_over(read_uncached: Callable[..., Awaitable[bytes]], size: int) -> tuple[Sessions, Session]:
-    """Sessions over a reader whose reads the store answers with ``read_uncached``, and a file of ``size`` bytes
+def _sessions_over(read_rest: Callable[..., Awaitable[bytes]], size: int) -> tuple[Sessions, Session]:
+    """Sessions over a reader whose reads the store answers with ``read_rest``, and a file of ``size`` bytes
     opened in them."""
     fake = SimpleNamespace(runs=SimpleNamespace(capacity=1 << 30), remote=RemoteCounters(),
-                           read_uncached=read_uncached)  # fmt: skip
+                           read_rest=read_rest)  # fmt: skip
     sessions = Sessions(cast(Reader, fake), prefetch=False, prefetch_max=PREFETCH_MAXIMUM, keep_cache=True)
     return sessions, sessions.open(1, file(size))
 
@@ -542,7 +542,7 @@ def test_a_read_the_store_failed_fails_again_at_once_for_a_while() -> None:
     ``DOWN_SECONDS``; other bytes, and the same ones later, are read again."""
     asked: list[int] = []
 
-    async def read_uncached(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
+    async def read_rest(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
         asked.append(off)
         if off < 4096:
             await trio.sleep(3)  # (the store hangs until the time bound)
@@ -551,7 +551,7 @@ def test_a_read_the_store_failed_fails_again_at_once_for_a_while() -> None:
             raise StoreError("http://127.0.0.1:9/xet/xorbs/xorbs/00ab: server unreachable")
         return b"x" * size
 
-    sessions, session = _sessions_over(read_uncached, 1 << 20)
+    sessions, session = _sessions_over(read_rest, 1 << 20)
 
     async def main() -> None:
         with pytest.raises(StoreTimeoutError):
@@ -578,12 +578,12 @@ def test_reads_the_store_failed_together_each_fail_again_at_once() -> None:
     fails them together, in any order: the retry of each fails at once, not only the last one's."""
     asked: list[int] = []
 
-    async def read_uncached(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
+    async def read_rest(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
         asked.append(off)
         await trio.sleep(3 if off == 0 else 2 + off / MiB / 100)  # (in order of offset, the read at 0 last)
         raise StoreTimeoutError(f"bytes [{off}, {off + size}): store read took more than 3 s")
 
-    sessions, session = _sessions_over(read_uncached, 1 << 30)
+    sessions, session = _sessions_over(read_rest, 1 << 30)
     offsets = [k * MiB for k in range(FAILED_READS_KEPT + 4)]  # (the last FAILED_READS_KEPT to fail are kept)
 
     async def fails(off: int) -> None:
@@ -609,7 +609,7 @@ def test_only_the_bytes_that_failed_fail_again() -> None:
     (the reader names the bytes that failed, ``XetfsError.file_range``), and a file's failures end with it."""
     asked: list[int] = []
 
-    async def read_uncached(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
+    async def read_rest(entry: FileEntry, off: int, size: int, read_through: bool) -> bytes:
         asked.append(off)
         if off < MiB:
             exc = StoreTimeoutError("xorb 00ab chunks [0, 16): store read took more than 3 s")
@@ -617,7 +617,7 @@ def test_only_the_bytes_that_failed_fail_again() -> None:
             raise exc
         return b"x" * size
 
-    sessions, session = _sessions_over(read_uncached, 1 << 30)
+    sessions, session = _sessions_over(read_rest, 1 << 30)
 
     async def main() -> None:
         with pytest.raises(StoreTimeoutError):

@@ -1,7 +1,7 @@
 """Reader (xetfs/read/reader.py) over stores written by the test writer.
 
 Every read is compared with the original bytes; store reads, cache hits and
-error counts are checked through ``Reader.stats``.  Every test runs twice:
+error counts are checked through ``Reader.statistics``.  Every test runs twice:
 decoding in the reader's own thread, and in worker processes (a
 ``DecodePool`` that takes every run, however small).
 """

@@ -4,8 +4,12 @@
 whose size in bytes its ``getsizeof`` says, holds at most ``capacity`` bytes
 (``cachetools.LRUCache``), and loads misses through a callable it is given.
 Concurrent lookups of a key that is being loaded wait for that one load
-instead of starting their own.  Statistics are counted here, at the lookup
-site: every lookup is exactly one hit or one miss.
+instead of starting their own.  A load that fails with one of the errors it
+is told to ``remember`` fails again at once for ``BAD_LAYOUT_SECONDS`` (of
+the last ``BAD_LAYOUTS_KEPT`` keys): readers and the kernel retry a failed
+read at once, and loading a layout again may mean reading and hashing a
+whole xorb.  Statistics are counted here, at the lookup site: every lookup
+is exactly one hit or one miss.
 
 Single-threaded: call only from the trio thread that owns it.
 """
@@ -16,8 +20,9 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 import trio
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
+from xetfs.base.settings import BAD_LAYOUT_SECONDS, BAD_LAYOUTS_KEPT
 from xetfs.base.stats import LayoutCounters
 
 K = TypeVar("K", bound=Hashable)
@@ -25,8 +30,12 @@ V = TypeVar("V")
 
 
 class LoadingCache(Generic[K, V]):
-    def __init__(self, capacity: int, getsizeof: Callable[[V], int], counters: LayoutCounters | None = None) -> None:
-        """``getsizeof``: the bytes a value counts for against ``capacity``."""
+    def __init__(
+        self, capacity: int, getsizeof: Callable[[V], int], counters: LayoutCounters | None = None,
+        *, remember: tuple[type[Exception], ...] = (),
+    ) -> None:  # fmt: skip
+        """``getsizeof``: the bytes a value counts for against ``capacity``; ``remember``: the errors of a load
+        that its key fails with again at once, for a while."""
         self.capacity = max(0, capacity)
         self.counters = counters or LayoutCounters()
         self.counters.capacity_bytes = self.capacity
@@ -35,6 +44,8 @@ class LoadingCache(Generic[K, V]):
         # Keys being loaded: the load's end, set once it is over, and what it made of the key by then (its
         # value or exception; nothing: the loading task was cancelled, look again).
         self._flights: dict[K, tuple[trio.Event, list[V | Exception]]] = {}
+        self._remember = remember
+        self._failed: TTLCache[K, Exception] = TTLCache(maxsize=BAD_LAYOUTS_KEPT, ttl=BAD_LAYOUT_SECONDS)
 
     def __contains__(self, key: K) -> bool:
         return key in self._lru
@@ -107,7 +118,14 @@ class LoadingCache(Generic[K, V]):
         done, outcome = flight = trio.Event(), list[V | Exception]()
         self._flights[key] = flight
         try:
-            value = await load(key)
+            failed = self._failed.get(key)
+            if failed is not None:
+                raise failed.with_traceback(None)
+            try:
+                value = await load(key)
+            except self._remember as exc:
+                self._failed[key] = exc
+                raise
             self._store(key, value)
             self._sync()
             outcome.append(value)

@@ -1,6 +1,8 @@
 """The verified read path: file bytes from index, layouts, runs and decoder.
 
-``Reader.read(entry, offset, size)`` returns exactly those bytes of a file.
+``Reader.read(entry, offset, size)`` returns exactly those bytes of a file,
+in two steps a front end may take apart: ``read_now``, at once if earlier
+reads found where the bytes are, and else ``read_rest``.
 It maps the range to term slices (``Index.locate``), each slice to chunks of
 a xorb (``chunk_range``), and takes the chunks from the store of decoded runs
 (``runs.RunStore``), which loads the gaps through ``loader.Loader``: read,
@@ -22,7 +24,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import trio
-from cachetools import TTLCache
 
 from xetfs.base.errors import (
     FormatError,
@@ -33,7 +34,7 @@ from xetfs.base.errors import (
     StoreTimeoutError,
     XetfsError,
 )
-from xetfs.base.settings import BAD_LAYOUT_SECONDS, BAD_LAYOUTS_KEPT, CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES
+from xetfs.base.settings import CACHE_SIZE, LAYOUT_CACHE_SIZE, RUN_BYTES
 from xetfs.base.stats import (
     CacheCounters,
     DecodeCounters,
@@ -99,8 +100,11 @@ class Reader:
         self._loader = Loader(store, self.runs, shared=index.shared, io=io, pool=pool,
                               run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote)  # fmt: skip
         self._ahead = ReadAhead(self.runs.vacant_until, self._loader.run_stop, self._loader.run_bytes)
-        self._layouts: LoadingCache[bytes, XorbLayout] = LoadingCache(LAYOUT_CACHE_SIZE, _layout_size)
-        self._bad_layouts: TTLCache[bytes, XetfsError] = TTLCache(maxsize=BAD_LAYOUTS_KEPT, ttl=BAD_LAYOUT_SECONDS)
+        # A layout that failed its check fails again at once for a while: checking a xorb without a footer
+        # means reading and hashing all of it.
+        self._layouts: LoadingCache[bytes, XorbLayout] = LoadingCache(
+            LAYOUT_CACHE_SIZE, _layout_size, remember=(FormatError, IntegrityError)
+        )
         self._errors = ErrorCounters()
         self._prefetch_requests = 0
         self._files: dict[bytes, FileCounters] = {}  # by file hash: what its reads decoded
@@ -162,9 +166,9 @@ class Reader:
         data = self.read_now(entry, offset, size, read_through)
         if data is not None:
             return data
-        return await self.read_uncached(entry, offset, size, read_through=read_through)
+        return await self.read_rest(entry, offset, size, read_through=read_through)
 
-    async def read_uncached(
+    async def read_rest(
         self, entry: FileEntry, offset: int, size: int, *, read_through: bool = False
     ) -> bytes | memoryview:
         """``read`` by the full path: for bytes ``read_now`` did not answer (the caller asked it first)."""
@@ -251,7 +255,7 @@ class Reader:
 
     async def layout(self, xorb_hash: bytes) -> XorbLayout:
         """The verified layout of a xorb (cached)."""
-        return await self._layouts.get(xorb_hash, self._load_layout)
+        return await self._layouts.get(xorb_hash, self._loader.layout)
 
     # -- internals ----------------------------------------------------------
 
@@ -355,19 +359,6 @@ class Reader:
             if a < b:
                 tally.chunks += b - a
                 tally.bytes += layout.range_size(a, b)
-
-    async def _load_layout(self, xorb_hash: bytes) -> XorbLayout:
-        """The layout of a xorb.  One whose layout failed its check fails again at once for
-        ``BAD_LAYOUT_SECONDS``: the kernel and readers retry failed reads, and checking a xorb
-        without a footer means reading and hashing all of it."""
-        bad = self._bad_layouts.get(xorb_hash)
-        if bad is not None:
-            raise bad.with_traceback(None)
-        try:
-            return await self._loader.layout(xorb_hash)
-        except (FormatError, IntegrityError) as exc:
-            self._bad_layouts[xorb_hash] = exc
-            raise
 
 
 def _count_error(errors: ErrorCounters, remote: RemoteCounters, exc: XetfsError) -> None:

@@ -162,7 +162,7 @@ class Sessions:
         if failed:
             _fail_again(failed, off)
         try:
-            return await self.reader.read_uncached(session.entry, off, size, read_through=through)
+            return await self.reader.read_rest(session.entry, off, size, read_through=through)
         except (StoreError, StoreTimeoutError) as exc:
             start, stop = exc.file_range or (off, off + size)  # (the bytes of the xorb that failed, if known)
             # (The kernel's reads of a file fail together: the ones it had in flight, ahead of the reader.)

@@ -30,7 +30,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from xetfs.base import hashes
@@ -40,15 +39,6 @@ from xetfs.storage.diskcache import DiskCache
 from xetfs.storage.entryfile import write_entry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class CachedRange:
-    """A disk-cache entry: chunks ``[first, stop)`` of a xorb, in the file ``path`` from the first chunk's header on."""
-
-    first: int
-    stop: int
-    path: str
 
 
 class ChunkCache:
@@ -64,15 +54,15 @@ class ChunkCache:
 
     # -- lookups -----------------------------------------------------------
 
-    def find(self, xorb_hash: bytes, first: int, stop: int) -> CachedRange | None:
-        """The entry holding chunks ``[first, stop)`` (counted as a hit, and touched), or None (a miss)."""
+    def find(self, xorb_hash: bytes, first: int, stop: int) -> tuple[int, int] | None:
+        """The chunks of the entry holding chunks ``[first, stop)`` (counted as a hit, and touched; its file is
+        ``target`` of them), or None (a miss)."""
         for a, b in self._entries(xorb_hash):
             if a <= first and stop <= b:
-                path = self._path(xorb_hash, a, b)
                 with contextlib.suppress(OSError):
-                    os.utime(path)  # least recently used goes first
+                    os.utime(self._path(xorb_hash, a, b))  # least recently used goes first
                 self.disk.count(hits=1)
-                return CachedRange(a, b, str(path))
+                return a, b
         self.disk.count(misses=1)
         return None
 
@@ -109,19 +99,20 @@ class ChunkCache:
         if not known:  # (else it replaced an entry of the same chunks: the same bytes)
             self.disk.account(written)
 
-    def drop(self, xorb_hash: bytes, entry: CachedRange, reason: str) -> None:
-        """Delete an entry that failed its check, or forget one that is gone (another mount evicted it);
-        the next read fetches the range again."""
+    def drop(self, xorb_hash: bytes, entry: tuple[int, int], reason: str) -> None:
+        """Delete the entry of chunks ``entry`` (``find``) that failed its check, or forget one that is gone
+        (another mount evicted it); the next read fetches the range again."""
         with self._lock:
             entries = self._known.get(xorb_hash, [])
             with contextlib.suppress(ValueError):
-                entries.remove((entry.first, entry.stop))
-        if not os.path.exists(entry.path):
+                entries.remove(entry)
+        path = self._path(xorb_hash, *entry)
+        if not path.exists():
             self.disk.count(misses=1)  # evicted: a miss, not damage
             return
-        log.warning("disk cache: chunks [%d, %d) of xorb %s: %s; dropped, fetching them again", entry.first,
-                    entry.stop, hashes.to_hex(xorb_hash), reason)  # fmt: skip
-        self.disk.delete(entry.path)
+        log.warning("disk cache: chunks [%d, %d) of xorb %s: %s; dropped, fetching them again", *entry,
+                    hashes.to_hex(xorb_hash), reason)  # fmt: skip
+        self.disk.delete(path)
         self.disk.count(corrupt=1)
 
     def keep_tail(self, layout: XorbLayout, tail_at: int, tail: Buffer, head: Callable[[int, int], Buffer]) -> None:

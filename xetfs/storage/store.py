@@ -50,7 +50,7 @@ from xetfs.storage.layout import SHARD_NAME, XORB_NAME, Listing, read_range
 from xetfs.storage.objects import ObjectSource
 
 if TYPE_CHECKING:
-    from xetfs.storage.chunkcache import CachedRange, ChunkCache
+    from xetfs.storage.chunkcache import ChunkCache
 
 MAX_SHARD_BYTES = 1 << 30  # builders aim at 64 MiB
 
@@ -79,7 +79,7 @@ class ChunkSource(NamedTuple):  # a tuple: one goes with every decode job
     path: str | None = None
     base: int = 0
     cache_to: str | None = None
-    entry: CachedRange | None = None  # the disk-cache entry ``path`` is (dropped if it fails its check)
+    entry: tuple[int, int] | None = None  # the chunks of the disk-cache entry ``path`` is (dropped if one fails)
 
 
 class Store:
@@ -274,7 +274,7 @@ class Store:
             return ChunkSource(name)
         entry = self.chunks.find(xorb_hash, first, stop)
         if entry is not None:
-            return ChunkSource(name, entry.path, layout.phys_start(entry.first), entry=entry)
+            return ChunkSource(name, self.chunks.target(xorb_hash, *entry), layout.phys_start(entry[0]), entry=entry)
         return ChunkSource(name, cache_to=self.chunks.target(xorb_hash, first, stop))
 
     def read_source(self, xorb_hash: bytes, src: ChunkSource, start: int, end: int, first: int, stop: int) -> Buffer:
