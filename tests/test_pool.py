@@ -42,7 +42,7 @@ from xetfs.format.xorb import ChunkRun, chunk_run, decode_run
 from xetfs.read.decode_worker import Job, Setup, Worker, WorkerError, encode_frame
 from xetfs.read.pool import DecodePool, WorkerLost, _Pending
 from xetfs.read.reader import Reader
-from xetfs.read.slots import Slots
+from xetfs.read.slots import Slot, Slots
 from xetfs.storage import index
 from xetfs.storage.objects import RemoteOptions, scatter
 from xetfs.storage.store import ChunkSource, Store
@@ -83,7 +83,7 @@ class OneDecoded:
     read_bytes: int
 
 
-async def decode_one(pool: DecodePool, slot: int, path: str, xorb_hash: bytes, chunks: ChunkRun) -> OneDecoded:
+async def decode_one(pool: DecodePool, slot: Slot, path: str, xorb_hash: bytes, chunks: ChunkRun) -> OneDecoded:
     """``pool.decode`` of one run of the local xorb file at ``path`` into ``slot``."""
     done = await pool.decode(ChunkSource("", path), xorb_hash, [(slot, chunks)])
     (sizes,) = done.sizes
@@ -106,13 +106,13 @@ def _decode(pool: DecodePool, path: str, xorb_hash: bytes, chunks: ChunkRun) -> 
             at, got = 0, list[bytes | XetfsError]()
             for size in done.sizes:
                 if isinstance(size, int):
-                    got.append(bytes(pool.slots.view(slot, at + size)[at:]))
+                    got.append(bytes(slot.view(at + size)[at:]))
                     at += size
                 else:
                     got.append(size.error())
             return done.read_bytes, got
         finally:
-            pool.slots.free(slot)
+            slot.release()
 
     result: tuple[int, list[Any]] = _run(pool, decode)
     return result
@@ -324,8 +324,8 @@ def test_a_cancelled_caller_does_not_lose_its_slot(tmp_path: Path, pool: DecodeP
     async def decode_and_keep() -> None:
         slot = pool.slots.take(chunks.unpacked[-1] - chunks.unpacked[0])
         assert slot is not None
-        await decode_one(pool, slot, path, xorb_hash, chunks)  # cancelled before it returns: no slots.free here
-        pool.slots.free(slot)
+        await decode_one(pool, slot, path, xorb_hash, chunks)  # cancelled before it returns: no release here
+        slot.release()
 
     async def body() -> None:
         for _ in range(3):
@@ -661,15 +661,17 @@ def test_a_worker_that_dies_after_sending_a_result_is_lost_cleanly(tmp_path: Pat
         await pool.wait_ready()
         (worker,) = pool._workers
         # A job sent with no checkpoint until its result is in the pipe: the collector cannot have read it.
-        first = _Pending((pool.slots.take(4000) or 0,), trio.current_time())
+        taken = [pool.slots.take(4000) for _ in range(2)]
+        assert taken[0] is not None and taken[1] is not None
+        first = _Pending((taken[0],), trio.current_time())
         worker.pending[999] = first
-        job = Job(999, ChunkSource("", path), xorb_hash, ((first.slots[0], chunks),))
+        job = Job(999, ChunkSource("", path), xorb_hash, ((taken[0].index, chunks),))
         pool._send(worker, encode_frame(job))
         assert select.select([worker.results_fd], [], [], 10)[0]
         worker.process.send_signal(signal.SIGKILL)
         worker.process.wait()
         with pytest.raises(WorkerLost):  # the next job meets the closed pipe: the worker is lost
-            await decode_one(pool, pool.slots.take(4000) or 1, path, xorb_hash, chunks)
+            await decode_one(pool, taken[1], path, xorb_hash, chunks)
         with trio.fail_after(10):  # the collector reads the leftover result, then ends: nothing may fail
             while worker.collecting:
                 await trio.sleep(0.01)
@@ -707,7 +709,7 @@ async def main() -> None:
             assert slot is not None
             chunks = chunk_run(layouts[x], first, first + 32, verify=True)
             await pool.decode(ChunkSource("", str(store.xorb_path(x))), x, [(slot, chunks)])
-            pool.slots.free(slot)
+            slot.release()
 
         async with trio.open_nursery() as jobs:
             for x in xorbs:  # large results (about 190 KB each), then a burst of jobs in one go
@@ -751,33 +753,47 @@ def test_a_slot_keeps_in_memory_only_the_run_it_holds() -> None:
     try:
         slot = pool.slots.take(slot_size)
         assert slot is not None
-        pool.slots.view(slot, slot_size)[:] = b"\x01" * slot_size  # a sequential reader's full run
+        slot.view(slot_size)[:] = b"\x01" * slot_size  # a sequential reader's full run
         assert resident() == slot_size
-        pool.slots.free(slot)
+        slot.release()
         again = pool.slots.take(10_000, fresh=False)  # the same slot, warm, for a short run
-        assert again == slot
+        assert again is not None and again.index == slot.index
         assert resident() == 12 * 1024  # 10,000 bytes: three pages
-        pool.slots.view(slot, 10_000)[:] = b"\x02" * 10_000
-        assert bytes(pool.slots.view(slot, 10_000)) == b"\x02" * 10_000
-        pool.slots.free(slot)
-        assert pool.slots.take(slot_size, fresh=False) == slot  # a longer run: nothing to give back
+        again.view(10_000)[:] = b"\x02" * 10_000
+        assert bytes(again.view(10_000)) == b"\x02" * 10_000
+        again.release()
+        last = pool.slots.take(slot_size, fresh=False)  # a longer run: nothing to give back
+        assert last is not None and last.index == slot.index
         assert resident() == 12 * 1024
     finally:
         pool.close()
 
 
 def test_a_slot_given_back_twice_is_free_once() -> None:
-    """``free`` is idempotent: a second release of a slot (two clean-ups of one owner meeting) does not put
-    it on the free list twice, where two runs would then share it."""
+    """A lease is released once: a second release (two clean-ups of one owner meeting), even after another
+    lease took the same slot, does not put it on the free list again, where two runs would then share it.
+    A fenced lease is given back only when unfenced."""
     slots = Slots(3, 64 * 1024, keep=3, spare_bytes=0, counters=WorkerCounters())
     try:
         first = slots.take(1000)
         assert first is not None
-        slots.free(first)
-        slots.free(first)
+        first.release()
+        first.release()
         assert slots.free_count == 3
         taken = [slots.take(1000) for _ in range(3)]
-        assert sorted(s for s in taken if s is not None) == [0, 1, 2] and slots.take(1000) is None
+        assert sorted(s.index for s in taken if s is not None) == [0, 1, 2] and slots.take(1000) is None
+        first.release()  # a stale lease on a slot another lease holds now
+        assert slots.free_count == 0 and slots.take(1000) is None
+        fenced = taken[0]
+        assert fenced is not None
+        fenced.fence()
+        fenced.release()
+        assert slots.free_count == 0
+        fenced.unfence()
+        assert slots.free_count == 1
+        fenced.unfence()
+        fenced.release()
+        assert slots.free_count == 1
     finally:
         slots.close()
 
@@ -802,7 +818,7 @@ def test_jobs_left_unsent_when_a_run_ends_are_sent_in_the_next(tmp_path: Path) -
         slot = pool.slots.take(size)
         assert slot is not None
         await decode_one(pool, slot, path, xorb_hash, chunks)
-        pool.slots.free(slot)
+        slot.release()
 
     async def first_run() -> None:
         await pool.wait_ready()

@@ -8,7 +8,7 @@ events and ``trio.testing.wait_all_tasks_blocked`` (never sleeps).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import pytest
 import trio
@@ -16,7 +16,9 @@ import trio.testing
 from helpers.served import holds
 
 from xetfs.base.errors import IntegrityError, XetfsError
+from xetfs.base.stats import WorkerCounters
 from xetfs.read.runs import Loaded, Run, RunStore
+from xetfs.read.slots import Slot, Slots
 
 pytestmark = pytest.mark.unit
 
@@ -34,16 +36,21 @@ def cut_by(n: int) -> Callable[[int, int], list[tuple[int, int]]]:
 
 
 class FakeLoader:
-    """Counts calls; may hold them until ``gate`` is set, fail chunks in ``bad``, or hand out slots."""
+    """Counts calls; may hold them until ``gate`` is set, fail chunks in ``bad``, or put each run in a slot
+    of ``slots`` (``leases``: in the order of the runs)."""
 
-    def __init__(self, *, gated: bool = False, bad: Sequence[int] = (), slots: bool = False) -> None:
+    def __init__(self, *, gated: bool = False, bad: Sequence[int] = (), slots: Slots | None = None) -> None:
         self.calls: list[tuple[int, int]] = []
         self.gate = trio.Event()
         if not gated:
             self.gate.set()
         self.bad = set(bad)
         self.slots = slots
-        self.next_slot = 0
+        self.leases: list[Slot] = []
+
+    def freed(self) -> list[int]:
+        """The runs (by their order) whose slots were given back."""
+        return [i for i, lease in enumerate(self.leases) if lease.released]
 
     async def __call__(self, first: int, stop: int) -> Loaded:
         self.calls.append((first, stop))
@@ -55,8 +62,9 @@ class FakeLoader:
             if i == stop or i in self.bad:
                 if start < i:
                     data = b"".join(chunk_bytes(k) for k in range(start, i))
-                    slot = self.next_slot if self.slots else None
-                    self.next_slot += 1
+                    slot = self.slots.take(len(data)) if self.slots is not None else None
+                    if slot is not None:
+                        self.leases.append(slot)
                     runs.append(Run(X, start, i, start * CHUNK, memoryview(data), slot))
                 if i in self.bad:
                     errors[i] = IntegrityError(f"chunk {i} is bad")
@@ -66,6 +74,25 @@ class FakeLoader:
 
 def run(fn: Callable[[], Awaitable[object]]) -> object:
     return trio.run(fn)
+
+
+@pytest.fixture
+def slots() -> Iterator[Slots]:
+    s = Slots(8, 4096, keep=8, spare_bytes=0, counters=WorkerCounters())
+    yield s
+    s.close()
+
+
+def evict_for_a_slot(store: RunStore, slots: Slots) -> bool:
+    """``store.take_slots`` of one slot when none is free: whether it found one (evicting a run for it); the
+    slot is given back at once, as are the free ones taken out of the way."""
+    spare = []
+    while (lease := slots.take(1)) is not None:
+        spare.append(lease)
+    got = store.take_slots([1])
+    for lease in spare + (got or []):
+        lease.release()
+    return got is not None
 
 
 async def read(store: RunStore, first: int, stop: int, load: FakeLoader, n: int = 4) -> bytes:
@@ -202,9 +229,8 @@ def test_a_cancelled_load_lets_its_waiters_load_it() -> None:
     assert load.calls == [(0, 4), (0, 4)]
 
 
-def test_lru_with_runs_read_through_evicted_first_and_slots_freed_at_once() -> None:
-    freed: list[int] = []
-    store, load = RunStore(40 * CHUNK, freed.append), FakeLoader(slots=True)
+def test_lru_with_runs_read_through_evicted_first_and_slots_freed_at_once(slots: Slots) -> None:
+    store, load = RunStore(40 * CHUNK, slots), FakeLoader(slots=slots)
 
     async def body() -> None:
         for first in (0, 10, 20, 30):  # four runs of 10 chunks fill the store
@@ -214,9 +240,9 @@ def test_lru_with_runs_read_through_evicted_first_and_slots_freed_at_once() -> N
         store.release(runs)
         await read(store, 0, 10, load, n=10)  # 0-9 are the most recently used now
         await read(store, 40, 50, load, n=10)  # evicts 10-19 (read through) before 20-29 (oldest)
-        assert not holds(store, X, 10) and holds(store, X, 20) and freed == [1]
+        assert not holds(store, X, 10) and holds(store, X, 20) and load.freed() == [1]
         await read(store, 50, 60, load, n=10)  # then the least recently used
-        assert not holds(store, X, 20) and freed == [1, 2]
+        assert not holds(store, X, 20) and load.freed() == [1, 2]
         assert not runs[0].held and bytes(runs[0].data) == b""
 
     run(body)
@@ -225,11 +251,10 @@ def test_lru_with_runs_read_through_evicted_first_and_slots_freed_at_once() -> N
     assert c.bytes == c.shared_bytes == 40 * CHUNK
 
 
-def test_runs_served_from_cached_bytes_move_back_when_eviction_reaches_them() -> None:
+def test_runs_served_from_cached_bytes_move_back_when_eviction_reaches_them(slots: Slots) -> None:
     """``hit`` (a read of cached bytes, as ``Reader`` serves one) only marks a run; eviction passes marked
     runs over once, moving them to the back, and finds a run to free when every run is marked."""
-    freed: list[int] = []
-    store, load = RunStore(30 * CHUNK, freed.append), FakeLoader(slots=True)
+    store, load = RunStore(30 * CHUNK, slots), FakeLoader(slots=slots)
 
     async def body() -> None:
         runs = []
@@ -239,20 +264,19 @@ def test_runs_served_from_cached_bytes_move_back_when_eviction_reaches_them() ->
             runs += got
             if first == 20:
                 store.hit(runs[0], 1)  # 0-9 served again from cached bytes: the oldest is 10-19 now
-        assert freed == [1] and holds(store, X, 0) and not runs[0].recent
+        assert load.freed() == [1] and holds(store, X, 0) and not runs[0].recent
         for i in (2, 3, 0):  # every run held is marked: LRU order 20-29, 30-39, 0-9
             store.hit(runs[i], 1)
-        assert store.free_a_slot() and freed == [1, 2]
-        assert store.free_a_slot() and freed == [1, 2, 3]
+        assert evict_for_a_slot(store, slots) and load.freed() == [1, 2]
+        assert evict_for_a_slot(store, slots) and load.freed() == [1, 2, 3]
 
     run(body)
     c = store.statistics()
     assert c.evictions == 3 and c.hits == 4
 
 
-def test_eviction_never_takes_a_pinned_run_marked_or_read_through() -> None:
-    freed: list[int] = []
-    store, load = RunStore(10_000, freed.append), FakeLoader(slots=True)
+def test_eviction_never_takes_a_pinned_run_marked_or_read_through(slots: Slots) -> None:
+    store, load = RunStore(10_000, slots), FakeLoader(slots=slots)
 
     async def body() -> None:
         a = await store.get(X, 0, 10, cut_by(10), load)  # pinned: a read is using it (slot 0)
@@ -260,14 +284,14 @@ def test_eviction_never_takes_a_pinned_run_marked_or_read_through() -> None:
         store.release(b)
         store.hit(a[0], 1)
         store.hit(b[0], 1)  # both marked: the fallback must still pass over the pinned one
-        assert store.free_a_slot() and freed == [1] and a[0].held
+        assert evict_for_a_slot(store, slots) and load.freed() == [1] and a[0].held
         c = await store.get(X, 20, 30, cut_by(10), load)
         store.release(c)
         store.read_along(a[0], a[0].lo, a[0].hi)  # read through, and still pinned
-        assert store.free_a_slot() and freed == [1, 2] and a[0].held
-        assert not store.free_a_slot()
+        assert evict_for_a_slot(store, slots) and load.freed() == [1, 2] and a[0].held
+        assert not evict_for_a_slot(store, slots)
         store.release(a)
-        assert store.free_a_slot() and freed == [1, 2, 0]
+        assert evict_for_a_slot(store, slots) and load.freed() == [0, 1, 2]
 
     run(body)
 
@@ -304,24 +328,24 @@ def test_prefetch_pins_nothing_and_counts_its_hits_once() -> None:
     assert c.misses == 0 and c.hits == 2 + 2 + 8
 
 
-def test_free_a_slot_takes_an_unpinned_slot_run() -> None:
-    freed: list[int] = []
-    store, load = RunStore(10_000, freed.append), FakeLoader(slots=True)
+def test_a_slot_is_taken_from_an_unpinned_run_when_none_is_free(slots: Slots) -> None:
+    store, load = RunStore(10_000, slots), FakeLoader(slots=slots)
 
     async def body() -> None:
         pinned = await store.get(X, 0, 4, cut_by(4), load)
         await read(store, 4, 8, load)
-        assert store.free_a_slot() and freed == [1]
-        assert not store.free_a_slot()  # the other is pinned
+        assert evict_for_a_slot(store, slots) and load.freed() == [1]
+        assert not evict_for_a_slot(store, slots)  # the other is pinned
         store.release(pinned)
-        assert store.free_a_slot() and freed == [1, 0]
+        assert evict_for_a_slot(store, slots) and load.freed() == [0, 1]
 
     run(body)
 
 
-def test_recycle_slot_takes_only_private_runs_read_through() -> None:
-    freed: list[int] = []
-    store, load = RunStore(10_000, freed.append), FakeLoader(slots=True)
+def test_a_private_run_read_through_gives_its_slot_first(slots: Slots) -> None:
+    """With no free slot in memory, the slot of a run read through whose xorb no other term uses goes first,
+    before a fresh slot and before the eviction order's first (a run read through earlier, but shared)."""
+    store, load = RunStore(10_000, slots), FakeLoader(slots=slots)
 
     async def body() -> None:
         runs = []
@@ -329,13 +353,15 @@ def test_recycle_slot_takes_only_private_runs_read_through() -> None:
             (run,) = await store.get(X, first, first + 4, cut_by(4), load)
             runs.append(run)
         runs[0].private = runs[1].private = True
-        assert not store.recycle_slot()  # nothing read through yet
-        store.read_along(runs[0], runs[0].lo, runs[0].hi)
-        store.read_along(runs[2], runs[2].lo, runs[2].hi)  # read through, but its xorb is used by other terms too
+        store.read_along(runs[2], runs[2].lo, runs[2].hi)  # read through first, but its xorb is used by other terms
+        store.read_along(runs[1], runs[1].lo, runs[1].hi)
         store.release(runs)
-        assert store.recycle_slot() and freed == [0]
-        assert not store.recycle_slot()  # runs[1] was not read through, runs[2] is not private
-        assert store.free_a_slot() and freed == [0, 2]  # the read-through one before the LRU
+        got = store.take_slots([1])  # fresh slots are there, but a warm one is had first
+        assert got is not None and load.freed() == [1]
+        (taken,) = got
+        assert taken.index == load.leases[1].index
+        taken.release()
+        assert evict_for_a_slot(store, slots) and load.freed() == [1, 2]  # then the eviction order
 
     run(body)
 
@@ -343,8 +369,8 @@ def test_recycle_slot_takes_only_private_runs_read_through() -> None:
 def test_a_run_stays_pinned_until_every_waiter_of_its_load_has_it() -> None:
     # One reader loads chunks 0-4 and reads them through at once; another waited for the same load.
     # The run's slot must not be recycled before the second reader has taken the run.
-    freed: list[int] = []
-    store, load = RunStore(10_000, freed.append), FakeLoader(gated=True, slots=True)
+    slots = Slots(1, 4096, keep=1, spare_bytes=0, counters=WorkerCounters())  # (one: its run's)
+    store, load = RunStore(10_000, slots), FakeLoader(gated=True, slots=slots)
     got: list[bytes] = []
     recycled: list[bool] = []
 
@@ -354,7 +380,7 @@ def test_a_run_stays_pinned_until_every_waiter_of_its_load_has_it() -> None:
             runs[0].private = True
             store.read_along(runs[0], runs[0].lo, runs[0].hi)
             store.release(runs)
-            recycled.append(store.recycle_slot())  # the waiter has not run yet
+            recycled.append(evict_for_a_slot(store, slots))  # the waiter has not run yet
 
         async def waiter() -> None:
             got.append(await read(store, 0, 4, load))
@@ -370,15 +396,16 @@ def test_a_run_stays_pinned_until_every_waiter_of_its_load_has_it() -> None:
     assert recycled == [False] and got == [expected(0, 4)]
     assert load.calls == [(0, 4)]  # loaded once
     # The waiter used the run after it was read through: it is back in the LRU order, no longer first to go.
-    assert not store.recycle_slot() and store.free_a_slot() and freed == [0]
+    assert evict_for_a_slot(store, slots) and load.freed() == [0]
+    assert store.statistics().evicted_read == 0  # evicted as the least recently used, not as read through
+    slots.close()
 
 
-def test_a_run_read_through_and_used_again_goes_back_to_the_lru_order() -> None:
+def test_a_run_read_through_and_used_again_goes_back_to_the_lru_order(slots: Slots) -> None:
     """A run read through but then used again (a random read, from another file, or where the page cache let
     go) is not evicted first any more: the read moves it back to the end of the LRU order, and its record of
     what sequential reads had starts afresh; a read through ``get`` does the same."""
-    freed: list[int] = []
-    store, load = RunStore(30 * CHUNK, freed.append), FakeLoader(slots=True)
+    store, load = RunStore(30 * CHUNK, slots), FakeLoader(slots=slots)
 
     async def body() -> None:
         runs = []
@@ -390,12 +417,12 @@ def test_a_run_read_through_and_used_again_goes_back_to_the_lru_order() -> None:
         store.hit(runs[2], 1)  # and read again: back to the LRU order, after 0-9 and 10-19
         assert runs[2].had == []
         await read(store, 30, 40, load, n=10)  # evicts the oldest, 0-9, not 20-29
-        assert freed == [0] and holds(store, X, 20)
+        assert load.freed() == [0] and holds(store, X, 20)
         assert store.read_along(runs[1], runs[1].lo, runs[1].hi)  # 10-19 read through
         again = await store.get(X, 10, 20, cut_by(10), load)  # a read through ``get``: back in the order
         store.release(again)
         await read(store, 40, 50, load, n=10)  # evicts the least recently used: 20-29
-        assert freed == [0, 2] and holds(store, X, 10) and holds(store, X, 30)
+        assert load.freed() == [0, 2] and holds(store, X, 10) and holds(store, X, 30)
 
     run(body)
     assert store.statistics().evicted_read == 0

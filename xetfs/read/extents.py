@@ -13,8 +13,8 @@ also found by page, with one dict lookup: a random read of cached bytes is
 the commonest request there is, and the bisection's walk over the file's
 extents was a good part of its cost.
 
-Extents are only a shortcut: a run's extents are dropped when the run is
-evicted (``forget``), so they are bounded by what the store of runs holds and
+Extents are only a shortcut: a run's extents are dropped when the store of
+runs evicts the run (``forget``), so they are bounded by what the store of runs holds and
 never outlive the layouts they refer to; a read the extents do not answer
 takes the full path.  At most ``limit`` extents and ``page_limit`` page
 entries are kept; past either the memo starts afresh.
@@ -28,10 +28,13 @@ import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from xetfs.base.settings import EXTENTS_LIMIT, PAGED_MAX
 from xetfs.format.xorb import XorbLayout
-from xetfs.read.runs import Run
+
+if TYPE_CHECKING:
+    from xetfs.read.runs import Run  # (the store of runs keeps the extents of its runs)
 
 PAGE = 4096
 

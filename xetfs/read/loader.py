@@ -43,7 +43,7 @@ from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_runs_into
 from xetfs.read.pool import DecodePool, WorkerLost
 from xetfs.read.runs import Loaded, Run, RunStore
-from xetfs.read.slots import Slots
+from xetfs.read.slots import Slot
 from xetfs.storage.index import Index
 from xetfs.storage.store import ChunkSource, Store
 
@@ -217,7 +217,7 @@ class Loader:
         parts = _parts(layout, first, stop, pool.slot_size if pool is not None else None)
         slots = None
         if pool is not None and layout.range_size(first, stop) >= pool.min_job_bytes:
-            slots = _take_slots(pool.slots, self._runs, [layout.range_size(a, b) for a, b in parts])
+            slots = self._runs.take_slots([layout.range_size(a, b) for a, b in parts])
         if pool is None or slots is None:
             return await self._here(src, xorb_hash, layout, first, stop)
         jobs = [(slot, chunk_run(layout, a, b, verify=True)) for slot, (a, b) in zip(slots, parts, strict=True)]
@@ -228,10 +228,11 @@ class Loader:
         if sizes is None:  # no worker ready yet, or it was lost: decode here, into the slots
             try:
                 data = await self._read(src, xorb_hash, layout, first, stop)
-                outs = [(run, pool.slots.view(slot, run.unpacked[-1] - run.unpacked[0])) for slot, run in jobs]
+                outs = [(run, slot.view(run.unpacked[-1] - run.unpacked[0])) for slot, run in jobs]
                 sizes = decode_runs_into(data, xorb_hash, outs)
             except BaseException:
-                pool.slots.free_all(slots)
+                for slot in slots:
+                    slot.release()
                 raise
             self._count(len(memoryview(data)), *_decoded(sizes))
             if all(_all_decoded(part) for part in sizes):
@@ -278,8 +279,8 @@ class Loader:
     def _free(self, runs: Sequence[Run]) -> None:
         """Give back the slots of runs that were loaded but will not be kept."""
         for run in runs:
-            if run.slot is not None and self._pool is not None:
-                self._pool.slots.free(run.slot)
+            if run.slot is not None:
+                run.slot.release()
 
     def _keep(self, src: ChunkSource, xorb_hash: bytes, first: int, stop: int, data: Buffer) -> None:
         """Keep fetched bytes whose chunks all verified in the disk cache, where ``src`` says."""
@@ -288,7 +289,7 @@ class Loader:
 
     async def _in_worker(
         self, pool: DecodePool, src: ChunkSource, xorb_hash: bytes, first: int, stop: int,
-        jobs: list[tuple[int, ChunkRun]],
+        jobs: list[tuple[Slot, ChunkRun]],
     ) -> list[list[int | XetfsError]] | None:  # fmt: skip
         """Decode in a worker into the jobs' slots: per part and chunk its size or error; None if the worker
         was lost (the slots are still the caller's).  Raises ``WorkerLost`` if the slots were fenced (the
@@ -374,27 +375,27 @@ def _runs(xorb_hash: bytes, layout: XorbLayout, first: int, chunks: Sequence[Buf
 
 
 def _slot_runs(
-    pool: DecodePool, shared: Callable[[bytes], bool], slot: int, xorb_hash: bytes, layout: XorbLayout, a: int,
+    pool: DecodePool, shared: Callable[[bytes], bool], slot: Slot, xorb_hash: bytes, layout: XorbLayout, a: int,
     b: int, sizes: Sequence[int | XetfsError],
 ) -> Loaded:  # fmt: skip
-    """What chunks ``[a, b)``, decoded into ``slot`` of ``pool`` (``sizes``: per chunk its size or error),
-    make; ``shared``: whether other terms use a xorb (a run of one no other term uses is private)."""
-    size, slots = layout.range_size(a, b), pool.slots
+    """What chunks ``[a, b)``, decoded into ``slot`` (``sizes``: per chunk its size or error), make;
+    ``shared``: whether other terms use a xorb (a run of one no other term uses is private)."""
+    size = layout.range_size(a, b)
     if _all_decoded(sizes):
         if size < pool.min_slot_run:  # a short run would hold a whole slot: it moves to the daemon
-            data = bytes(slots.view(slot, size))
-            slots.free(slot)
+            data = bytes(slot.view(size))
+            slot.release()
             return [Run(xorb_hash, a, b, layout.unpacked_start(a), memoryview(data))], {}
-        run = Run(xorb_hash, a, b, layout.unpacked_start(a), slots.view(slot, size), slot)
+        run = Run(xorb_hash, a, b, layout.unpacked_start(a), slot.view(size), slot)
         run.private = not shared(xorb_hash)
         return [run], {}
     # Some chunk failed: keep the others in the daemon's memory, and give the slot back.
     pieces: list[Buffer | XetfsError] = []
     at = 0
     for s in sizes:
-        pieces.append(bytes(slots.view(slot, at + s)[at:]) if isinstance(s, int) else s)
+        pieces.append(bytes(slot.view(at + s)[at:]) if isinstance(s, int) else s)
         at += s if isinstance(s, int) else 0
-    slots.free(slot)
+    slot.release()
     return _runs(xorb_hash, layout, a, pieces)
 
 
@@ -427,32 +428,3 @@ def _decoded(parts: Sequence[Sequence[int | XetfsError]]) -> tuple[int, int]:
         chunks += len(ok)
         nbytes += sum(ok)  # type: ignore[arg-type]
     return chunks, nbytes
-
-
-def _take_slots(slots: Slots, runs: RunStore, sizes: list[int]) -> list[int] | None:
-    """A slot for each size, or None (and none taken) if not enough are free (``_take_slot``)."""
-    taken: list[int] = []
-    for size in sizes:
-        slot = _take_slot(slots, runs, size)
-        if slot is None:
-            slots.free_all(taken)
-            return None
-        taken.append(slot)
-    return taken
-
-
-def _take_slot(slots: Slots, runs: RunStore, size: int) -> int | None:
-    """A free slot, or None if every slot is in use.
-
-    In order: a free slot already in memory; the slot of a private run a sequential reader
-    has read through; a slot never used (touching new memory costs far more than reusing);
-    the slot of the least useful run no read is using.
-    """
-    slot = slots.take(size, fresh=False)
-    if slot is None and runs.recycle_slot():
-        slot = slots.take(size, fresh=False)
-    if slot is None:
-        slot = slots.take(size)
-    if slot is None and runs.free_a_slot():
-        slot = slots.take(size)
-    return slot

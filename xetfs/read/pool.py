@@ -25,6 +25,7 @@ import pickle
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import trio
@@ -48,7 +49,7 @@ from xetfs.base.settings import (
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.xorb import ChunkRun, XorbLayout
 from xetfs.read.decode_worker import FRAME, Job, Ready, Result, Setup, encode_frame
-from xetfs.read.slots import Slots
+from xetfs.read.slots import Slot, Slots
 from xetfs.storage.store import ChunkSource
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,7 @@ class WorkerLost(Exception):
 
 @dataclass(eq=False)
 class _Pending:
-    slots: tuple[int, ...]  # empty: a layout job, which needs no shared memory
+    slots: tuple[Slot, ...]  # empty: a layout job, which needs no shared memory
     sent: float  # when (``trio.current_time``): the watchdog stops a worker whose job is older than its timeout
     done: trio.Event = field(default_factory=trio.Event)
     result: Result | None = None  # None if the worker was lost
@@ -228,7 +229,7 @@ class DecodePool:
                 nursery.start_soon(self._flush, worker)
                 worker.sending = True
 
-    async def decode(self, source: ChunkSource, xorb_hash: bytes, parts: list[tuple[int, ChunkRun]]) -> Result:
+    async def decode(self, source: ChunkSource, xorb_hash: bytes, parts: list[tuple[Slot, ChunkRun]]) -> Result:
         """Read, decode and verify adjacent runs of chunks of a xorb from ``source``, each into its slot.
 
         ``parts``: ``(slot, chunks)``, at least one, adjacent and in order, one read (one
@@ -256,14 +257,14 @@ class DecodePool:
         assert result.layout is not None
         raise result.layout.error()
 
-    async def _submit(self, source: ChunkSource, xorb_hash: bytes, parts: tuple[tuple[int, ChunkRun], ...]) -> Result:
+    async def _submit(self, source: ChunkSource, xorb_hash: bytes, parts: tuple[tuple[Slot, ChunkRun], ...]) -> Result:
         """Send a ``Job`` to the least busy worker and wait for its result."""
         workers = [w for w in self._workers if w.takes_jobs]
         if not workers:
             raise WorkerLost("no decode worker is running")
         worker = min(workers, key=lambda w: len(w.pending))
         job_id = self._next_id = self._next_id + 1
-        message = Job(job_id, source, xorb_hash, parts)
+        message = Job(job_id, source, xorb_hash, tuple((slot.index, run) for slot, run in parts))
         worker.pending[job_id] = pending = _Pending(tuple(slot for slot, _ in parts), trio.current_time())
         self._send(worker, encode_frame(message))
         try:
@@ -271,8 +272,8 @@ class DecodePool:
         except BaseException:
             if not pending.done.is_set():
                 pending.abandoned = True  # the worker may still write into the slots: freed when done
-            elif not pending.fenced:
-                self.slots.free_all(pending.slots)  # done already: nobody else will
+            else:
+                _release(pending.slots)  # done already: nobody else will (fenced ones stay until unfenced)
             raise
         if pending.timed_out:
             raise StoreTimeoutError(f"{message.describe()}: store read took more than {self.job_timeout:g} s "
@@ -308,7 +309,8 @@ class DecodePool:
         for pending in worker.pending.values():
             pending.fenced = True
             pending.timed_out = now - pending.sent > (self.job_timeout or 0)
-            self.slots.fence(pending.slots)
+            for slot in pending.slots:
+                slot.fence()
         fenced = [slot for p in worker.pending.values() for slot in p.slots]
         self._counters.hung += 1
         self._lose(worker, restart=False)  # (replaced below, whatever the count of deaths)
@@ -339,11 +341,12 @@ class DecodePool:
         assert self._nursery is not None
         self._nursery.start_soon(self._collect, replacement)
 
-    async def _unfence_when_gone(self, worker: _Worker, slots: list[int]) -> None:
+    async def _unfence_when_gone(self, worker: _Worker, slots: list[Slot]) -> None:
         """Give fenced slots back once the killed worker has exited (it cannot write any more)."""
         while worker.process.poll() is None:
             await trio.sleep(FENCED_POLL)
-        self.slots.unfence(slots)
+        for slot in slots:
+            slot.unfence()
 
     def _send(self, worker: _Worker, frame: bytes) -> None:
         """Write ``frame`` to ``worker``'s input without blocking (``_Worker.write``; the rest as the pipe drains)."""
@@ -392,7 +395,7 @@ class DecodePool:
             return
         pending.result = result
         if pending.abandoned:
-            self.slots.free_all(pending.slots)
+            _release(pending.slots)
         pending.done.set()
 
     def _restart(self, worker: _Worker) -> None:
@@ -422,8 +425,8 @@ class DecodePool:
         if not any(w.alive for w in self._workers):
             self._some_ready.set()  # nobody is left to wait for
         for pending in worker.pending.values():
-            if pending.abandoned and not pending.fenced:
-                self.slots.free_all(pending.slots)
+            if pending.abandoned:
+                _release(pending.slots)  # (fenced ones stay until unfenced)
             pending.done.set()
         worker.pending.clear()
         worker.unsent.clear()
@@ -455,6 +458,11 @@ def _end(workers: list[_Worker], timeout: float) -> None:
             with contextlib.suppress(OSError):
                 os.close(fd)
     _wait_for_exits(workers, timeout)
+
+
+def _release(slots: Iterable[Slot]) -> None:
+    for slot in slots:
+        slot.release()
 
 
 def _start(number: int, slots: Slots, setup: Setup) -> _Worker:

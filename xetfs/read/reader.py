@@ -8,7 +8,8 @@ a xorb (``chunk_range``), and takes the chunks from the store of decoded runs
 (``runs.RunStore``), which loads the gaps through ``loader.Loader``: read,
 decode and verify every chunk before it is kept or served, in a decode
 worker or in the daemon.  Reads of bytes that held runs have are answered
-from a memo of which run holds which file bytes (``extents.Extents``).
+from a memo of which run holds which file bytes (``extents.Extents``, kept
+by the store of runs).
 
 The range a read or a prefetch window asks for is what is decoded: gaps are
 cut into runs of at most one slot (``Loader.run_stop``), so a sequential
@@ -48,7 +49,7 @@ from xetfs.base.stats import (
 )
 from xetfs.format.xorb import XorbLayout
 from xetfs.read.cache import LoadingCache
-from xetfs.read.extents import Extent, Extents
+from xetfs.read.extents import Extent
 from xetfs.read.loader import Io, Loader, inline_io
 from xetfs.read.pool import DecodePool
 from xetfs.read.readahead import ReadAhead
@@ -94,8 +95,8 @@ class Reader:
         are in flight.  ``read_ahead``: small files read in pack order read ahead in their xorb (``readahead``)."""
         self.index = index
         self._remote = remote or RemoteCounters()
-        self._extents = Extents()
-        self.runs = RunStore(cache_size, pool.slots.free if pool else None, self._extents.forget)
+        self.runs = RunStore(cache_size, pool.slots if pool else None)
+        self._extents = self.runs.extents
         self._read_ahead = read_ahead and room_to_read_ahead(cache_size)
         self._loader = Loader(store, self.runs, shared=index.shared, io=io, pool=pool,
                               run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote)  # fmt: skip

@@ -12,14 +12,18 @@ A gap is loaded once: the range is cut into pieces (the caller's ``cut``),
 each registered as a ``Load`` before it starts, and readers that need the
 same chunks wait for that load.
 
-All decoded bytes count against one limit, ``capacity``.  Which run goes
-first is ``order.EvictionOrder``'s: runs a sequential reader has had all
-of (``read_along``: the kernel's page cache serves those bytes now), then
-the least recently used.  The slots of read-through runs whose xorb no
-other term uses are reused before new shared memory is touched
-(``recycle_slot``), which costs far more.  A run a read is using is pinned
-and never evicted; ``release`` unpins it.  An evicted run gives its slot
-back at once (``free_slot``); nothing waits for the garbage collector.
+The store is the one owner of decoded memory.  All decoded bytes count
+against one limit, ``capacity``.  Which run goes first is
+``order.EvictionOrder``'s: runs a sequential reader has had all of
+(``read_along``: the kernel's page cache serves those bytes now), then the
+least recently used.  A run a read is using is pinned and never evicted;
+``release`` unpins it.  An evicted run gives its slot back at once
+(``slots.Slot.release``), and its extents go from the memo of which run
+holds which file bytes (``extents``, which the store keeps); nothing waits
+for the garbage collector.  A load takes the slots it decodes into from the
+store (``take_slots``), which evicts runs for them when none is free: the
+slots of read-through runs whose xorb no other term uses are reused before
+new shared memory is touched, which costs far more.
 
 Single-threaded: call only from the trio thread that owns it.
 """
@@ -36,7 +40,9 @@ import trio
 from xetfs.base.errors import XetfsError
 from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH
 from xetfs.base.stats import CacheCounters, PrefetchCounters
+from xetfs.read.extents import Extents
 from xetfs.read.order import EvictionOrder
+from xetfs.read.slots import Slot, Slots
 
 
 @dataclass(eq=False, slots=True)
@@ -48,7 +54,7 @@ class Run:
     stop: int
     lo: int
     data: memoryview  # reads slice it
-    slot: int | None = None  # the shared-memory slot ``data`` lies in, if any
+    slot: Slot | None = None  # the shared-memory slot ``data`` lies in, if any
     held: bool = True  # its bytes may be read; False once evicted (its memory is given back)
     pins: int = 0  # reads using it now
     prefetched: bool = False  # loaded by prefetch and not read yet
@@ -98,16 +104,11 @@ def room_to_read_ahead(capacity: int) -> bool:
 
 
 class RunStore:
-    def __init__(
-        self,
-        capacity: int,
-        free_slot: Callable[[int], None] | None = None,
-        on_evict: Callable[[Run], None] | None = None,
-    ) -> None:
-        """``free_slot`` takes back the slot of an evicted run; ``on_evict`` is told of every evicted run."""
+    def __init__(self, capacity: int, slots: Slots | None = None) -> None:
+        """``slots``: the shared memory that loads take slots of (``take_slots``), if there are decode workers."""
         self.capacity = max(0, capacity)
-        self._free_slot = free_slot
-        self._on_evict = on_evict
+        self.extents = Extents()
+        self._slots = slots
         self._xorbs: dict[bytes, list[Entry]] = {}  # per xorb, by first chunk, never overlapping
         self._order = EvictionOrder()  # every held run
         self._c = CacheCounters(capacity_bytes=self.capacity)
@@ -254,25 +255,30 @@ class RunStore:
         all of it, and it is evicted first (``EvictionOrder.read_along``)."""
         return self._order.read_along(run, lo, hi)
 
-    def recycle_slot(self) -> bool:
-        """Evict the oldest private run a sequential reader has read through, if one holds a slot.
-
-        Its memory is warm, and reusing it costs far less than touching new
-        memory; nobody else will read those chunks, and the page cache has them.
-        """
-        run = self._order.first_read(lambda r: r.private and r.slot is not None and not r.pins)
-        if run is None:
-            return False
-        self._evict(run)
-        return True
-
-    def free_a_slot(self) -> bool:
-        """Evict the least useful run held in a slot that no read is using; False if there is none."""
-        run = self._order.least_used(lambda r: r.slot is not None and not r.pins)
-        if run is None:
-            return False
-        self._evict(run)
-        return True
+    def take_slots(self, sizes: Sequence[int]) -> list[Slot] | None:
+        """A slot for a run of each of ``sizes`` bytes, or None (and none taken) if not enough can be had.  For
+        each, in order: a free slot in memory; the slot of a private run read through (its memory is warm,
+        nobody else will read those chunks, and the page cache has them); a slot never used (new memory costs
+        far more); the slot of the least useful run no read is using."""
+        slots, order, taken = self._slots, self._order, list[Slot]()
+        if slots is None:
+            return None
+        for size in sizes:
+            slot = slots.take(size, fresh=False)
+            if slot is None and (run := order.first_read(_warm_and_private)) is not None:
+                self._evict(run)
+                slot = slots.take(size, fresh=False)
+            if slot is None:
+                slot = slots.take(size)
+            if slot is None and (run := order.least_used(_in_a_slot)) is not None:
+                self._evict(run)
+                slot = slots.take(size)
+            if slot is None:
+                for had in taken:
+                    had.release()
+                return None
+            taken.append(slot)
+        return taken
 
     def clear(self) -> None:
         """Evict every run (before the slots go away)."""
@@ -390,12 +396,20 @@ class RunStore:
             del self._xorbs[run.xorb_hash]
         run.held = False
         run.data = memoryview(b"")
-        if self._on_evict is not None:
-            self._on_evict(run)
+        self.extents.forget(run)
         if run.slot is not None:
             slot, run.slot = run.slot, None
-            if self._free_slot is not None:
-                self._free_slot(slot)
+            slot.release()
+
+
+def _warm_and_private(run: Run) -> bool:
+    """A run in a slot that no read uses and no other term's xorb shares (``take_slots``, among runs read through)."""
+    return run.private and run.slot is not None and not run.pins
+
+
+def _in_a_slot(run: Run) -> bool:
+    """A run in a slot that no read uses."""
+    return run.slot is not None and not run.pins
 
 
 def _covered(have: dict[int, Run], first: int, stop: int) -> bool:

@@ -2,13 +2,15 @@
 
 ``Slots`` owns one ``memfd`` cut into slots of ``slot_size`` bytes; the
 daemon maps it, and so does every decode worker (``decode_worker``), which
-decodes straight into the slots of its jobs.  The caller takes a slot
-(``take``), owns it while the run decoded there is held, and gives it back
-explicitly (``free``) when the run is evicted; giving back a slot that is
-free already does nothing.  A slot a killed worker may
-still write into is fenced (``fence``) and given back only once that
-process is gone (``unfence``).  The pages of free slots beyond the few worth
-keeping are returned to the system (``_trim``).  Runs on one trio thread.
+decodes straight into the slots of its jobs.  Taking a slot (``take``) gives
+a ``Slot``: a lease on it, which its holder owns while the run decoded there
+is held, and gives back with ``release`` when the run is evicted.  A lease
+is released once: releasing it again does nothing, even after another lease
+took the same slot.  A slot a killed worker may still write into is fenced
+(``Slot.fence``): its release does nothing until that process is gone
+(``Slot.unfence`` releases it then).  The pages of free slots beyond the few
+worth keeping are returned to the system (``_trim``).  Runs on one trio
+thread.
 """
 
 from __future__ import annotations
@@ -16,9 +18,40 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-from collections.abc import Iterable
+from dataclasses import dataclass
 
 from xetfs.base.stats import WorkerCounters
+
+
+@dataclass(eq=False, slots=True)
+class Slot:
+    """A lease on slot ``index`` of ``owner``: taken by ``Slots.take``, given back by ``release``."""
+
+    index: int
+    owner: Slots
+    released: bool = False
+    fenced: bool = False  # a killed worker may still write into it: not given back until ``unfence``
+
+    def view(self, length: int) -> memoryview:
+        """The first ``length`` bytes of the slot."""
+        return self.owner.view(self.index, length)
+
+    def release(self) -> None:
+        """Give the slot back (the first time, unless fenced; later calls do nothing).  Whoever held a run
+        there must not use its bytes after the next await."""
+        if not (self.released or self.fenced):
+            self.released = True
+            self.owner.give_back(self.index)
+
+    def fence(self) -> None:
+        """Keep the slot from being given back: a killed process may still write into it."""
+        self.fenced = True
+
+    def unfence(self) -> None:
+        """The process that could write into the slot is gone: release it if it is fenced."""
+        if self.fenced:
+            self.fenced = False
+            self.release()
 
 
 class Slots:
@@ -42,15 +75,14 @@ class Slots:
         self._resident = [0] * count  # per slot, the bytes from its start that may have pages
         self._extra = [0] * count  # per slot in use, its pages past the run it holds
         self._spare_used = 0  # their sum
-        self._fenced: set[int] = set()  # slots a killed worker may still write into: never used again
-        self._taken = bytearray(count)  # 1 for a slot in use
+        self._taken = bytearray(count)  # 1 for a slot in use (fenced ones too)
 
     @property
     def free_count(self) -> int:
         """How many slots hold no run (fenced ones are not free)."""
         return len(self._touched) + len(self._fresh)
 
-    def take(self, size: int, *, fresh: bool = True) -> int | None:
+    def take(self, size: int, *, fresh: bool = True) -> Slot | None:
         """A free slot for a run of ``size`` bytes: one whose pages are in memory, else (with
         ``fresh``) one without; None if there is none.
 
@@ -75,11 +107,10 @@ class Slots:
         self._extra[slot] = extra
         self._spare_used += extra
         self._taken[slot] = 1
-        return slot
+        return Slot(slot, self)
 
-    def free(self, slot: int) -> None:
-        """Give ``slot`` back (once: a slot free already stays as it is); whoever held a run there must not
-        use its bytes after the next await."""
+    def give_back(self, slot: int) -> None:
+        """Make slot ``slot`` free (``Slot.release``: once per lease)."""
         if not self._taken[slot]:
             return
         self._taken[slot] = 0
@@ -87,31 +118,15 @@ class Slots:
         self._extra[slot] = 0
         self._touched.append(slot)
 
-    def free_all(self, slots: Iterable[int]) -> None:
-        """``free`` each of ``slots``."""
-        for slot in slots:
-            self.free(slot)
-
     def view(self, slot: int, length: int) -> memoryview:
         """The first ``length`` bytes of ``slot``."""
         base = slot * self.slot_size
         return self._view[base : base + length]
 
-    def fence(self, slots: Iterable[int]) -> None:
-        """Keep ``slots`` from being used again: a killed process may still write into them."""
-        self._fenced.update(slots)
-
-    def unfence(self, slots: Iterable[int]) -> None:
-        """Give back those of ``slots`` still fenced: the process that could write into them is gone."""
-        for slot in slots:
-            if slot in self._fenced:
-                self._fenced.discard(slot)
-                self.free(slot)
-
     def _trim(self) -> None:
         """Return the pages of free slots beyond the few worth keeping to the system.
 
-        Done here, when a slot is taken, never in ``free``: a view of a freed
+        Done here, when a slot is taken, never in ``give_back``: a view of a freed
         slot may still be on its way into a reply until the next await.
         """
         while len(self._touched) > self.keep:
