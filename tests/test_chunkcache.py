@@ -55,6 +55,22 @@ def test_entries_are_found_by_the_chunks_they_hold_and_cut_ranges(tmp_path: Path
     assert counters.disk_hits == 1 and counters.disk_misses == 1
 
 
+def test_a_mount_sees_the_entries_another_mount_wrote_after_it_looked(tmp_path: Path) -> None:
+    """Two mounts share a cache directory: one that listed a xorb's entries before the other wrote more
+    finds those before it would fetch (and cut its ranges along them), so the chunks are not fetched again
+    into an overlapping entry."""
+    mine, other = ChunkCache(DiskCache(tmp_path, 1 << 20)), ChunkCache(DiskCache(tmp_path, 1 << 20))
+    mine.put(X, 0, 10, b"a" * 100)
+    assert mine.find(X, 2, 4) is not None and mine.limit(X, 10, 100) == 100  # nothing after chunk 10, yet
+    other.put(X, 10, 40, b"b" * 300)
+    other.put(X, 60, 70, b"c" * 100)
+    assert mine.limit(X, 10, 100) == 40  # the other mount's entry: the range is cut along it
+    assert mine.limit(X, 40, 100) == 60
+    found = mine.find(X, 12, 30)
+    assert found == (10, 40) and Path(mine.target(X, *found)).read_bytes() == b"b" * 300
+    assert mine.disk.counters.disk_misses == 0
+
+
 def test_entries_count_against_the_bound_and_eviction_forgets_them(tmp_path: Path) -> None:
     disk = DiskCache(tmp_path, 10_000)
     cache = ChunkCache(disk)

@@ -14,7 +14,11 @@ a local xorb file: the same ``pread``, from another offset.
   file renamed into place, so a reader sees a whole entry or none
   (``entryfile``: a decode worker's writes bypass the page cache).  Ranges
   are cut along the entries a xorb has (``limit``), so no chunk is fetched
-  into two entries.
+  into two entries.  Other mounts sharing the directory write entries too:
+  a xorb's entries are read from its directory again before a range of it
+  is fetched (a chunk no entry known holds), so that a mount uses what
+  another fetched meanwhile.  Two mounts that fetch the same chunks at the
+  same moment both fetch them.
 * The bytes of all entries count against the bound of the ``DiskCache``
   they live in, with its least-recently-used eviction; a full disk drops
   the write, never the read.
@@ -56,8 +60,8 @@ class ChunkCache:
 
     def find(self, xorb_hash: bytes, first: int, stop: int) -> tuple[int, int] | None:
         """The chunks of the entry holding chunks ``[first, stop)`` (counted as a hit, and touched; its file is
-        ``target`` of them), or None (a miss)."""
-        for a, b in self._entries(xorb_hash):
+        ``target`` of them), or None (a miss: no entry has them, even read from the directory again)."""
+        for a, b in self._entries(xorb_hash, fresh=not self._holds(xorb_hash, first, stop)):
             if a <= first and stop <= b:
                 with contextlib.suppress(OSError):
                     os.utime(self._path(xorb_hash, a, b))  # least recently used goes first
@@ -68,8 +72,9 @@ class ChunkCache:
 
     def limit(self, xorb_hash: bytes, first: int, stop: int) -> int:
         """Where a range from chunk ``first`` must end, at ``stop`` at most, so that it lies within one
-        entry or in none: the end of the entry holding ``first``, else the start of the next entry."""
-        for a, b in self._entries(xorb_hash):
+        entry or in none: the end of the entry holding ``first``, else the start of the next entry (the
+        xorb's entries read from its directory again, for a chunk no entry known holds)."""
+        for a, b in self._entries(xorb_hash, fresh=not self._holds(xorb_hash, first, first + 1)):
             if a <= first < b:
                 return min(stop, b)
             if first < a:
@@ -136,14 +141,19 @@ class ChunkCache:
 
     # -- internals ---------------------------------------------------------
 
-    def _entries(self, xorb_hash: bytes) -> list[tuple[int, int]]:
-        """The xorb's entries: read from its directory the first time (other processes may have written
-        some), and again after an eviction."""
+    def _holds(self, xorb_hash: bytes, first: int, stop: int) -> bool:
+        """Whether an entry known (without reading the directory) holds chunks ``[first, stop)``."""
+        with self._lock:
+            return any(a <= first and stop <= b for a, b in self._known.get(xorb_hash, ()))
+
+    def _entries(self, xorb_hash: bytes, *, fresh: bool = False) -> list[tuple[int, int]]:
+        """The xorb's entries: read from its directory the first time, again after an eviction, and with
+        ``fresh`` (other processes write entries too)."""
         with self._lock:
             if self._generation != self.disk.generation:
                 self._known.clear()
                 self._generation = self.disk.generation
-            entries = self._known.get(xorb_hash)
+            entries = None if fresh else self._known.get(xorb_hash)
             if entries is None:
                 entries = self._known[xorb_hash] = self._scan(xorb_hash)
             return list(entries)
