@@ -106,7 +106,7 @@ def build_fs(config: MountConfig) -> XetFS:
     reader = Reader(
         loaded.index, store, cache_size=config.cache_size, io=io, pool=pool, remote=remote_counters,
         fetch_width=REMOTE_FETCH_WIDTH if remote else None, run_bytes=REMOTE_RUN_BYTES if remote else RUN_BYTES,
-        read_ahead=config.prefetch,
+        read_ahead=config.prefetch, hung_for=config.io_timeout if remote else None,
     )  # fmt: skip
     counters = loaded.counters()
     if counters.shards == 0 and counters.shards_skipped == 0:

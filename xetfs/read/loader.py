@@ -14,8 +14,9 @@ ones, and any when every slot is in use, into the daemon's memory.
 says where a run ends, and ``Loader.cut`` cuts a range into runs.
 
 Blocking store reads in the daemon go through ``io``, which may run them
-inline (fastest) or in a worker thread with a time bound.  Runs on one trio
-thread.
+inline (fastest) or in a worker thread with a time bound.  A remote store's
+fetches go through a circuit breaker (``breaker``), so that a hung server
+does not cost every read ``--io-timeout``.  Runs on one trio thread.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from xetfs.base.settings import (
 from xetfs.base.stats import DecodeCounters, RemoteCounters, StoreCounters, WorkerCounters
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, decode_runs_into
+from xetfs.read.breaker import StoreBreaker
 from xetfs.read.pool import DecodePool, WorkerLost
 from xetfs.read.runs import Loaded, Run, RunStore
 from xetfs.read.slots import Slot
@@ -95,12 +97,14 @@ class Loader:
         run_bytes: int = RUN_BYTES,
         fetch_width: int | None = None,
         remote: RemoteCounters | None = None,
+        hung_for: float | None = None,
     ) -> None:
         """``runs``: the store of runs, whose slots may be taken back for a job; ``shared``: whether
         other terms use a xorb; ``run_bytes``: decoded bytes per store read (with decode workers
         and a local store, a slot: a local read costs the same in any size); ``fetch_width``:
         the daemon's own store reads in flight at most (None: no bound); ``remote``: a remote
-        store's counters, to which the workers' fetches are added."""
+        store's counters, to which the workers' fetches are added; ``hung_for``: how long a remote store's
+        fetches fail at once after one ran out of time (``breaker``; None: never)."""
         self.store = store
         self._runs = runs
         self._shared = shared
@@ -113,6 +117,7 @@ class Loader:
         # (``DecodePool.job_timeout``) is spent on its own fetch, not waiting behind others.
         self._remote_jobs = trio.CapacityLimiter(pool.worker_count * WORKER_FETCHES) if pool is not None else None
         self._remote = remote or RemoteCounters()
+        self._breaker = StoreBreaker(hung_for) if hung_for is not None else None
         self._decode = DecodeCounters()
         self._store = StoreCounters()
 
@@ -184,7 +189,7 @@ class Loader:
         """
         src = self.store.chunk_source(xorb_hash, layout, first, stop)
         try:
-            loaded = await self._load_from(src, xorb_hash, layout, first, stop)
+            loaded = await self._fetching(src.path is None, self._load_from, src, xorb_hash, layout, first, stop)
         except XetfsError as exc:
             if src.entry is None:
                 raise
@@ -198,7 +203,13 @@ class Loader:
         assert self.store.chunks is not None
         self.store.chunks.drop(xorb_hash, src.entry, reason)
         src = self.store.chunk_source(xorb_hash, layout, first, stop)
-        return await self._load_from(src, xorb_hash, layout, first, stop)
+        return await self._fetching(src.path is None, self._load_from, src, xorb_hash, layout, first, stop)
+
+    async def _fetching(self, fetch: bool, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await fn(*args)``; a ``fetch`` from a remote store through its breaker (``breaker``)."""
+        if fetch and self._breaker is not None:
+            return await self._breaker.fetch(_describe_call(args), fn, *args)
+        return await fn(*args)
 
     async def _load_from(self, src: ChunkSource, xorb_hash: bytes, layout: XorbLayout, first: int, stop: int) -> Loaded:
         """``load`` from ``src``.
@@ -347,7 +358,8 @@ class Loader:
                 self._decode.layouts_in_workers += 1
                 self._store.layouts += 1
                 return layout
-        loaded: XorbLayout = await self._io(self.store.load_layout, xorb_hash)
+        remote = path is None and not self.store.local
+        loaded: XorbLayout = await self._fetching(remote, self._io, self.store.load_layout, xorb_hash)
         self._store.layouts += 1
         return loaded
 

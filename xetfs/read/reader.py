@@ -88,18 +88,22 @@ class Reader:
         fetch_width: int | None = None,
         remote: RemoteCounters | None = None,
         read_ahead: bool = True,
+        hung_for: float | None = None,
     ) -> None:
         """``run_bytes``: decoded bytes per store read (a local store with decode workers: a slot); ``fetch_width``:
         store reads in flight at most (None: no bound); ``remote``: the remote store's counters, where reads
         failed by the server are counted.  A remote store's reads wait on the network: several larger ones
-        are in flight.  ``read_ahead``: small files read in pack order read ahead in their xorb (``readahead``)."""
+        are in flight.  ``read_ahead``: small files read in pack order read ahead in their xorb (``readahead``);
+        ``hung_for``: a remote store's ``--io-timeout`` (``Loader``: fetches fail at once for that long after one
+        ran out of time)."""
         self.index = index
         self._remote = remote or RemoteCounters()
         self.runs = RunStore(cache_size, pool.slots if pool else None)
         self._extents = self.runs.extents
         self._read_ahead = read_ahead and room_to_read_ahead(cache_size)
         self._loader = Loader(store, self.runs, shared=index.shared, io=io, pool=pool,
-                              run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote)  # fmt: skip
+                              run_bytes=run_bytes, fetch_width=fetch_width, remote=self._remote,
+                              hung_for=hung_for)  # fmt: skip
         self._ahead = ReadAhead(self.runs.vacant_until, self._loader.run_stop, self._loader.run_bytes)
         # A layout that failed its check fails again at once for a while: checking a xorb without a footer
         # means reading and hashing all of it.

@@ -166,7 +166,8 @@ class Contents:
         return _Loaded(store, index, catalogue)
 
     def _make(self, loaded: _Loaded) -> Snapshot:
-        reader = Reader(loaded.index, loaded.store, cache_size=SERVE_CACHE_SIZE, io=threaded_io(self._io_timeout))
+        reader = Reader(loaded.index, loaded.store, cache_size=SERVE_CACHE_SIZE, io=threaded_io(self._io_timeout),
+                        hung_for=None if loaded.store.local else self._io_timeout)  # fmt: skip
         version = hashlib.blake2b(dump_catalogue(loaded.catalogue), digest_size=8).hexdigest()
         return Snapshot(loaded.store, loaded.index, loaded.catalogue, reader, version)
 

@@ -1,0 +1,63 @@
+"""The circuit breaker of a remote store's fetches (xetfs/read/breaker.py), on trio's mock clock."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from xetfs.base.errors import StoreTimeoutError
+from xetfs.read.breaker import StoreBreaker
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_store_is_taken_for_hung_only_when_no_fetch_got_an_answer_meanwhile() -> None:
+    """After a fetch ran out of time with no other answered since it began, fetches fail at once for
+    ``hung_for``, then one at a time tries the store again, and an answer ends it.  A fetch that ran out of
+    time while another got an answer (one slow object) takes nothing down."""
+    breaker = StoreBreaker(5)
+    calls: list[str] = []
+
+    async def stalls(name: str) -> None:
+        calls.append(name)
+        await trio.sleep(3)
+        raise StoreTimeoutError(f"{name}: store read took more than 3 s")
+
+    async def answers(name: str, wait: float = 0, until: trio.Event | None = None) -> None:
+        calls.append(name)
+        await trio.sleep(wait)
+        if until is not None:
+            await until.wait()
+
+    async def fetch(fn: object, *args: object) -> str:
+        try:
+            await breaker.fetch("xorb x", fn, *args)  # type: ignore[arg-type]
+        except StoreTimeoutError as exc:
+            return "not requested" if "not requested" in str(exc) else "timed out"
+        return "answered"
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:  # a slow object while the store answers others
+            nursery.start_soon(fetch, stalls, "slow")
+            nursery.start_soon(fetch, answers, "other", 1.0)
+        assert await fetch(answers, "next") == "answered"
+        assert await fetch(stalls, "hangs") == "timed out"  # nothing answered meanwhile: hung
+        assert await fetch(answers, "refused") == "not requested"
+        await trio.sleep(4.9)
+        assert await fetch(answers, "still refused") == "not requested"
+        await trio.sleep(0.1)
+        held = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fetch, answers, "trial", 0, held)  # one tries the store again...
+            await trio.testing.wait_all_tasks_blocked()
+            assert await fetch(answers, "meanwhile") == "not requested"  # ...the others still fail at once
+            held.set()
+        assert await fetch(answers, "after") == "answered"  # an answer ended it
+        assert await fetch(stalls, "hangs again") == "timed out"
+        await trio.sleep(5)
+        assert await fetch(stalls, "trial times out") == "timed out"  # taken for hung again, from now
+        assert await fetch(answers, "refused again") == "not requested"
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert calls == ["slow", "other", "next", "hangs", "trial", "after", "hangs again", "trial times out"]
