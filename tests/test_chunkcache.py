@@ -20,6 +20,7 @@ from helpers.served import run_served
 from helpers.writer import StoreBuilder
 
 from xetfs.base import hashes
+from xetfs.base.errors import StoreError
 from xetfs.base.settings import META_EVICTION_GRACE
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.shard import parse_shard
@@ -260,3 +261,46 @@ def test_a_damaged_entry_is_dropped_and_only_its_range_fetched_again(
 def test_the_disk_cache_page_states_the_grace_of_meta_entries() -> None:
     text = " ".join((Path(__file__).parents[1] / "docs" / "remote.md").read_text().split())
     assert f"counts as used {META_EVICTION_GRACE / 86400:g} days later than it was" in text
+
+
+def test_a_damaged_small_object_in_the_disk_cache_is_named_with_what_is_wrong(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``meta/`` entry that fails its own check says which object it held and what is wrong with it."""
+    disk = DiskCache(tmp_path, 1 << 20)
+    shard, footer = "http://mirror\0object\0shards/a.mdb", f"xorb-footer\0{'ab' * 32}"
+    disk.put(shard, b"shard bytes")
+    disk.put(footer, b"footer bytes")
+    path = disk.entry_path(shard)
+    damaged = bytearray(path.read_bytes())
+    damaged[-1] ^= 1
+    path.write_bytes(bytes(damaged))
+    assert disk.get(shard) is None and not path.exists()
+    disk.put(shard, b"shard bytes")
+    path.write_bytes(disk.entry_path(footer).read_bytes())  # another object's entry in its place
+    assert disk.get(shard) is None
+    disk.put(shard, b"shard bytes")
+    path.write_bytes(path.read_bytes()[:20])
+    assert disk.get(shard) is None and disk.get(footer) == b"footer bytes"
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(") ")[1] for line in lines] == [
+        "has bytes that do not match their hash (damaged); dropped, fetching it again",
+        "is another object's entry; dropped, fetching it again",
+        "is cut short: 20 bytes, not even its 80-byte header; dropped, fetching it again",
+    ]
+    assert all(line.startswith("disk cache: the copy of shards/a.mdb of http://mirror (entry ") for line in lines)
+    assert disk.counters.disk_corrupt == 3
+
+
+def test_a_disk_cache_that_cannot_be_made_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(
+        StoreError,
+        match=r"disk cache .*/file/cache: cannot create it \(Not a directory\): give "
+        r"a --cache-dir this user can write, or --disk-cache-size 0 to use none",
+    ):
+        DiskCache(tmp_path / "file" / "cache", 1 << 20)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "meta").write_bytes(b"")  # (root may write anywhere: a file where a directory goes)
+    with pytest.raises(StoreError, match=r"disk cache .*/cache: cannot write in it \(File exists\)"):
+        DiskCache(tmp_path / "cache", 1 << 20)

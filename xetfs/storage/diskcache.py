@@ -97,7 +97,9 @@ class DiskCache:
             self._chunks.mkdir(exist_ok=True)
             self.tmp.mkdir(exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"disk cache {directory}: cannot create it: {exc.strerror}") from None
+            what = "cannot write in it" if directory.is_dir() else "cannot create it"
+            raise StoreError(f"disk cache {directory}: {what} ({exc.strerror}): give a --cache-dir this user "
+                             f"can write, or --disk-cache-size 0 to use none") from None  # fmt: skip
         self._remove_old_format()
         self._clean_tmp()
         self._check_room()
@@ -115,9 +117,10 @@ class DiskCache:
         except OSError:
             self.count(misses=1)
             return None
-        data = self._check(blob, key)
+        data, problem = self._check(blob, key)
         if data is None:
-            log.warning("disk cache: entry %s failed its check; dropped, fetching again", path.name)
+            log.warning("disk cache: the copy of %s (entry %s) %s; dropped, fetching it again", _describe(key), path,
+                        problem)  # fmt: skip
             self.delete(path)
             self.count(misses=1, corrupt=1)
             return None
@@ -234,14 +237,21 @@ class DiskCache:
         return self._entries / name[:2] / name
 
     @staticmethod
-    def _check(blob: bytes, key: str) -> bytes | None:
+    def _check(blob: bytes, key: str) -> tuple[bytes | None, str]:
+        """The bytes of the entry ``blob`` of ``key``, or None and what is wrong with it."""
         if len(blob) < _HEADER.size:
-            return None
+            return None, f"is cut short: {len(blob)} bytes, not even its {_HEADER.size}-byte header"
         magic, length, key_hash, data_hash = _HEADER.unpack_from(blob)
         data = blob[_HEADER.size :]
-        if magic != _MAGIC or length != len(data) or key_hash != _key_hash(key):
-            return None
-        return data if blake3.blake3(data).digest() == data_hash else None
+        if magic != _MAGIC:
+            return None, "does not start with an entry header"
+        if key_hash != _key_hash(key):
+            return None, "is another object's entry"
+        if length != len(data):
+            return None, f"holds {len(data)} bytes where its header says {length}"
+        if blake3.blake3(data).digest() != data_hash:
+            return None, "has bytes that do not match their hash (damaged)"
+        return data, ""
 
     def _scan(self) -> list[tuple[Path, int, float, bool]]:
         """``(path, size, mtime, in meta/)`` of every entry (each lies in a subdirectory of ``meta/`` or
@@ -310,6 +320,18 @@ def size_of(path: Path | str) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
+
+
+def _describe(key: str) -> str:
+    """What an entry's ``key`` names, for messages: an object of a store, its listing, or a xorb's footer."""
+    parts = key.split("\0")
+    if len(parts) == 3 and parts[1] == "object":
+        return f"{parts[2]} of {parts[0]}"
+    if len(parts) == 3 and parts[1] == "list":
+        return f"the listing of {parts[0]}" + (f" ({parts[2]})" if parts[2] else "")
+    if len(parts) == 2 and parts[0] == "xorb-footer":
+        return f"the footer of xorb {parts[1]}"
+    return repr(key)
 
 
 def _key_hash(key: str) -> bytes:
