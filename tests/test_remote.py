@@ -125,6 +125,30 @@ def test_ls_cat_verify_over_http(packed: Packed, web: servers.Server, cli: CliRu
     assert report.stdout.startswith(b"OK:")
 
 
+def test_verify_through_the_disk_cache_fetches_each_xorb_byte_once(
+    packed: Packed, cli: CliRunner, tmp_path: Path, web: servers.Server
+) -> None:
+    """``verify --use-cache`` reads the xorbs through the disk cache too: a second run fetches none of their
+    bytes, and a damaged entry is dropped and its chunks read from the server (no problem in the store)."""
+    cache = ["--cache-dir", tmp_path / "cache"]
+    xorb_bytes = sum(p.stat().st_size for p in packed.top.rglob("default.*"))
+    runs = []
+    for _ in range(2):
+        mark = web.log_mark()
+        report = cli("verify", "--no-progress", "--use-cache", web.url, *cache)
+        assert report.returncode == 0 and report.stdout.startswith(b"OK:"), (report.stdout, report.stderr)
+        runs.append(web.bytes_sent(since=mark, under="/xorbs/")[0])
+    assert xorb_bytes <= runs[0] <= xorb_bytes * 1.02 and runs[1] <= 1, (runs, xorb_bytes)  # (1: the range probe)
+    entry = max((tmp_path / "cache" / "chunks").rglob("*-*"), key=lambda p: p.stat().st_size)
+    size = entry.stat().st_size
+    oracle.flip_byte(entry, size // 2)
+    mark = web.log_mark()
+    report = cli("verify", "--no-progress", "--use-cache", web.url, *cache)
+    assert report.returncode == 0, (report.stdout, report.stderr)
+    assert "dropped, fetching them again" in report.stderr
+    assert 0 < web.bytes_sent(since=mark, under="/xorbs/")[0] <= size + 1
+
+
 def test_verify_of_a_url_checks_the_servers_bytes_whatever_the_disk_cache_holds(
     packed: Packed, cli: CliRunner, tmp_path: Path
 ) -> None:

@@ -36,6 +36,7 @@ from xetfs.base import hashes
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import plural
 from xetfs.base.settings import VERIFY_BLOCK, VERIFY_CACHE_SIZE
+from xetfs.format.chunk import Buffer
 from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
 from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.read.reader import Reader
@@ -175,8 +176,9 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
         stop = start + 1
         while stop < layout.num_chunks and layout.phys_ends[stop] - layout.phys_start(start) <= VERIFY_BLOCK:
             stop += 1
+        stop = a.store.chunk_limit(xorb_hash, start, stop)  # (within one disk-cache entry or none)
         try:
-            data = a.store.read_xorb(xorb_hash, layout.phys_start(start), layout.phys_ends[stop - 1])
+            data = _read_run(a.store, xorb_hash, layout, start, stop)
         except XetfsError:
             problems = [_check_chunk(a, xorb_hash, layout, i) for i in range(start, stop)]
         else:
@@ -189,6 +191,32 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
             else:
                 a.report.chunks += 1
         start = stop
+
+
+def _read_run(store: Store, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> Buffer:
+    """The stored chunks ``[start, stop)`` of a xorb: from the store's source, or through its disk cache if it
+    has one (``--use-cache``).  A disk-cache entry that fails its chunks' check is dropped, and the chunks are
+    read from the source; what the source gave is kept once every chunk checked."""
+    phys = (layout.phys_start(start), layout.phys_ends[stop - 1])
+    if store.chunks is None:
+        return store.read_xorb(xorb_hash, *phys)
+    for _ in range(2):  # (an entry that could not be deleted, on a read-only cache, is found again: then no more)
+        src = store.chunk_source(xorb_hash, layout, start, stop)
+        try:
+            data = store.read_source(xorb_hash, src, *phys, start, stop)
+        except XetfsError as exc:
+            if src.entry is None:
+                raise
+            store.chunks.drop(xorb_hash, src.entry, str(exc))
+            continue
+        problems = [p for p in check_run(data, xorb_hash, layout, start, stop) if p is not None]
+        if src.entry is not None and problems:
+            store.chunks.drop(xorb_hash, src.entry, str(problems[0]))
+            continue
+        if src.cache_to is not None and not problems:
+            store.chunks.put(xorb_hash, start, stop, data)
+        return data  # (the source's own bytes, if a chunk failed: the caller reports it)
+    return store.read_xorb(xorb_hash, *phys)
 
 
 def _check_chunk(a: _Audit, xorb_hash: bytes, layout: XorbLayout, i: int) -> XetfsError | None:
