@@ -12,7 +12,7 @@ from xetfs.read.breaker import StoreBreaker
 pytestmark = pytest.mark.unit
 
 
-def test_a_store_is_taken_for_hung_only_when_no_fetch_got_an_answer_meanwhile() -> None:
+def test_a_store_is_taken_for_hung_only_when_no_fetch_got_an_answer_meanwhile(caplog: pytest.LogCaptureFixture) -> None:
     """After a fetch ran out of time with no other answered since it began, fetches fail at once for
     ``hung_for``, then one at a time tries the store again, and an answer ends it.  A fetch that ran out of
     time while another got an answer (one slow object) takes nothing down."""
@@ -61,3 +61,8 @@ def test_a_store_is_taken_for_hung_only_when_no_fetch_got_an_answer_meanwhile() 
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert calls == ["slow", "other", "next", "hangs", "trial", "after", "hangs again", "trial times out"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "the store answered no request within 5 s: its reads fail at once for 5 s, then one at a time tries it again",
+        "the store answers again (taken for hung 5 s ago: its reads failed at once meanwhile)",
+        "the store answered no request within 5 s: its reads fail at once for 5 s, then one at a time tries it again",
+    ]

@@ -737,7 +737,7 @@ def test_the_stats_summary_names_what_went_wrong() -> None:
         "workers": {"workers": 2, "alive": 1, "lost": 1, "hung": 1},
         "errors": {"integrity": 2, "missing": 0, "timeout": 1},
         "remote": {"requests": 5, "bytes": 3 << 20, "retries": 2, "errors": 0, "disk_hits": 1, "disk_bytes": 2048,
-                   "disk_corrupt": 1},
+                   "disk_corrupt": 1, "failed_reads": 4},
         "refresh": {"refreshes": 2, "failures": 1, "last_refresh": 0, "last_failure": 0},
         "uptime_seconds": 3725.0,
         "pid": 7,
@@ -749,9 +749,10 @@ def test_the_stats_summary_names_what_went_wrong() -> None:
     assert lines[3] == "cache     0 B held of 1.0 MiB; hit ratio 25.0%; 1 eviction"
     assert lines[4] == "decoded   2 chunks, 10 B (2 in workers); 1 done in the daemon (worker lost)"
     assert lines[5] == "workers   1 of 2 alive; 1 lost; 1 stopped as hung"
-    assert lines[7] == "errors    3 reads failed with EIO (integrity 2, timeout 1; the mount's log names each)"
-    assert lines[8] == ("remote    5 requests, 3.0 MiB received; 2 retried; disk cache 2.0 KiB, 1 hit, 0 misses; "
-                        "1 corrupt (fetched again)")  # fmt: skip
+    assert lines[7] == ("errors    7 reads failed with EIO (integrity 2, timeout 1, server out of reach 4; the "
+                        "mount's log names each)")  # fmt: skip
+    assert lines[8] == ("remote    5 requests, 3.0 MiB received; 2 retried; 4 reads failed (server out of reach); "
+                        "disk cache 2.0 KiB, 1 hit, 0 misses; 1 corrupt (fetched again)")  # fmt: skip
     assert lines[9] == "refresh   2 refreshes (last never); 1 failed (last never: server down)"
 
 

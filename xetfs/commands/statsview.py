@@ -60,7 +60,7 @@ def summarize_stats(doc: dict[str, Any], mountpoint: str, source: str | None) ->
                     + _unusual(workers, lost="lost", hung="stopped as hung")),
         ("prefetch", f"{plural(prefetch.get('requests', 0), 'window')}, {plural(prefetch.get('chunks', 0), 'chunk')}"
                      f", {prefetch.get('hits', 0):,} used"),
-        ("errors", _errors(g.get("errors", {}))),
+        ("errors", _errors(g.get("errors", {}), remote.get("failed_reads", 0))),
         ("remote", _remote(remote, source)),
         ("refresh", _refresh(refresh, doc.get("refresh_error", ""))),
     ]  # fmt: skip
@@ -92,8 +92,12 @@ def _unusual(group: dict[str, Any], **meaning: str) -> str:
     return "".join(f"; {group[key]:,} {what}" for key, what in meaning.items() if group.get(key))
 
 
-def _errors(errors: dict[str, Any]) -> str:
+def _errors(errors: dict[str, Any], out_of_reach: int) -> str:
+    """The reads that failed, by cause: the ``errors`` group, and those whose server was out of reach (counted
+    with the remote store's counters)."""
     failed = {key: n for key, n in errors.items() if n}
+    if out_of_reach:
+        failed["server out of reach"] = out_of_reach
     if not failed:
         return "none"
     total = sum(failed.values())

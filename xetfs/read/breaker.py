@@ -16,6 +16,7 @@ thread.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ import trio
 from xetfs.base.errors import StoreTimeoutError, XetfsError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class StoreBreaker:
@@ -61,9 +63,16 @@ class StoreBreaker:
         return got
 
     def _answered(self) -> None:
-        self._answered_at, self._hung_at = trio.current_time(), None
+        now = trio.current_time()
+        if self._hung_at is not None:
+            log.warning("the store answers again (taken for hung %.0f s ago: its reads failed at once meanwhile)",
+                        now - self._hung_at)  # fmt: skip
+        self._answered_at, self._hung_at = now, None
 
     def _timed_out(self, began: float) -> None:
         """A fetch that began at ``began`` ran out of time: the store is hung unless another got an answer since."""
         if self._answered_at <= began:
+            if self._hung_at is None:
+                log.warning("the store answered no request within %g s: its reads fail at once for %g s, then one "
+                            "at a time tries it again", self.hung_for, self.hung_for)  # fmt: skip
             self._hung_at = trio.current_time()
