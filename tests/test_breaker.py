@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from xetfs.base.errors import StoreTimeoutError
+from xetfs.base.errors import ServerUnreachableError, StoreTimeoutError
 from xetfs.read.breaker import StoreBreaker
 
 pytestmark = pytest.mark.unit
@@ -67,3 +67,33 @@ def test_a_store_is_taken_for_hung_only_when_no_fetch_got_an_answer_meanwhile(ca
         "the store answers again (taken for hung 5 s ago: its reads failed at once meanwhile)",
         "the store answered no request within 5 s: its reads fail at once for 5 s, then one at a time tries it again",
     ]
+
+
+def test_a_server_out_of_reach_is_neither_an_answer_nor_a_hang(caplog: pytest.LogCaptureFixture) -> None:
+    """A fetch refused for want of a connection (the source marks the server down itself) leaves the breaker
+    as it was: a hung store stays hung, and a store that answers is not taken for hung."""
+    breaker = StoreBreaker(5)
+
+    async def refused() -> None:
+        raise ServerUnreachableError("xorb x: not requested: server marked down 0.1 s ago")
+
+    async def stalls() -> None:
+        await trio.sleep(3)
+        raise StoreTimeoutError("xorb x: store read took more than 3 s")
+
+    async def main() -> None:
+        with pytest.raises(ServerUnreachableError):
+            await breaker.fetch("xorb x", refused)
+        with pytest.raises(StoreTimeoutError, match="took more than"):
+            await breaker.fetch("xorb x", stalls)
+        await trio.sleep(5)
+        with pytest.raises(ServerUnreachableError):  # the trial: out of reach
+            await breaker.fetch("xorb x", refused)
+        await trio.sleep(5)
+        with pytest.raises(StoreTimeoutError, match="took more than"):  # still hung: a trial, not all at once
+            await breaker.fetch("xorb x", stalls)
+        with pytest.raises(StoreTimeoutError, match="not requested"):
+            await breaker.fetch("xorb x", stalls)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert not any("answers again" in r.getMessage() for r in caplog.records)

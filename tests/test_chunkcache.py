@@ -21,7 +21,7 @@ from helpers.writer import StoreBuilder
 
 from xetfs.base import hashes
 from xetfs.base.errors import StoreError
-from xetfs.base.settings import META_EVICTION_GRACE
+from xetfs.base.settings import DISK_CACHE_RESCAN_SECONDS, META_EVICTION_GRACE
 from xetfs.base.stats import RemoteCounters
 from xetfs.format.shard import parse_shard
 from xetfs.read.reader import Reader
@@ -56,15 +56,21 @@ def test_entries_are_found_by_the_chunks_they_hold_and_cut_ranges(tmp_path: Path
     assert counters.disk_hits == 1 and counters.disk_misses == 1
 
 
-def test_a_mount_sees_the_entries_another_mount_wrote_after_it_looked(tmp_path: Path) -> None:
+def test_a_mount_sees_the_entries_another_mount_wrote_after_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Two mounts share a cache directory: one that listed a xorb's entries before the other wrote more
     finds those before it would fetch (and cut its ranges along them), so the chunks are not fetched again
-    into an overlapping entry."""
+    into an overlapping entry.  It reads the directory again once per ``DISK_CACHE_RESCAN_SECONDS`` at most."""
+    now = [0.0]
+    monkeypatch.setattr("xetfs.storage.chunkcache.time.monotonic", lambda: now[0])
     mine, other = ChunkCache(DiskCache(tmp_path, 1 << 20)), ChunkCache(DiskCache(tmp_path, 1 << 20))
     mine.put(X, 0, 10, b"a" * 100)
     assert mine.find(X, 2, 4) is not None and mine.limit(X, 10, 100) == 100  # nothing after chunk 10, yet
     other.put(X, 10, 40, b"b" * 300)
     other.put(X, 60, 70, b"c" * 100)
+    assert mine.limit(X, 10, 100) == 100  # (read less than DISK_CACHE_RESCAN_SECONDS ago)
+    now[0] += DISK_CACHE_RESCAN_SECONDS
     assert mine.limit(X, 10, 100) == 40  # the other mount's entry: the range is cut along it
     assert mine.limit(X, 40, 100) == 60
     found = mine.find(X, 12, 30)
@@ -261,6 +267,26 @@ def test_a_damaged_entry_is_dropped_and_only_its_range_fetched_again(
 def test_the_disk_cache_page_states_the_grace_of_meta_entries() -> None:
     text = " ".join((Path(__file__).parents[1] / "docs" / "remote.md").read_text().split())
     assert f"counts as used {META_EVICTION_GRACE / 86400:g} days later than it was" in text
+
+
+def test_a_damaged_entry_that_cannot_be_deleted_is_not_used_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache this user cannot write in: an entry that failed its check stays on disk, and is not found
+    again (the read fetches its chunks) until its file changes; its bytes are counted once."""
+    cache = ChunkCache(DiskCache(tmp_path, 1 << 20))
+    cache.put(X, 0, 10, b"a" * 100)
+    entry = cache.find(X, 0, 10)
+    assert entry == (0, 10)
+    clock = iter(range(10, 10**6, 10))
+    monkeypatch.setattr("xetfs.storage.chunkcache.time.monotonic", lambda: next(clock))  # (a new read each time)
+    monkeypatch.setattr(os, "unlink", lambda path: (_ for _ in ()).throw(PermissionError(13, "Permission denied")))
+    cache.drop(X, entry, "a chunk failed its check")
+    assert cache.find(X, 0, 10) is None and cache.limit(X, 0, 20) == 20
+    path = Path(cache.target(X, 0, 10))
+    path.write_bytes(b"b" * 100)  # another process wrote it again
+    os.utime(path, ns=(1, 1))
+    assert cache.find(X, 0, 10) == (0, 10)
 
 
 def test_a_damaged_small_object_in_the_disk_cache_is_named_with_what_is_wrong(

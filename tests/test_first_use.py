@@ -749,10 +749,10 @@ def test_the_stats_summary_names_what_went_wrong() -> None:
     assert lines[3] == "cache     0 B held of 1.0 MiB; hit ratio 25.0%; 1 eviction"
     assert lines[4] == "decoded   2 chunks, 10 B (2 in workers); 1 done in the daemon (worker lost)"
     assert lines[5] == "workers   1 of 2 alive; 1 lost; 1 stopped as hung"
-    assert lines[7] == ("errors    7 reads failed with EIO (integrity 2, timeout 1, server out of reach 4; the "
-                        "mount's log names each)")  # fmt: skip
-    assert lines[8] == ("remote    5 requests, 3.0 MiB received; 2 retried; 4 reads failed (server out of reach); "
-                        "disk cache 2.0 KiB, 1 hit, 0 misses; 1 corrupt (fetched again)")  # fmt: skip
+    assert lines[7] == ("errors    7 reads failed with EIO (integrity 2, timeout 1, server out of reach or "
+                        "refusing 4; the mount's log names each)")  # fmt: skip
+    assert lines[8] == ("remote    5 requests, 3.0 MiB received; 2 retried; 4 reads failed (server out of reach or "
+                        "refusing); disk cache 2.0 KiB, 1 hit, 0 misses; 1 corrupt (fetched again)")  # fmt: skip
     assert lines[9] == "refresh   2 refreshes (last never); 1 failed (last never: server down)"
 
 

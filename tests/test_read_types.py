@@ -36,7 +36,7 @@ def traced(store: str, file_hash: bytes, *options: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes]:
-    """A store of one 6 MiB file of text-like bytes (LZ4 chunks), in two xorbs."""
+    """A store of one file of 8 MB of text-like bytes (LZ4 chunks)."""
     root = tmp_path_factory.mktemp("store")
     rng = random.Random(7)
     words = [rng.randbytes(rng.randrange(3, 9)).hex().encode() for _ in range(500)]

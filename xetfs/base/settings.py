@@ -124,6 +124,7 @@ DISK_CACHE_LOW_WATER = 0.9  # eviction deletes the oldest entries until the cach
 META_EVICTION_GRACE = 30 * 24 * 3600.0
 STALE_TMP_SECONDS = 3600.0  # a temporary file older than this is a crashed writer's
 DISK_CACHE_RECOUNT_SHARE = 20  # other mounts write too: the cache is counted again after 1/20 of it was written here
+DISK_CACHE_RESCAN_SECONDS = 1.0  # a xorb's entries are read again before a fetch, this often at most
 # A decode worker writes entries with O_DIRECT (``storage.entryfile``), in blocks of DIRECT_IO_ALIGN.  Its direct
 # writes are judged by DIRECT_IO_WINDOW bytes at a time: slower than DIRECT_IO_MIN_RATE (bytes a second), the disk
 # would hold back the reads whose bytes it keeps, so the next DIRECT_IO_RETRY bytes are ordinary writes (the page

@@ -97,7 +97,7 @@ def _errors(errors: dict[str, Any], out_of_reach: int) -> str:
     with the remote store's counters)."""
     failed = {key: n for key, n in errors.items() if n}
     if out_of_reach:
-        failed["server out of reach"] = out_of_reach
+        failed["server out of reach or refusing"] = out_of_reach
     if not failed:
         return "none"
     total = sum(failed.values())
@@ -109,7 +109,7 @@ def _remote(remote: dict[str, Any], source: str | None) -> str:
     if not remote.get("requests") and not remote.get("disk_hits") and not remote.get("disk_misses"):
         return "none (a local store)" if source and "://" not in source else "no requests yet"
     text = f"{plural(remote.get('requests', 0), 'request')}, {human_size(remote.get('bytes', 0))} received" + _unusual(
-        remote, retries="retried", errors="failed", failed_reads="reads failed (server out of reach)"
+        remote, retries="retried", errors="failed", failed_reads="reads failed (server out of reach or refusing)"
     )
     if remote.get("disk_hits") or remote.get("disk_misses") or remote.get("disk_bytes"):
         text += (

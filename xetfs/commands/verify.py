@@ -36,7 +36,6 @@ from xetfs.base import hashes
 from xetfs.base.errors import XetfsError
 from xetfs.base.messages import plural
 from xetfs.base.settings import VERIFY_BLOCK, VERIFY_CACHE_SIZE
-from xetfs.format.chunk import Buffer
 from xetfs.format.shard import CasRecord, FileRecord, Shard, parse_shard
 from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.read.reader import Reader
@@ -178,11 +177,9 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
             stop += 1
         stop = a.store.chunk_limit(xorb_hash, start, stop)  # (within one disk-cache entry or none)
         try:
-            data = _read_run(a.store, xorb_hash, layout, start, stop)
+            problems = _read_run(a.store, xorb_hash, layout, start, stop)
         except XetfsError:
             problems = [_check_chunk(a, xorb_hash, layout, i) for i in range(start, stop)]
-        else:
-            problems = check_run(data, xorb_hash, layout, start, stop)
         for i, problem in enumerate(problems, start):
             a.progress.update(layout.phys_ends[i] - layout.phys_start(i))
             if problem is not None:
@@ -193,13 +190,14 @@ def _check_xorb(a: _Audit, xorb_hash: bytes) -> None:
         start = stop
 
 
-def _read_run(store: Store, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> Buffer:
-    """The stored chunks ``[start, stop)`` of a xorb: from the store's source, or through its disk cache if it
-    has one (``--use-cache``).  A disk-cache entry that fails its chunks' check is dropped, and the chunks are
-    read from the source; what the source gave is kept once every chunk checked."""
+def _read_run(store: Store, xorb_hash: bytes, layout: XorbLayout, start: int, stop: int) -> list[XetfsError | None]:
+    """Chunks ``[start, stop)`` of a xorb read and checked (``check_run``: per chunk, its problem or None): from
+    the store's source, or through its disk cache if it has one (``--use-cache``).  A disk-cache entry that fails
+    its chunks' check is dropped, and the chunks are read from the source; what the source gave is kept once
+    every chunk checked."""
     phys = (layout.phys_start(start), layout.phys_ends[stop - 1])
     if store.chunks is None:
-        return store.read_xorb(xorb_hash, *phys)
+        return check_run(store.read_xorb(xorb_hash, *phys), xorb_hash, layout, start, stop)
     for _ in range(2):  # (an entry that could not be deleted, on a read-only cache, is found again: then no more)
         src = store.chunk_source(xorb_hash, layout, start, stop)
         try:
@@ -209,14 +207,15 @@ def _read_run(store: Store, xorb_hash: bytes, layout: XorbLayout, start: int, st
                 raise
             store.chunks.drop(xorb_hash, src.entry, str(exc))
             continue
-        problems = [p for p in check_run(data, xorb_hash, layout, start, stop) if p is not None]
-        if src.entry is not None and problems:
-            store.chunks.drop(xorb_hash, src.entry, str(problems[0]))
+        problems = check_run(data, xorb_hash, layout, start, stop)
+        failed = next((p for p in problems if p is not None), None)
+        if src.entry is not None and failed is not None:
+            store.chunks.drop(xorb_hash, src.entry, str(failed))
             continue
-        if src.cache_to is not None and not problems:
+        if src.cache_to is not None and failed is None:
             store.chunks.put(xorb_hash, start, stop, data)
-        return data  # (the source's own bytes, if a chunk failed: the caller reports it)
-    return store.read_xorb(xorb_hash, *phys)
+        return problems  # (the source's own bytes, if a chunk failed: the caller reports it)
+    return check_run(store.read_xorb(xorb_hash, *phys), xorb_hash, layout, start, stop)
 
 
 def _check_chunk(a: _Audit, xorb_hash: bytes, layout: XorbLayout, i: int) -> XetfsError | None:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from xetfs.base.errors import StoreTimeoutError, XetfsError
+from xetfs.base.errors import ServerUnreachableError, StoreTimeoutError, XetfsError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -51,7 +51,9 @@ class StoreBreaker:
         except StoreTimeoutError:
             self._timed_out(now)
             raise
-        except XetfsError:  # (an answer, if not the one wanted; a server out of reach is marked down elsewhere)
+        except ServerUnreachableError:  # (no answer, and no hang: the source marks the server down itself)
+            raise
+        except XetfsError:  # (an answer, if not the one wanted)
             self._answered()
             raise
         finally:

@@ -91,7 +91,9 @@ class LoadingCache(Generic[K, V]):
         exception (a miss; against a stuck store, one timeout for all rather
         than one each).  When the loading task is cancelled instead, the
         waiters look again (one of them loads, the others wait for it).
-        Nothing failed is cached: a later lookup loads afresh.
+        No value is kept for a failed load: a later lookup loads afresh,
+        unless the error is one to ``remember`` (then it fails again at once
+        for a while).
         """
         c = self.counters
         while True:

@@ -25,6 +25,7 @@ import contextlib
 from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import partial
 from itertools import repeat
 from typing import Any, TypeVar
 
@@ -305,14 +306,21 @@ class Loader:
         """Decode in a worker into the jobs' slots: per part and chunk its size or error; None if the worker
         was lost (the slots are still the caller's).  Raises ``WorkerLost`` if the slots were fenced (the
         caller decodes elsewhere).  If cancelled, the pool frees the slots once the worker is done."""
+        sent = False
         try:
             async with _within(self._remote_jobs if src.path is None else None):
+                sent = True  # (from here on the pool frees the slots of a job its caller gave up)
                 decoded = await pool.decode(src, xorb_hash, jobs)
         except WorkerLost as lost:
             self._decode.worker_fallbacks += 1
             if lost.fenced:
                 raise
             return None
+        except BaseException:
+            if not sent:  # cancelled while waiting for a turn: the slots are still the caller's
+                for slot, _ in jobs:
+                    slot.release()
+            raise
         sizes: list[list[int | XetfsError]] = [
             part if _all_decoded(part) else [s if isinstance(s, int) else s.error() for s in part]  # type: ignore[misc]
             for part in decoded.sizes
@@ -358,8 +366,14 @@ class Loader:
                 self._decode.layouts_in_workers += 1
                 self._store.layouts += 1
                 return layout
-        remote = path is None and not self.store.local
-        loaded: XorbLayout = await self._fetching(remote, self._io, self.store.load_layout, xorb_hash)
+        if path is None and not self.store.local:  # (a footer the disk cache keeps needs no request: read even
+            cached: XorbLayout | None = None
+            if self.store.chunks is not None:
+                cached = await self._io(self.store.cached_layout, xorb_hash)
+            fetch = partial(self.store.load_layout, cached=False)  # while the store is taken for hung)
+            loaded = cached if cached is not None else await self._fetching(True, self._io, fetch, xorb_hash)
+        else:
+            loaded = await self._io(self.store.load_layout, xorb_hash)
         self._store.layouts += 1
         return loaded
 

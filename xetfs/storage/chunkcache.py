@@ -16,9 +16,12 @@ a local xorb file: the same ``pread``, from another offset.
   are cut along the entries a xorb has (``limit``), so no chunk is fetched
   into two entries.  Other mounts sharing the directory write entries too:
   a xorb's entries are read from its directory again before a range of it
-  is fetched (a chunk no entry known holds), so that a mount uses what
-  another fetched meanwhile.  Two mounts that fetch the same chunks at the
-  same moment both fetch them.
+  is fetched (a chunk no entry known holds; once per
+  ``DISK_CACHE_RESCAN_SECONDS`` at most), so that a mount uses what another
+  fetched meanwhile.  Two mounts that fetch the same chunks at the same
+  moment both fetch them.  An entry dropped because its chunks failed, and
+  that could not be deleted (a cache this user cannot write), is not used
+  again by this process while its file stays as it was.
 * The bytes of all entries count against the bound of the ``DiskCache``
   they live in, with its least-recently-used eviction; a full disk drops
   the write, never the read.
@@ -33,10 +36,12 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from xetfs.base import hashes
+from xetfs.base.settings import DISK_CACHE_RESCAN_SECONDS
 from xetfs.format.chunk import Buffer
 from xetfs.format.xorb import XorbLayout, check_run
 from xetfs.storage.diskcache import DiskCache
@@ -53,6 +58,9 @@ class ChunkCache:
         self.directory = disk.directory / "chunks"
         self.tmp = disk.tmp
         self._known: dict[bytes, list[tuple[int, int]]] = {}  # per xorb: its entries, sorted
+        self._scanned: dict[bytes, float] = {}  # per xorb: when its directory was last read (``time.monotonic``)
+        self._mine: set[tuple[bytes, int, int]] = set()  # entries this process wrote, counted in the cache's bytes
+        self._dropped: dict[str, tuple[int, int]] = {}  # entries dropped but not deleted: their mtime and size
         self._generation = disk.generation
         self._lock = threading.Lock()
 
@@ -92,16 +100,19 @@ class ChunkCache:
         self.added(xorb_hash, first, stop, write_entry(self.target(xorb_hash, first, stop), [data], self.tmp))
 
     def added(self, xorb_hash: bytes, first: int, stop: int, written: int | OSError) -> None:
-        """Take note of an entry written by ``write_entry`` (here or in a decode worker): its size, or why not."""
+        """Take note of an entry written by ``write_entry`` (here or in a decode worker): its size, or why not.
+        Its bytes are counted unless this process wrote the same entry before (two workers fetched the same
+        chunks); one that replaced another process's entry counts twice until the cache is counted again."""
         if isinstance(written, OSError):
             self.disk.write_failed(written)
             return
         with self._lock:
             entries = self._known.setdefault(xorb_hash, [])
-            known = (first, stop) in entries
-            if not known:
+            if (first, stop) not in entries:
                 bisect.insort(entries, (first, stop))
-        if not known:  # (else it replaced an entry of the same chunks: the same bytes)
+            counted = (xorb_hash, first, stop) in self._mine
+            self._mine.add((xorb_hash, first, stop))
+        if not counted:
             self.disk.account(written)
 
     def drop(self, xorb_hash: bytes, entry: tuple[int, int], reason: str) -> None:
@@ -111,6 +122,7 @@ class ChunkCache:
             entries = self._known.get(xorb_hash, [])
             with contextlib.suppress(ValueError):
                 entries.remove(entry)
+            self._mine.discard((xorb_hash, *entry))  # (its bytes are counted out: written again, counted again)
         path = self._path(xorb_hash, *entry)
         if not path.exists():
             self.disk.count(misses=1)  # evicted: a miss, not damage
@@ -118,6 +130,10 @@ class ChunkCache:
         log.warning("disk cache: chunks [%d, %d) of xorb %s: %s; dropped, fetching them again", *entry,
                     hashes.to_hex(xorb_hash), reason)  # fmt: skip
         self.disk.delete(path)
+        with contextlib.suppress(OSError):  # still there (not ours to delete): not used again while it is as it was
+            stat = path.stat()
+            with self._lock:
+                self._dropped[str(path)] = (stat.st_mtime_ns, stat.st_size)
         self.disk.count(corrupt=1)
 
     def keep_tail(self, layout: XorbLayout, tail_at: int, tail: Buffer, head: Callable[[int, int], Buffer]) -> None:
@@ -152,10 +168,13 @@ class ChunkCache:
         with self._lock:
             if self._generation != self.disk.generation:
                 self._known.clear()
+                self._mine.clear()
                 self._generation = self.disk.generation
-            entries = None if fresh else self._known.get(xorb_hash)
-            if entries is None:
+            entries = self._known.get(xorb_hash)
+            now = time.monotonic()
+            if entries is None or (fresh and now - self._scanned.get(xorb_hash, 0.0) >= DISK_CACHE_RESCAN_SECONDS):
                 entries = self._known[xorb_hash] = self._scan(xorb_hash)
+                self._scanned[xorb_hash] = now
             return list(entries)
 
     def _scan(self, xorb_hash: bytes) -> list[tuple[int, int]]:
@@ -163,9 +182,21 @@ class ChunkCache:
         with contextlib.suppress(OSError):
             for entry in os.scandir(self.directory / hashes.to_hex(xorb_hash)):
                 first, sep, stop = entry.name.partition("-")
-                if sep and first.isdigit() and stop.isdigit() and int(first) < int(stop):
+                if sep and first.isdigit() and stop.isdigit() and int(first) < int(stop) and not self._bad(entry):
                     found.append((int(first), int(stop)))
         return sorted(found)
+
+    def _bad(self, entry: os.DirEntry[str]) -> bool:
+        """Whether ``entry`` is one this process dropped, and could not delete, unchanged since."""
+        dropped = self._dropped.get(entry.path)
+        if dropped is None:
+            return False
+        with contextlib.suppress(OSError):
+            stat = entry.stat()
+            if (stat.st_mtime_ns, stat.st_size) == dropped:
+                return True
+        del self._dropped[entry.path]
+        return False
 
     def _path(self, xorb_hash: bytes, first: int, stop: int) -> Path:
         return self.directory / hashes.to_hex(xorb_hash) / f"{first}-{stop}"

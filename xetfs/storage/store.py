@@ -291,8 +291,9 @@ class Store:
         finally:
             os.close(fd)
 
-    def load_layout(self, xorb_hash: bytes) -> XorbLayout:
-        """Read and check a xorb's layout (``layout_from``).
+    def load_layout(self, xorb_hash: bytes, *, cached: bool = True) -> XorbLayout:
+        """Read and check a xorb's layout (``layout_from``); with ``cached``, from a footer the disk cache
+        keeps, if it has one (``cached_layout``).
 
         A remote xorb's tail is fetched with one request (a second one for
         the rest of a footer longer than ``TAIL_BYTES``: a xorb of thousands
@@ -304,7 +305,7 @@ class Store:
         name, size = self._xorb(xorb_hash)
         if self.source.local_path(name) is not None:
             return layout_from(lambda s, e: self.read_xorb(xorb_hash, s, e), size, xorb_hash)
-        if self.chunks is not None:
+        if self.chunks is not None and cached:
             layout = self._cached_layout(xorb_hash, size)
             if layout is not None:
                 return layout
@@ -325,6 +326,12 @@ class Store:
             with contextlib.suppress(XetfsError):  # (only a saving: the read of those chunks fetches them then)
                 self.chunks.keep_tail(layout, tail_at, tail, lambda s, e: self.read_xorb(xorb_hash, s, e))
         return layout
+
+    def cached_layout(self, xorb_hash: bytes) -> XorbLayout | None:
+        """A remote xorb's layout from a footer kept in the disk cache (no request), or None."""
+        if self.chunks is None:
+            return None
+        return self._cached_layout(xorb_hash, self._xorb(xorb_hash)[1])
 
     def _cached_layout(self, xorb_hash: bytes, size: int) -> XorbLayout | None:
         """The layout from a footer kept in the disk cache, checked as ever; None if there is none (or it fails)."""
