@@ -328,5 +328,20 @@ def test_a_disk_cache_that_cannot_be_made_says_what_to_do(tmp_path: Path) -> Non
         DiskCache(tmp_path / "file" / "cache", 1 << 20)
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "meta").write_bytes(b"")  # (root may write anywhere: a file where a directory goes)
-    with pytest.raises(StoreError, match=r"disk cache .*/cache: cannot write in it \(File exists\)"):
+    with pytest.raises(StoreError, match=r"disk cache .*/cache: cannot write in it \(Not a directory\)"):
         DiskCache(tmp_path / "cache", 1 << 20)
+
+
+def test_directories_root_makes_in_another_users_cache_stay_that_users(tmp_path: Path) -> None:
+    """A mount by root with --cache-dir in a user's directory: what root makes there belongs to that user,
+    who can then write entries, and evict them."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    top = tmp_path / "home"
+    top.mkdir()
+    os.chown(top, 65534, 65534)
+    cache = ChunkCache(DiskCache(top / "xetfs" / "cache", 1 << 20))
+    cache.put(X, 0, 10, b"a" * 100)
+    cache.disk.put("http://mirror\0object\0shards/a.mdb", b"shard")
+    made = [p for p in (top / "xetfs").rglob("*") if p.is_dir()] + [top / "xetfs"]
+    assert len(made) >= 6 and all(p.stat().st_uid == 65534 for p in made), [(p, p.stat().st_uid) for p in made]

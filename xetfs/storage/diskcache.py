@@ -65,6 +65,7 @@ from xetfs.base.settings import (
     user_home,
 )
 from xetfs.base.stats import RemoteCounters
+from xetfs.storage.entryfile import make_dir
 from xetfs.storage.objects import ObjectSource, RemoteOptions
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,8 @@ class DiskCache:
         self._meta_warned = False
         self._since_scan = 0  # bytes this process wrote since it last counted the whole cache
         try:
-            self._entries.mkdir(parents=True, exist_ok=True)
-            self._chunks.mkdir(exist_ok=True)
-            self.tmp.mkdir(exist_ok=True)
+            for made in (self._entries, self._chunks, self.tmp):
+                make_dir(made)
         except OSError as exc:
             what = "cannot write in it" if directory.is_dir() else "cannot create it"
             raise StoreError(f"disk cache {directory}: {what} ({exc.strerror}): give a --cache-dir this user "
@@ -138,7 +138,7 @@ class DiskCache:
         tmp = self.tmp / f"{os.getpid()}-{threading.get_ident()}-{path.name}"
         replaced = size_of(path)  # (a listing or a manifest is fetched afresh and kept again by every mount)
         try:
-            path.parent.mkdir(exist_ok=True)
+            make_dir(path.parent)
             with open(tmp, "wb") as f:
                 f.write(header)
                 f.write(data)

@@ -41,6 +41,24 @@ from xetfs.base.settings import (
 from xetfs.format.chunk import Buffer
 
 
+def make_dir(path: Path) -> None:
+    """``mkdir -p path``.  A directory root makes takes the owner of the one it is made in: a disk cache of
+    another user (a mount by root with ``--cache-dir`` in a home directory) stays one that user can write."""
+    if path.is_dir():
+        return
+    make_dir(path.parent)
+    try:
+        path.mkdir()
+    except FileExistsError:
+        if path.is_dir():  # (another process made it meanwhile)
+            return
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path)) from None
+    if os.geteuid() == 0:
+        parent = path.parent.stat()
+        if parent.st_uid != 0:
+            os.chown(path, parent.st_uid, parent.st_gid)
+
+
 def write_entry(path: str, parts: Sequence[Buffer], tmp_dir: Path, *, direct: bool = False) -> int | OSError:
     """Write ``parts``, one after the other, to ``path`` atomically (a temporary file in ``tmp_dir``,
     renamed); its size, or the error that stopped it.  A worker that read chunks in place passes their
@@ -50,7 +68,7 @@ def write_entry(path: str, parts: Sequence[Buffer], tmp_dir: Path, *, direct: bo
     tmp = tmp_dir / f"{os.getpid()}-{threading.get_ident()}-{target.parent.name[:16]}-{target.name}"
     views = [memoryview(part).cast("B") for part in parts]
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(target.parent)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
         try:
             done = _direct.write(fd, views) if direct else 0
