@@ -421,12 +421,15 @@ class XetFS(_ReadOnly):
         the kernel and readers try a failed read again, in other sizes, and go on at other offsets that the same
         damage fails (each try is counted in ``errors``).  The object is what the message names before its first
         ``": "`` (``xorb <hash>``, or ``xorb <hash> chunk <i> at byte <n> of the xorb``): a missing or cut xorb
-        is one failure, each damaged chunk another."""
-        key = f"{session.key} {type(exc).__name__} {str(exc).split(': ', 1)[0]}"
+        is one failure, each damaged chunk another.  A read failed at once, "not requested" of a store taken for
+        hung or down, is logged once for all files: the store's state is the one failure."""
+        unasked = ": not requested: " in str(exc)  # (a store taken for hung or down: said once for all files)
+        key = f"{'store' if unasked else session.key} {type(exc).__name__} {'' if unasked else str(exc).split(': ')[0]}"
         if key not in self._failures_logged:
             self._failures_logged[key] = None
-            log.error("read of %s at file offset %d (%d bytes) failed: %s (reads of this file failing alike are "
-                      "not logged for %g s)", self._describe(session), off, size, exc, REPEATS_QUIET)  # fmt: skip
+            alike = "reads of any file failing so" if unasked else "reads of this file failing alike"
+            log.error("read of %s at file offset %d (%d bytes) failed: %s (%s are not logged for %g s)",
+                      self._describe(session), off, size, exc, alike, REPEATS_QUIET)  # fmt: skip
 
     def _describe(self, session: Session) -> str:
         """``path (file <hex>)`` for messages, or ``file <hex>`` when the file has no other name."""
