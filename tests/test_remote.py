@@ -11,6 +11,7 @@ import http.server
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -123,6 +124,16 @@ def test_ls_cat_verify_over_http(packed: Packed, web: servers.Server, cli: CliRu
     report = cli("verify", "--no-progress", web.url, *cache)
     assert report.returncode == 0, report.stderr
     assert report.stdout.startswith(b"OK:")
+
+
+def test_a_url_with_a_trailing_slash_asks_for_each_path_with_one(packed: Packed, cli: CliRunner) -> None:
+    """``http://HOST/store/`` and ``http://HOST/store`` ask the server for the same paths: no ``//`` (which a
+    strict server or proxy would not take for ``/``)."""
+    with servers.nginx(packed.top.parent) as web:
+        listed = cli("ls", "--files", f"{web.url}/{packed.top.name}/", "--disk-cache-size", 0)
+        assert listed.returncode == 0, listed.stderr
+        asked = re.findall(r'"[A-Z]+ (\S+) ', web.access_log())
+    assert asked and not [path for path in asked if "//" in path], asked
 
 
 def test_verify_through_the_disk_cache_fetches_each_xorb_byte_once(

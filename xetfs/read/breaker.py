@@ -32,7 +32,8 @@ class StoreBreaker:
     def __init__(self, hung_for: float) -> None:
         self.hung_for = hung_for
         self._answered_at = -1e300  # (trio time) when a fetch last got an answer
-        self._hung_at: float | None = None  # when the store was taken for hung
+        self._hung_at: float | None = None  # when the store was taken for hung, or a try of it last timed out
+        self._hung_since = 0.0  # when it was taken for hung
         self._trying = False  # a fetch is trying a hung store again
 
     async def fetch(self, where: str, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -68,7 +69,7 @@ class StoreBreaker:
         now = trio.current_time()
         if self._hung_at is not None:
             log.warning("the store answers again (taken for hung %.0f s ago: its reads failed at once meanwhile)",
-                        now - self._hung_at)  # fmt: skip
+                        now - self._hung_since)  # fmt: skip
         self._answered_at, self._hung_at = now, None
 
     def _timed_out(self, began: float) -> None:
@@ -77,4 +78,5 @@ class StoreBreaker:
             if self._hung_at is None:
                 log.warning("the store answered no request within %g s: its reads fail at once for %g s, then one "
                             "at a time tries it again", self.hung_for, self.hung_for)  # fmt: skip
+                self._hung_since = trio.current_time()
             self._hung_at = trio.current_time()

@@ -216,6 +216,8 @@ class ObstoreSource:
     """An ``ObjectSource`` over obstore: HTTP(S), S3 (and compatible), GCS and Azure."""
 
     def __init__(self, url: str, options: RemoteOptions, counters: RemoteCounters | None = None) -> None:
+        parts = urllib.parse.urlsplit(url)
+        url = urllib.parse.urlunsplit(parts._replace(path=parts.path.rstrip("/")))  # (names are joined with "/")
         self.location = public_url(url)
         self._url = url
         self.options = options
