@@ -18,6 +18,7 @@ def test_a_store_is_taken_for_hung_only_when_no_fetch_got_an_answer_meanwhile(ca
     time while another got an answer (one slow object) takes nothing down."""
     breaker = StoreBreaker(5)
     calls: list[str] = []
+    counted = breaker.counters
 
     async def stalls(name: str) -> None:
         calls.append(name)
@@ -61,6 +62,7 @@ def test_a_store_is_taken_for_hung_only_when_no_fetch_got_an_answer_meanwhile(ca
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert sorted(calls[:2]) == ["other", "slow"]  # (started together: in either order)
+    assert (counted.hung, counted.not_requested) == (2, 4)  # (hangs, hangs again; four fetches not asked)
     assert calls[2:] == ["next", "hangs", "trial", "after", "hangs again", "trial times out"]
     assert [r.getMessage() for r in caplog.records] == [
         "the store answered no request within 5 s: its reads fail at once for 5 s, then one at a time tries it again",

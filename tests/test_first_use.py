@@ -737,7 +737,7 @@ def test_the_stats_summary_names_what_went_wrong() -> None:
         "workers": {"workers": 2, "alive": 1, "lost": 1, "hung": 1},
         "errors": {"integrity": 2, "missing": 0, "timeout": 1},
         "remote": {"requests": 5, "bytes": 3 << 20, "retries": 2, "errors": 0, "disk_hits": 1, "disk_bytes": 2048,
-                   "disk_corrupt": 1, "failed_reads": 4},
+                   "disk_corrupt": 1, "failed_reads": 4, "hung": 1, "not_requested": 9},
         "refresh": {"refreshes": 2, "failures": 1, "last_refresh": 0, "last_failure": 0},
         "uptime_seconds": 3725.0,
         "pid": 7,
@@ -752,7 +752,8 @@ def test_the_stats_summary_names_what_went_wrong() -> None:
     assert lines[7] == ("errors    7 reads failed with EIO (integrity 2, timeout 1, server out of reach or "
                         "refusing 4; the mount's log names each)")  # fmt: skip
     assert lines[8] == ("remote    5 requests, 3.0 MiB received; 2 retried; 4 reads failed (server out of reach or "
-                        "refusing); disk cache 2.0 KiB, 1 hit, 0 misses; 1 corrupt (fetched again)")  # fmt: skip
+                        "refusing); taken for hung 1 time, 9 fetches not asked; disk cache 2.0 KiB, 1 hit, 0 "
+                        "misses; 1 corrupt (fetched again)")  # fmt: skip
     assert lines[9] == "refresh   2 refreshes (last never); 1 failed (last never: server down)"
 
 

@@ -139,6 +139,8 @@ class RemoteCounters:
     disk_corrupt: int = 0  # entries that failed their check: dropped and fetched again
     disk_write_errors: int = 0  # entries not written (a full disk, say); their bytes were served anyway
     failed_reads: int = 0  # reads that failed with EIO because the server could not be reached or refused
+    hung: int = 0  # times the store was taken for hung: a fetch ran out of time, and none answered meanwhile
+    not_requested: int = 0  # fetches failed at once meanwhile, not asked of the store (their reads count as timeouts)
 
     REQUESTS: ClassVar[tuple[str, ...]] = ("requests", "bytes", "retries", "errors", "ranges", "wait_s")
 

@@ -109,8 +109,15 @@ def _remote(remote: dict[str, Any], source: str | None) -> str:
     if not remote.get("requests") and not remote.get("disk_hits") and not remote.get("disk_misses"):
         return "none (a local store)" if source and "://" not in source else "no requests yet"
     text = f"{plural(remote.get('requests', 0), 'request')}, {human_size(remote.get('bytes', 0))} received" + _unusual(
-        remote, retries="retried", errors="failed", failed_reads="reads failed (server out of reach or refusing)"
+        remote,
+        retries="retried",
+        errors="failed",
+        failed_reads="reads failed (server out of reach or refusing)",
     )
+    if remote.get("hung"):
+        text += (
+            f"; taken for hung {plural(remote['hung'], 'time')}, {remote.get('not_requested', 0):,} fetches not asked"
+        )
     if remote.get("disk_hits") or remote.get("disk_misses") or remote.get("disk_bytes"):
         text += (
             f"; disk cache {human_size(remote.get('disk_bytes', 0))}, {plural(remote.get('disk_hits', 0), 'hit')}, "

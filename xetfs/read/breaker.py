@@ -23,14 +23,18 @@ from typing import Any, TypeVar
 import trio
 
 from xetfs.base.errors import ServerUnreachableError, StoreTimeoutError, XetfsError
+from xetfs.base.stats import RemoteCounters
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
 class StoreBreaker:
-    def __init__(self, hung_for: float) -> None:
+    def __init__(self, hung_for: float, counters: RemoteCounters | None = None) -> None:
+        """``counters``: the store's, where the times it was taken for hung and the fetches failed at once are
+        counted (``hung``, ``not_requested``)."""
         self.hung_for = hung_for
+        self.counters = counters or RemoteCounters()
         self._answered_at = -1e300  # (trio time) when a fetch last got an answer
         self._hung_at: float | None = None  # when the store was taken for hung, or a try of it last timed out
         self._hung_since = 0.0  # when it was taken for hung
@@ -43,6 +47,7 @@ class StoreBreaker:
         now = trio.current_time()
         trial = self._hung_at is not None
         if self._hung_at is not None and (self._trying or now - self._hung_at < self.hung_for):
+            self.counters.not_requested += 1
             raise StoreTimeoutError(f"{where}: not requested: the store answered no request within "
                                     f"{self.hung_for:g} s, {now - self._hung_at:.0f} s ago (one read at a time "
                                     f"tries it again)")  # fmt: skip
@@ -79,4 +84,5 @@ class StoreBreaker:
                 log.warning("the store answered no request within %g s: its reads fail at once for %g s, then one "
                             "at a time tries it again", self.hung_for, self.hung_for)  # fmt: skip
                 self._hung_since = trio.current_time()
+                self.counters.hung += 1
             self._hung_at = trio.current_time()

@@ -118,7 +118,7 @@ class Loader:
         # (``DecodePool.job_timeout``) is spent on its own fetch, not waiting behind others.
         self._remote_jobs = trio.CapacityLimiter(pool.worker_count * WORKER_FETCHES) if pool is not None else None
         self._remote = remote or RemoteCounters()
-        self._breaker = StoreBreaker(hung_for) if hung_for is not None else None
+        self._breaker = StoreBreaker(hung_for, self._remote) if hung_for is not None else None
         self._decode = DecodeCounters()
         self._store = StoreCounters()
 
