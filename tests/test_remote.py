@@ -992,6 +992,8 @@ def test_stalled_server_gives_eio_in_time_and_umount_works(packed: Packed, web: 
             assert _fails_at_once(m / "data/text.txt")
             # Logged once for all the files: the store's state is the one failure.
             assert m.log().count("not requested: the store answered no request within 3 s") == 1, m.log()
+            remote = m.stats()["remote"]
+            assert remote["hung"] == 1 and remote["not_requested"] >= 3, remote
             # Stuck requests do not stop the mount from answering, or from unmounting.
             assert sorted(os.listdir(m.path)) == ["data", "empty", "model", "walk.f32"]
             umount = subprocess.run([sys.executable, "-m", "xetfs", "umount", "-z", str(m.path)],
