@@ -80,9 +80,10 @@ class StoreBreaker:
     def _timed_out(self, began: float) -> None:
         """A fetch that began at ``began`` ran out of time: the store is hung unless another got an answer since."""
         if self._answered_at <= began:
+            now = trio.current_time()
             if self._hung_at is None:
                 log.warning("the store answered no request within %g s: its reads fail at once for %g s, then one "
                             "at a time tries it again", self.hung_for, self.hung_for)  # fmt: skip
-                self._hung_since = trio.current_time()
+                self._hung_since = now
                 self.counters.hung += 1
-            self._hung_at = trio.current_time()
+            self._hung_at = now

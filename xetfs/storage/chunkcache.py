@@ -69,7 +69,7 @@ class ChunkCache:
     def find(self, xorb_hash: bytes, first: int, stop: int) -> tuple[int, int] | None:
         """The chunks of the entry holding chunks ``[first, stop)`` (counted as a hit, and touched; its file is
         ``target`` of them), or None (a miss: no entry has them, even read from the directory again)."""
-        for a, b in self._entries(xorb_hash, fresh=not self._holds(xorb_hash, first, stop)):
+        for a, b in self._entries(xorb_hash, holding=(first, stop)):
             if a <= first and stop <= b:
                 with contextlib.suppress(OSError):
                     os.utime(self._path(xorb_hash, a, b))  # least recently used goes first
@@ -82,7 +82,7 @@ class ChunkCache:
         """Where a range from chunk ``first`` must end, at ``stop`` at most, so that it lies within one
         entry or in none: the end of the entry holding ``first``, else the start of the next entry (the
         xorb's entries read from its directory again, for a chunk no entry known holds)."""
-        for a, b in self._entries(xorb_hash, fresh=not self._holds(xorb_hash, first, first + 1)):
+        for a, b in self._entries(xorb_hash, holding=(first, first + 1)):
             if a <= first < b:
                 return min(stop, b)
             if first < a:
@@ -157,14 +157,9 @@ class ChunkCache:
 
     # -- internals ---------------------------------------------------------
 
-    def _holds(self, xorb_hash: bytes, first: int, stop: int) -> bool:
-        """Whether an entry known (without reading the directory) holds chunks ``[first, stop)``."""
-        with self._lock:
-            return any(a <= first and stop <= b for a, b in self._known.get(xorb_hash, ()))
-
-    def _entries(self, xorb_hash: bytes, *, fresh: bool = False) -> list[tuple[int, int]]:
-        """The xorb's entries: read from its directory the first time, again after an eviction, and with
-        ``fresh`` (other processes write entries too)."""
+    def _entries(self, xorb_hash: bytes, *, holding: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+        """The xorb's entries: read from its directory the first time, again after an eviction, and when no
+        entry known holds the chunks ``holding`` (other processes write entries too)."""
         with self._lock:
             if self._generation != self.disk.generation:
                 self._known.clear()
@@ -172,6 +167,7 @@ class ChunkCache:
                 self._generation = self.disk.generation
             entries = self._known.get(xorb_hash)
             now = time.monotonic()
+            fresh = holding is not None and not any(a <= holding[0] and holding[1] <= b for a, b in entries or ())
             if entries is None or (fresh and now - self._scanned.get(xorb_hash, 0.0) >= DISK_CACHE_RESCAN_SECONDS):
                 entries = self._known[xorb_hash] = self._scan(xorb_hash)
                 self._scanned[xorb_hash] = now
