@@ -46,7 +46,7 @@ from xetfs.format.xorb import ChunkRun, XorbLayout, chunk_run, decode_chunks, de
 from xetfs.read.breaker import StoreBreaker
 from xetfs.read.pool import DecodePool, WorkerLost
 from xetfs.read.runs import Loaded, Run, RunStore
-from xetfs.read.slots import Slot
+from xetfs.read.slots import Slot, release_all
 from xetfs.storage.index import Index
 from xetfs.storage.store import ChunkSource, Store
 
@@ -243,8 +243,7 @@ class Loader:
                 outs = [(run, slot.view(run.unpacked[-1] - run.unpacked[0])) for slot, run in jobs]
                 sizes = decode_runs_into(data, xorb_hash, outs)
             except BaseException:
-                for slot in slots:
-                    slot.release()
+                release_all(slots)
                 raise
             self._count(len(memoryview(data)), *_decoded(sizes))
             if all(_all_decoded(part) for part in sizes):
@@ -318,8 +317,7 @@ class Loader:
             return None
         except BaseException:
             if not sent:  # cancelled while waiting for a turn: the slots are still the caller's
-                for slot, _ in jobs:
-                    slot.release()
+                release_all(slot for slot, _ in jobs)
             raise
         sizes: list[list[int | XetfsError]] = [
             part if _all_decoded(part) else [s if isinstance(s, int) else s.error() for s in part]  # type: ignore[misc]

@@ -25,7 +25,6 @@ import pickle
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 import trio
@@ -49,7 +48,7 @@ from xetfs.base.settings import (
 from xetfs.base.stats import WorkerCounters
 from xetfs.format.xorb import ChunkRun, XorbLayout
 from xetfs.read.decode_worker import FRAME, Job, Ready, Result, Setup, encode_frame
-from xetfs.read.slots import Slot, Slots
+from xetfs.read.slots import Slot, Slots, release_all
 from xetfs.storage.store import ChunkSource
 
 log = logging.getLogger(__name__)
@@ -273,7 +272,7 @@ class DecodePool:
             if not pending.done.is_set():
                 pending.abandoned = True  # the worker may still write into the slots: freed when done
             else:
-                _release(pending.slots)  # done already: nobody else will (fenced ones stay until unfenced)
+                release_all(pending.slots)  # done already: nobody else will (fenced ones stay until unfenced)
             raise
         if pending.timed_out:
             raise StoreTimeoutError(f"{message.describe()}: store read took more than {self.job_timeout:g} s "
@@ -395,7 +394,7 @@ class DecodePool:
             return
         pending.result = result
         if pending.abandoned:
-            _release(pending.slots)
+            release_all(pending.slots)
         pending.done.set()
 
     def _restart(self, worker: _Worker) -> None:
@@ -426,7 +425,7 @@ class DecodePool:
             self._some_ready.set()  # nobody is left to wait for
         for pending in worker.pending.values():
             if pending.abandoned:
-                _release(pending.slots)  # (fenced ones stay until unfenced)
+                release_all(pending.slots)  # (fenced ones stay until unfenced)
             pending.done.set()
         worker.pending.clear()
         worker.unsent.clear()
@@ -458,11 +457,6 @@ def _end(workers: list[_Worker], timeout: float) -> None:
             with contextlib.suppress(OSError):
                 os.close(fd)
     _wait_for_exits(workers, timeout)
-
-
-def _release(slots: Iterable[Slot]) -> None:
-    for slot in slots:
-        slot.release()
 
 
 def _start(number: int, slots: Slots, setup: Setup) -> _Worker:

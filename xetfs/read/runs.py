@@ -42,7 +42,7 @@ from xetfs.base.settings import MIN_CACHE_FOR_PREFETCH
 from xetfs.base.stats import CacheCounters, PrefetchCounters
 from xetfs.read.extents import Extents
 from xetfs.read.order import EvictionOrder
-from xetfs.read.slots import Slot, Slots
+from xetfs.read.slots import Slot, Slots, release_all
 
 
 @dataclass(eq=False, slots=True)
@@ -274,8 +274,7 @@ class RunStore:
                 self._evict(run)
                 slot = slots.take(size)
             if slot is None:
-                for had in taken:
-                    had.release()
+                release_all(taken)
                 return None
             taken.append(slot)
         return taken

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from xetfs.base.stats import WorkerCounters
@@ -52,6 +53,12 @@ class Slot:
         if self.fenced:
             self.fenced = False
             self.release()
+
+
+def release_all(slots: Iterable[Slot]) -> None:
+    """``release`` each of ``slots`` (fenced ones stay until unfenced)."""
+    for slot in slots:
+        slot.release()
 
 
 class Slots:
