@@ -350,6 +350,16 @@ def test_xattrs_absent(named: Mount) -> None:
     assert exc.value.errno == errno.ENODATA
     for d in ("", "models", ".xetfs", ".xetfs/by-hash"):
         assert os.listxattr(named.path / d) == [], d
+
+
+def test_other_xattr_namespaces_are_not_supported(named: Mount) -> None:
+    # ``ls -l`` asks each file for these two; "not supported" makes it stop asking this file system, where
+    # "no such attribute" would cost two round trips per file listed.
+    for name in ("security.selinux", "system.posix_acl_access", "trusted.x"):
+        for path in (named.path / "one-byte", named.path / "models"):
+            with pytest.raises(OSError) as exc:
+                os.getxattr(path, name, follow_symlinks=False)
+            assert exc.value.errno == errno.EOPNOTSUPP, (name, path)
     assert os.listxattr(named.path / ".xetfs/stats") == []
     assert getfattr(named.path / "models") == {}
 
