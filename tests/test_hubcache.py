@@ -115,6 +115,41 @@ def test_bad_input_is_named_and_skipped(cache: hub_cache.CacheSpec, tmp_path: Pa
     assert len(files) == 6
 
 
+def test_blobs_in_the_shared_store_are_read_through_their_links(cache: hub_cache.CacheSpec, tmp_path: Path) -> None:
+    """huggingface_hub 2 keeps a file it fetched through Xet in ``<cache>/blobs/<2 hex>/<xet hash>`` and makes the
+    repo's blob a relative symlink to it.  Such a blob is read through its link; a link elsewhere, or to a file
+    the shared store lacks, is named and skipped with the snapshot files that use it."""
+    import shutil
+
+    root = tmp_path / "cache"
+    shutil.copytree(cache.root, root, symlinks=True)
+    folder = root / "models--acme--tiny-bert"
+    blobs = sorted(p for p in (folder / "blobs").iterdir() if len(p.name) == 64)
+    assert len(blobs) >= 3
+    moved, elsewhere, lost = blobs[:3]
+    for i, blob in enumerate((moved, elsewhere, lost)):
+        xet = f"{i + 1:x}" * 64
+        place = root / "blobs" / xet[:2] / xet
+        place.parent.mkdir(parents=True, exist_ok=True)
+        blob.rename(place)
+        blob.symlink_to(os.path.relpath(place, blob.parent))
+    elsewhere.unlink()
+    elsewhere.symlink_to(os.path.relpath(root / "blobs" / "22" / ("2" * 64), tmp_path / "x"))  # (not the store)
+    (root / "blobs" / "33" / ("3" * 64)).unlink()
+    (root / "blobs" / "44").mkdir()
+    warnings: list[str] = []
+    repos = scan_cache(root, warn=warnings.append)
+    text = "\n".join(warnings)
+    assert f"skipping {elsewhere}: a symlink, not into the cache's shared store of Xet files" in text, text
+    assert f"skipping {lost}: its file in the cache's shared store is missing" in text, text
+    model = next(r for r in repos if r.id == hub_cache.MODEL)
+    assert set(model.blobs) == {p.name for p in (folder / "blobs").iterdir()} - {elsewhere.name, lost.name}
+    assert model.blobs[moved.name].read_bytes() == (root / "blobs" / "11" / ("1" * 64)).read_bytes()
+    used = {f.blob for rev in model.revisions.values() for f in rev.files}
+    assert moved.name in used and elsewhere.name not in used and lost.name not in used
+    assert [r.type for r in repos].count("model") == 1  # (the shared store is not a repo)
+
+
 def test_checks_after_upload(tmp_path: Path) -> None:
     f = tmp_path / "f.json"
     f.write_bytes(b"hello\n")

@@ -203,6 +203,36 @@ def test_clients_through_hf_xet(packed: Packed, server: Server) -> None:
     assert " 206 " in log and "GET /xorbs/" in log
     assert "cursor=" not in log  # (queries are never logged)
     assert "ERROR" not in log and "Traceback" not in log, log
+    check_packed_again(packed, cache)
+
+
+def check_packed_again(packed: Packed, cache: Path) -> None:
+    """The cache the clients wrote, packed into a store of its own, holds every file they downloaded, with the
+    same content as the first store.  huggingface_hub keeps a file it fetched through Xet in the cache's store
+    shared by all repos (``blobs/<2 hex>/<xet hash>``), and makes the repo's blob a symlink to it."""
+    shared = [p for p in (cache / "blobs").glob("??/*") if len(p.name) == 64]
+    assert shared, sorted(str(p.relative_to(cache)) for p in cache.rglob("*"))[:40]
+    link = next(p for p in cache.glob("models--*/blobs/*") if p.is_symlink())
+    assert (link.parent / os.readlink(link)).resolve() in {p.resolve() for p in shared}
+    again = cache.parent / "again"
+    proc = subprocess.run(
+        [sys.executable, "-m", "xetfs", "pack", "--hub-cache", str(cache), str(again), "--no-progress"],
+        capture_output=True, text=True, cwd=REPO_ROOT, env=hf_xet_env(cache.parent / "hf_xet"), timeout=180,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "skipping" not in proc.stderr, proc.stderr
+    first, second = (load_catalogue(store / CATALOGUE_NAME) for store in (packed.store, again))
+    checked = 0
+    for repo in second.repos:
+        original = first.repo(repo.type, repo.id)
+        assert original is not None, repo.id
+        for commit, rev in repo.revisions.items():
+            assert rev.files, (repo.id, commit)
+            for path, blob in rev.files.items():
+                assert original.revisions[commit].files[path] == blob, (repo.id, commit, path)
+                assert repo.blobs[blob].xet_hash == original.blobs[blob].xet_hash, (repo.id, commit, path)
+                checked += 1
+    assert checked >= len(shared)
 
 
 def test_clients_without_hf_xet(packed: Packed, server: Server) -> None:

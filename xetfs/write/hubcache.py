@@ -5,6 +5,10 @@ with ``refs/``, ``snapshots/<commit>/``, ``blobs/``, ``.no_exist/<commit>/``
 and ``trees/<commit>.json``) and the blob-naming rule.  Reads only: nothing
 here writes or uploads.
 
+A repo's blob is a regular file, or (huggingface_hub 2 and later, for files
+it downloaded through Xet) a symlink into the cache's shared store of Xet
+files, ``<cache>/blobs/<first 2 hex>/<xet hash>``, where the bytes are.
+
 Bad input is reported through ``warn`` with the item's path and skipped; the
 rest of the cache is still described:
 
@@ -12,6 +16,8 @@ rest of the cache is still described:
 * a snapshot symlink whose blob is missing (broken), or that points outside
   the repo's ``blobs/``, is skipped, and so is anything that is neither a
   file nor a symlink;
+* a blob that is a symlink anywhere but to a file of the shared store, or
+  whose file there is missing, is skipped;
 * a ref whose commit has no snapshot, or whose content is not a 40-hex
   commit, is skipped;
 * a snapshot entry that is a regular file (a cache copied with symlinks
@@ -51,6 +57,7 @@ LFS_PATTERNS = (
     "*.png", "*.jpg", "*.jpeg", "*.webp",
 )  # fmt: skip
 INCOMPLETE_SUFFIX = ".incomplete"
+SHARED_BLOBS = "blobs"  # huggingface_hub 2's store of Xet files shared by the cache's repos: <cache>/blobs/<xx>/<hash>
 HASH_BLOCK = 1024 * 1024
 
 
@@ -161,12 +168,11 @@ def _scan_repo(folder: Path, repo_type: str, repo_id: str, warn: Warn) -> Cached
     repo = CachedRepo(repo_type, repo_id, folder)
     blobs = folder / "blobs"
     for path in _files(blobs):
-        if path.name.endswith(INCOMPLETE_SUFFIX):
-            warn(f"skipping {path}: a partial download (.incomplete)")
-        elif is_blob_name(path.name) and path.is_file() and not path.is_symlink():
-            repo.blobs[path.name] = path
+        problem = _blob_problem(path, folder.parent / SHARED_BLOBS)
+        if problem is None:
+            repo.blobs[path.name] = path  # (a link to the shared store is read through: its bytes are there)
         else:
-            warn(f"skipping {path}: not a blob (a file named by a sha256 or git sha1)")
+            warn(f"skipping {path}: {problem}")
     snapshots = folder / "snapshots"
     for commit_dir in sorted(snapshots.iterdir()) if snapshots.is_dir() else []:
         if not is_commit(commit_dir.name) or not commit_dir.is_dir():
@@ -188,6 +194,25 @@ def _scan_repo(folder: Path, repo_type: str, repo_id: str, warn: Warn) -> Cached
             rev.tree = tree
     _scan_refs(repo, warn)
     return repo
+
+
+def _blob_problem(path: Path, shared: Path) -> str | None:
+    """Why ``path``, in a repo's ``blobs/``, is not a blob; None if it is: a regular file, or a symlink to a
+    regular file of the cache's shared store ``shared`` (``<shared>/<first 2 hex>/<xet hash>``)."""
+    if path.name.endswith(INCOMPLETE_SUFFIX):
+        return "a partial download (.incomplete)"
+    if not is_blob_name(path.name):
+        return "not a blob (a file named by a sha256 or git sha1)"
+    if not path.is_symlink():
+        return None if path.is_file() else "not a blob (a file named by a sha256 or git sha1)"
+    link = os.readlink(path)
+    target = Path(os.path.normpath(path.parent / link))
+    name = target.name
+    if target.parent.parent != shared or len(name) != 64 or not is_blob_name(name) or target.parent.name != name[:2]:
+        return f"a symlink, not into the cache's shared store of Xet files ({link})"
+    if target.is_symlink() or not target.is_file():
+        return f"its file in the cache's shared store is missing ({target})"
+    return None
 
 
 def _scan_snapshot(commit_dir: Path, blobs: Path, known: dict[str, Path], warn: Warn) -> CachedRevision:
