@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -431,6 +431,8 @@ def test_health_and_telemetry(server: Server) -> None:
     conn.request("POST", "/v1/telemetry", body=b'{"events": []}', headers={"Content-Type": "application/json"})
     assert conn.getresponse().status == 200
     conn.close()
+    status, _, body = request(server, "GET", "/api/agent-harnesses")  # (huggingface_hub asks once a day)
+    assert status == 200 and json.loads(body) == {"standardEnvVars": [], "harnesses": {}}
 
 
 # -- access --------------------------------------------------------------------------------
@@ -708,6 +710,41 @@ def test_serve_listens_on_loopback_and_refuses_a_missing_store(server: Server, t
                                "--workers", workers], capture_output=True, text=True, cwd=REPO_ROOT, timeout=60,
                               check=False)  # fmt: skip
         assert (proc.returncode, proc.stderr) == (1, f"xetfs: error: store {missing}: no such directory\n")
+
+
+def test_on_every_address_the_urls_name_the_address_each_client_reached(packed: Packed, tmp_path: Path) -> None:
+    """``--host 0.0.0.0`` without ``--public-url``: the URLs handed out (the token route, the CAS URL, signed
+    xorb URLs) name the address the client used, not this machine's loopback; a Host that is not a host and
+    port gets the listening address."""
+    with xetfs_serve(packed.store, "--host", "0.0.0.0") as server:
+        other = f"127.0.0.2:{server.port}"  # (another address of this machine, as another node would use)
+        status, head, _ = request(server, "HEAD", f"/{MODEL}/resolve/main/model.safetensors", {"Host": other})
+        assert status == 200 and head["link"].startswith(f"<http://{other}/api/models/{MODEL}/xet-read-token/")
+        status, headers, body = request(server, "GET", f"/api/models/{MODEL}/xet-read-token/main", {"Host": other})
+        doc = json.loads(body)
+        assert status == 200 and doc["casUrl"] == headers["x-xet-cas-url"] == f"http://{other}", doc
+        weights = packed.original(MODEL, packed.spec.model_commits[2], "model.safetensors")
+        auth = {"Authorization": f"Bearer {doc['accessToken']}", "Host": other}
+        status, _, body = request(server, "GET", f"/v2/reconstructions/{head['x-xet-hash']}", auth)
+        urls = [u["url"] for fetches in json.loads(body)["xorbs"].values() for u in fetches]
+        assert status == 200 and urls and all(u.startswith(f"http://{other}/xorbs/") for u in urls), urls
+        status, headers, _ = request(server, "HEAD", f"/{MODEL}/resolve/main/model.safetensors", {"Host": "a b/c"})
+        assert headers["link"].startswith(f"<http://127.0.0.1:{server.port}/api/"), headers["link"]
+        report, _ = clients(replace(server, url=f"http://{other}"), "get", "model", MODEL, "model.safetensors", "main")
+        assert report.get("sha256") == sha(weights), report
+
+
+def test_a_store_that_names_no_repo_is_served_with_a_warning(packed: Packed, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(packed.store, store)
+    (store / CATALOGUE_NAME).unlink()
+    with xetfs_serve(store) as server:
+        wait_until(lambda: "serving 0 repos" in log_of(server), 60, "the start-up line")
+        status, _, _ = request(server, "GET", f"/api/models/{MODEL}")
+        log = log_of(server)
+    assert status == 404
+    assert f"warning: the store names no repo (no {CATALOGUE_NAME} at its top" in log, log
+    assert "'xetfs pack --repo' or 'xetfs pack --hub-cache'" in log, log
 
 
 def _workers_of(server: Server, count: int) -> list[int]:

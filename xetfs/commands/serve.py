@@ -46,7 +46,8 @@ def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
                    help=f"port to listen on (default {settings.SERVE_PORT})")  # fmt: skip
     p.add_argument("--public-url", metavar="URL",
                    help="the address clients reach the server at, e.g. behind a proxy: every URL the server "
-                        "hands out starts with it (default http://HOST:PORT)")  # fmt: skip
+                        "hands out starts with it (default: the address each client reached, from its Host "
+                        "header)")  # fmt: skip
     p.add_argument("--token-file", type=Path, metavar="FILE",
                    help="require one of the tokens in FILE (one a line) as 'Authorization: Bearer' on the "
                         "Hub routes and the Xet token route")  # fmt: skip
@@ -54,10 +55,12 @@ def add_serve_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], N
                    help="key that signs Xet tokens and xorb URLs, created if missing; give every server "
                         "behind one address the same file (default: a key for this server only)")  # fmt: skip
     p.add_argument("--token-ttl", type=int, default=settings.SERVE_TOKEN_TTL, metavar="SECONDS",
-                   help=f"lifetime of a Xet access token (default {settings.SERVE_TOKEN_TTL}; clients renew a "
-                        "token 60 s before it expires, so one of 120 or less is renewed at every use)")  # fmt: skip
+                   help=f"lifetime of a Xet access token, at least 10 (default {settings.SERVE_TOKEN_TTL}; "
+                        "clients renew a token 60 s before it expires, so one of 120 or less is renewed at "
+                        "every use)")  # fmt: skip
     p.add_argument("--url-ttl", type=int, default=settings.SERVE_URL_TTL, metavar="SECONDS",
-                   help=f"lifetime of a signed xorb-range URL (default {settings.SERVE_URL_TTL})")  # fmt: skip
+                   help="lifetime of a signed xorb-range URL, at least 10 "
+                        f"(default {settings.SERVE_URL_TTL})")  # fmt: skip
     p.add_argument("--max-fetch", type=parse_size, default=settings.SERVE_MAX_FETCH,
                    help="largest xorb range in a reconstruction answer; each is held in memory while it is "
                         f"checked (default {size_text(settings.SERVE_MAX_FETCH)})")  # fmt: skip
@@ -121,6 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from xetfs.serve.contents import Contents
     from xetfs.serve.processes import listen, run_workers
     from xetfs.serve.signing import Signer, load_key
+    from xetfs.storage.catalogue import CATALOGUE_NAME
 
     for handler in logging.getLogger().handlers:  # a server's log: each line with its time and process
         handler.setFormatter(UserFormatter(stamped=True))
@@ -131,8 +135,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     public_url = (args.public_url or _default_url(args.host, args.port)).rstrip("/")
     if not public_url.startswith(("http://", "https://")):
         raise UsageError(f"--public-url {public_url!r}: not an http(s) URL")
-    settings = Settings(public_url, token_ttl=args.token_ttl, url_ttl=args.url_ttl, tree_page=args.tree_page_size,
-                        max_fetch=args.max_fetch, checks_at_once=args.checks)  # fmt: skip
+    settings = Settings(public_url, follow_host=args.public_url is None, token_ttl=args.token_ttl,
+                        url_ttl=args.url_ttl, tree_page=args.tree_page_size, max_fetch=args.max_fetch,
+                        checks_at_once=args.checks)  # fmt: skip
     tokens = UserTokens(args.token_file) if args.token_file else None
     signer = Signer(load_key(args.key_file))
     try:
@@ -152,6 +157,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 snap = await contents.snapshot()
                 print(f"xetfs: serving {plural(len(snap.catalogue.repos), 'repo')}, {plural(len(snap.index), 'file')} "
                       f"at {where}", file=sys.stderr, flush=True)  # fmt: skip
+                if not snap.catalogue.repos:
+                    print(f"xetfs: warning: the store names no repo (no {CATALOGUE_NAME} at its top, or one without "
+                          "repos): every request gets 404 until 'xetfs pack --repo' or 'xetfs pack --hub-cache' "
+                          "writes one (docs/serve.md)", file=sys.stderr, flush=True)  # fmt: skip
             ready()
 
         serve_on(sock, State(settings, contents, signer, tokens), started=started)

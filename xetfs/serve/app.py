@@ -40,6 +40,12 @@ async def health(request: Request) -> Response:
     return JSONResponse(doc, headers={"Cache-Control": "no-store"})
 
 
+async def agent_harnesses(request: Request) -> Response:
+    """An empty registry of AI agent harnesses, which huggingface_hub asks the endpoint for once a day per
+    cache (a 404 would be asked again by every new client process, and fill the log)."""
+    return JSONResponse({"standardEnvVars": [], "harnesses": {}}, headers={"Cache-Control": "no-cache"})
+
+
 def build_app(state: State) -> ASGIApp:
     routes = [
         Route("/health", health, methods=["GET"]),
@@ -47,6 +53,7 @@ def build_app(state: State) -> ASGIApp:
         Route("/v2/reconstructions/{file_id}", cas.reconstruction_route, methods=["GET"]),
         Route("/v1/telemetry", cas.telemetry, methods=["POST"]),
         Route("/xorbs/{xorb}/{chunks}", cas.xorb_range, methods=["GET"]),
+        Route("/api/agent-harnesses", agent_harnesses, methods=["GET"]),
         Route("/api/{rest:path}", hubapi.api, methods=["GET", "POST"]),
         Route("/{rest:path}", hubapi.resolve, methods=["GET", "HEAD"]),
     ]

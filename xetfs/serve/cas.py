@@ -76,7 +76,8 @@ async def reconstruction_route(request: Request) -> Response:
         return read_error(exc)
     step = max(1, state.settings.url_ttl // 4)
     expires = -(-(int(state.clock()) + state.settings.url_ttl) // step) * step
-    urls = {f: _xorb_url(state, f, expires) for f in plan.fetches}
+    base = state.url_base(request)
+    urls = {f: _xorb_url(state, base, f, expires) for f in plan.fetches}
     doc = reconstruction.v2_answer(plan, urls) if version == "v2" else reconstruction.v1_answer(plan, urls)
     return JSONResponse(doc, headers={"Cache-Control": "no-store"})
 
@@ -94,10 +95,10 @@ def _xorbs_under(terms: list[reconstruction.Term], start: int, end: int) -> list
     return list(out)
 
 
-def _xorb_url(state: State, f: reconstruction.Fetch, expires: int) -> str:
+def _xorb_url(state: State, base: str, f: reconstruction.Fetch, expires: int) -> str:
     xorb, chunks = hashes.to_hex(f.xorb), f"{f.first}-{f.stop}"
     signature = state.signer.sign("xorb", [xorb, chunks], expires)
-    return f"{state.settings.public_url}/xorbs/{xorb}/{chunks}?e={expires}&s={signature}"
+    return f"{base}/xorbs/{xorb}/{chunks}?e={expires}&s={signature}"
 
 
 async def xorb_range(request: Request) -> Response:

@@ -41,11 +41,13 @@ from xetfs.serve.signing import Signer
 DAMAGED = 410
 IMMUTABLE_SECONDS = 365 * 24 * 3600
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+_HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?")
 
 
 @dataclass
 class Settings:
-    public_url: str  # every URL handed out starts with it; no trailing slash
+    public_url: str  # every URL handed out starts with it (no trailing slash); see ``follow_host``
+    follow_host: bool = False  # no --public-url: URLs name the address each client reached (``State.url_base``)
     token_ttl: int = settings.SERVE_TOKEN_TTL  # seconds a Xet access token lives
     url_ttl: int = settings.SERVE_URL_TTL  # seconds a signed xorb-range URL lives
     tree_page: int = settings.SERVE_TREE_PAGE  # entries per page of a tree listing
@@ -71,6 +73,15 @@ class State:
             return "no-cache"
         scope = "private" if self.tokens is not None else "public"
         return f"{scope}, max-age={IMMUTABLE_SECONDS}, immutable"
+
+    def url_base(self, request: Request) -> str:
+        """What the URLs handed out to ``request``'s client start with: ``--public-url``; without one, the
+        address the client reached (its ``Host``), so that a server listening on every address of its machine
+        sends each node URLs it can reach; ``public_url`` if ``Host`` is missing or not a host and port."""
+        host = request.headers.get("host", "")
+        if self.settings.follow_host and _HOST.fullmatch(host):
+            return f"http://{host}"
+        return self.settings.public_url
 
     def user_allowed(self, request: Request) -> bool:
         return self.tokens is None or self.tokens.allows(request.headers.get("authorization"))

@@ -139,7 +139,7 @@ async def resolve(request: Request) -> Response:
         "Cache-Control": state.cache_control(immutable=revision == found.commit),
     }
     if file.is_lfs:
-        route = f"{state.settings.public_url}/api/{repo_type}s/{repo_id}/xet-read-token/{found.commit}"
+        route = f"{state.url_base(request)}/api/{repo_type}s/{repo_id}/xet-read-token/{found.commit}"
         headers.update({"X-Xet-Hash": entry.hex, "X-Xet-Refresh-Route": route, "Link": f'<{route}>; rel="xet-auth"'})
     if _matches(request.headers.get("if-none-match"), file.blob):  # a cache checking its copy: still good
         return Response(None, 304, headers)
@@ -216,7 +216,7 @@ async def api(request: Request) -> Response:
     if not rest or not rest[0]:
         return error(404, None, NOT_SERVED)
     if action == "xet-read-token":
-        return await _xet_token(state, repo_type, repo_id, "/".join(rest))
+        return await _xet_token(request, state, repo_type, repo_id, "/".join(rest))
     found = await _lookup(state, repo_type, repo_id, rest[0])
     if isinstance(found, Response):
         return found
@@ -304,7 +304,7 @@ def _tree(request: Request, state: State, repo: Repo, commit: str, path: str, im
         cursor = base64.urlsafe_b64encode(str(page[-1]["path"]).encode()).decode()
         base = raw_path(request)  # as the client sent it (encoded), without the query
         query = f"recursive={str(recursive).lower()}&expand=false&cursor={cursor}"
-        headers["Link"] = f'<{state.settings.public_url}{base}?{query}>; rel="next"'
+        headers["Link"] = f'<{state.url_base(request)}{base}?{query}>; rel="next"'
     return JSONResponse(page, headers=headers)
 
 
@@ -322,13 +322,13 @@ def _cursor(value: str | None) -> str | None:
         return ""  # an unreadable cursor starts over rather than failing
 
 
-async def _xet_token(state: State, repo_type: str, repo_id: str, revision: str) -> Response:
+async def _xet_token(request: Request, state: State, repo_type: str, repo_id: str, revision: str) -> Response:
     found = await _lookup(state, repo_type, repo_id, revision)
     if isinstance(found, Response):
         return found
     expires = int(state.clock()) + state.settings.token_ttl
     token = state.signer.token(expires)
-    cas = state.settings.public_url
+    cas = state.url_base(request)
     headers = {"X-Xet-Cas-Url": cas, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": str(expires),
                "Cache-Control": "no-store"}  # fmt: skip
     return JSONResponse({"accessToken": token, "exp": expires, "casUrl": cas}, headers=headers)
