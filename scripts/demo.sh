@@ -30,7 +30,7 @@ for e in json.load(open(sys.argv[1])):
     if e.get("type") == "file":
         print(e["lfs"]["oid"] + "  " + e["path"])
 ' "$store/xetfs-manifest.json")" && sha256sum -c <<<"$xetfs_sums")
-run getfattr -d --absolute-names "$mnt/model/model.safetensors"
+run getfattr -n user.xet.hash --absolute-names "$mnt/model/model.safetensors"
 run dd if="$mnt/data/random.bin" of=/dev/null bs=1M
 run xetfs stats "$mnt"
 run xetfs umount "$mnt"

@@ -315,8 +315,8 @@ def test_duplicate_upload_is_one_file(multi: Mount, multi_store: OracleStore) ->
 # -- attributes --------------------------------------------------------------------------------
 
 
-def getfattr(path: Path) -> dict[str, str]:
-    proc = run("getfattr", "-d", "--absolute-names", path)
+def getfattr(path: Path, name: str | None = None) -> dict[str, str]:
+    proc = run("getfattr", *(["-n", name] if name else ["-d"]), "--absolute-names", path)
     assert proc.returncode == 0, proc.stderr
     out = {}
     for line in proc.stdout.decode().splitlines():
@@ -326,18 +326,28 @@ def getfattr(path: Path) -> dict[str, str]:
     return out
 
 
-def test_getfattr_dump(named: Mount, basic_store: OracleStore) -> None:
+def test_getfattr_by_name(named: Mount, basic_store: OracleStore) -> None:
     terms = oracle.store_terms(basic_store)
+    names = ("user.xet.hash", "user.xet.sha256", "user.xet.terms")
     for path, f in named_files(basic_store).items():
         want = {"user.xet.hash": f.hash, "user.xet.sha256": f.sha256, "user.xet.terms": str(len(terms[f.hash]))}
-        assert getfattr(named.path / path) == want, path
+        assert {n: getfattr(named.path / path, n)[n] for n in names} == want, path
+        assert getfattr(named.path / path) == {}, path  # (none listed: ``getfattr -d`` dumps nothing)
+
+
+def test_copies_do_not_carry_the_attributes(named: Mount, tmp_path: Path) -> None:
+    """``cp -a`` copies the attributes a file lists: a copy, once edited, would carry a hash not its own."""
+    proc = run("cp", "-a", named.path / "models", tmp_path / "copy")
+    assert proc.returncode == 0, proc.stderr
+    copied = [p for p in (tmp_path / "copy").rglob("*") if p.is_file()]
+    assert copied and all(os.listxattr(p) == [] for p in copied)
 
 
 def test_xattrs_count_terms_across_xorbs(multi: Mount, multi_store: OracleStore) -> None:
     terms = oracle.store_terms(multi_store)
     for f in multi_store.unique():
         path = multi.path / f.hash
-        assert sorted(os.listxattr(path)) == ["user.xet.hash", "user.xet.sha256", "user.xet.terms"]
+        assert os.listxattr(path) == []  # (read by name only)
         assert os.getxattr(path, "user.xet.hash") == f.hash.encode()
         assert os.getxattr(path, "user.xet.sha256") == f.sha256.encode()
         assert os.getxattr(path, "user.xet.terms") == str(len(terms[f.hash])).encode()
@@ -350,6 +360,9 @@ def test_xattrs_absent(named: Mount) -> None:
     assert exc.value.errno == errno.ENODATA
     for d in ("", "models", ".xetfs", ".xetfs/by-hash"):
         assert os.listxattr(named.path / d) == [], d
+        with pytest.raises(OSError) as exc:
+            os.getxattr(named.path / d, "user.xet.hash")
+        assert exc.value.errno == errno.ENODATA, d
 
 
 def test_other_xattr_namespaces_are_not_supported(named: Mount) -> None:
@@ -519,7 +532,7 @@ WRITES: dict[str, Callable[[Path], object]] = {
 def snapshot(m: Path) -> tuple[object, ...]:
     """What a write could change: the names, the file's bytes, attributes and xattrs."""
     st = os.stat(m / FILE)
-    xattrs = {n: os.getxattr(m / FILE, n) for n in os.listxattr(m / FILE)}
+    xattrs = {n: os.getxattr(m / FILE, n) for n in ("user.xet.hash", "user.xet.sha256", "user.xet.terms")}
     return (walk(m), (m / FILE).read_bytes(), st.st_mode, st.st_uid, st.st_mtime_ns, xattrs,
             sorted(os.listdir(m / ".xetfs/by-hash")))  # fmt: skip
 

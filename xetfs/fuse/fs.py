@@ -55,8 +55,7 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# A file's decode counters as JSON, for ``xetfs stats MNT FILE``.  Not listed by listxattr: its value
-# changes with every read, and ``getfattr -d`` shows what a file is, not how it was read.
+# A file's decode counters as JSON, for ``xetfs stats MNT FILE``.
 FILE_STATS_XATTR = b"user.xetfs.stats"
 
 
@@ -71,8 +70,8 @@ class FsOptions:
 
 
 def _xattrs(node: Node) -> dict[bytes, bytes]:
-    """The extended attributes ``listxattr`` shows for ``node``: a file's hash, its terms and its sha256 (when
-    its shard records one)."""
+    """The extended attributes of ``node`` besides ``FILE_STATS_XATTR``: a file's hash, its terms and its sha256
+    (when its shard records one).  Read by name; ``listxattr`` lists none (``XetFS.listxattr``)."""
     entry = node.entry
     if node.kind is not Kind.FILE or entry is None:
         return {}
@@ -359,7 +358,11 @@ class XetFS(_ReadOnly):
 
     @_guard
     async def listxattr(self, inode: int, ctx: Any) -> list[bytes]:
-        return list(_xattrs(self._node(inode)))
+        # None listed, though ``getxattr`` answers them by name: ``cp -a``, ``rsync -X`` and ``tar --xattrs``
+        # copy what is listed, and a copy, once edited, would carry a hash that is no longer its own (and
+        # getting each one costs two round trips per file copied).
+        self._node(inode)
+        return []
 
     # -- reading -------------------------------------------------------------
 
