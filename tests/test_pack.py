@@ -186,6 +186,11 @@ def test_skipped_paths_are_counted(tmp_path: Path) -> None:
     plan = plan_pack([src], src / "store", ignore)
     assert sorted(p.name for p in plan.skipped) == sorted(["link", "fifo", os.fsdecode(b"bad\xff.bin")])
     assert plan.all_links == []
+    # Links beside subdirectories only, whose files are regular ones: not a snapshot, no hint.
+    top = make_tree(tmp_path / "top", {"data/a.json": b"a", "data/deep/b.json": b"b"}, ())
+    (top / "latest").symlink_to(top / "data" / "a.json")
+    plan = plan_pack([top], tmp_path / "store", ignore)
+    assert plan.all_links == [] and [p.name for p in plan.skipped] == ["latest"]
 
 
 def test_follow_symlinks_packs_what_links_point_to(tmp_path: Path) -> None:

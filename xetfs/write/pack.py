@@ -97,7 +97,7 @@ class Plan:
     """What a pack will upload (``files``, in walk order) and which directories it records.
 
     ``skipped``: the paths left out, each with a warning (the store itself, when a source holds it, is not
-    counted); ``all_links``: directories with symlinks (not followed) and no other files, subdirectories aside.
+    counted); ``all_links``: directories with symlinks (not followed) and no regular file, nor any below them.
     """
 
     files: list[Source] = field(default_factory=list)
@@ -142,6 +142,9 @@ def plan_pack(sources: Sequence[Path], store: Path, warn: Warn = print_warning, 
             plan.files.append(Source((_top_name(src),), src.absolute(), Stamp.of(st)))
         else:
             raise XetfsError(f"{src}: not a regular file or directory")
+    if plan.all_links:  # (a directory of links beside subdirectories of files is not a snapshot: no hint)
+        holding = {parent for f in plan.files for parent in f.local.parents}
+        plan.all_links = [d for d in plan.all_links if d.absolute() not in holding]
     if not plan.files:
         hint = f"; {links_hint(plan.all_links)}" if plan.all_links else ""
         raise XetfsError(f"nothing to pack: no regular files in {', '.join(map(str, sources))}{hint}")
