@@ -116,8 +116,8 @@ def test_bad_input_is_named_and_skipped(cache: hub_cache.CacheSpec, tmp_path: Pa
 
 
 def test_blobs_in_the_shared_store_are_read_through_their_links(cache: hub_cache.CacheSpec, tmp_path: Path) -> None:
-    """huggingface_hub 2 keeps a file it fetched through Xet in ``<cache>/blobs/<2 hex>/<xet hash>`` and makes the
-    repo's blob a relative symlink to it.  Such a blob is read through its link; a link elsewhere, or to a file
+    """huggingface_hub 1.32 and later keep a file fetched through Xet in ``<cache>/blobs/<2 hex>/<xet hash>`` and
+    make the repo's blob a relative symlink to it.  Such a blob is read through its link; a link elsewhere, or to a file
     the shared store lacks, is named and skipped with the snapshot files that use it."""
     import shutil
 
@@ -148,6 +148,10 @@ def test_blobs_in_the_shared_store_are_read_through_their_links(cache: hub_cache
     used = {f.blob for rev in model.revisions.values() for f in rev.files}
     assert moved.name in used and elsewhere.name not in used and lost.name not in used
     assert [r.type for r in repos].count("model") == 1  # (the shared store is not a repo)
+    assert "broken symlink" not in text and f"its blob {lost.name} was skipped (see above)" in text, text
+    # The same cache named another way (a ``..`` in its path): the same blobs.
+    again = scan_cache(tmp_path / "cache" / ".." / "cache", warn=lambda _: None)
+    assert set(next(r for r in again if r.id == hub_cache.MODEL).blobs) == set(model.blobs)
 
 
 def test_checks_after_upload(tmp_path: Path) -> None:

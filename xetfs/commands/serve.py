@@ -144,8 +144,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock = listen(args.host, args.port)
     except OSError as exc:
         raise XetfsError(f"cannot listen on {_bind(args.host, args.port)}: {exc}") from None
-    where = f"{public_url} (listening on http://{_bind(args.host, sock.getsockname()[1])}; " + plural(
-        args.workers, "server process", "server processes") + ")"  # fmt: skip
+    listening = f"http://{_bind(args.host, sock.getsockname()[1])}"
+    processes = plural(args.workers, "server process", "server processes")
+    shown = args.public_url or listening
+    where = f"{shown} (listening on {listening}; {processes})" if args.public_url else f"{shown} ({processes})"
 
     def work(worker: int, ready: Callable[[], None]) -> int:
         """One server process: opens the store, serves until told to stop."""
@@ -159,8 +161,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                       f"at {where}", file=sys.stderr, flush=True)  # fmt: skip
                 if not snap.catalogue.repos:
                     print(f"xetfs: warning: the store names no repo (no {CATALOGUE_NAME} at its top, or one without "
-                          "repos): every request gets 404 until 'xetfs pack --repo' or 'xetfs pack --hub-cache' "
-                          "writes one (docs/serve.md)", file=sys.stderr, flush=True)  # fmt: skip
+                          "repos): every request for a repo gets 404 until 'xetfs pack --repo' or 'xetfs pack "
+                          "--hub-cache' writes one (docs/hub-caches.md)", file=sys.stderr, flush=True)  # fmt: skip
             ready()
 
         serve_on(sock, State(settings, contents, signer, tokens), started=started)
@@ -169,5 +171,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with sock:
         status = run_workers(args.workers, work)
     if status == 0:  # (stopped by SIGTERM or SIGINT; a failure said what it was)
-        print(f"xetfs: stopped serving at {public_url}", file=sys.stderr, flush=True)
+        print(f"xetfs: stopped serving at {shown}", file=sys.stderr, flush=True)
     return status

@@ -346,9 +346,9 @@ class XetFS(_ReadOnly):
     @_guard
     async def getxattr(self, inode: int, name: bytes, ctx: Any) -> bytes:
         if not name.startswith(b"user."):
-            # Only the user namespace is kept.  "Not supported", not "no such attribute": ``ls -l`` asks every
-            # file for security.selinux and system.posix_acl_access, and stops asking a file system that says
-            # it has neither (two round trips per file otherwise, most of an ``ls -lR``).
+            # Only the user namespace is kept.  "Not supported", not "no such attribute": ``ls -l`` (coreutils
+            # 9.1) asks every file for security.selinux and system.posix_acl_access, and stops asking a file
+            # system that says it has neither (two round trips per file otherwise, most of an ``ls -lR``).
             raise pyfuse3.FUSEError(errno.EOPNOTSUPP)
         node = self._node(inode)
         value = _file_stats(self.reader, node) if name == FILE_STATS_XATTR else _xattrs(node).get(name)

@@ -11,6 +11,7 @@ keep it.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from xetfs.serve.access import UserTokens
 from xetfs.serve.contents import Contents
 from xetfs.serve.signing import Signer
 
+log = logging.getLogger("xetfs.serve")
+
 # A damaged or missing object: 410 Gone.  hf_xet retries 5xx but 501, 408, 429 and, fetching xorb ranges,
 # 403 (after asking for new URLs), for minutes; any other 4xx ends the download at once (xet-core's
 # RetryWrapper).  404 would read as "no such file" and 400 as a bad request, while the object is known and
@@ -41,7 +44,11 @@ from xetfs.serve.signing import Signer
 DAMAGED = 410
 IMMUTABLE_SECONDS = 365 * 24 * 3600
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
-_HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?")
+# A Host header fit to start URLs with: a name (``_`` as in container service names, a final dot allowed), an
+# IPv4 address or a bracketed IPv6 one, and a port.
+_HOST = re.compile(r"(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_.])?|\[[0-9A-Fa-f:.]+\])(?::\d{1,5})?")
+# Headers a proxy adds: behind one, the client's address (https, another port) is not what Host says.
+_PROXY_HEADERS = ("forwarded", "x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "via")
 
 
 @dataclass
@@ -63,6 +70,7 @@ class State:
     tokens: UserTokens | None = None
     clock: Callable[[], float] = time.time
     checks: trio.Semaphore = field(init=False)
+    _said_fallback: bool = field(default=False, init=False)  # ``url_base`` fell back once: said in the log
 
     def __post_init__(self) -> None:
         self.checks = trio.Semaphore(self.settings.checks_at_once)
@@ -77,11 +85,28 @@ class State:
     def url_base(self, request: Request) -> str:
         """What the URLs handed out to ``request``'s client start with: ``--public-url``; without one, the
         address the client reached (its ``Host``), so that a server listening on every address of its machine
-        sends each node URLs it can reach; ``public_url`` if ``Host`` is missing or not a host and port."""
+        sends each node URLs it can reach.  The listening address (``public_url``) for a request through a
+        proxy (which may speak https, on another port) or whose ``Host`` is not a host and port: said once
+        in the log.  An answer that a cache may keep and that holds such URLs varies with ``Host``
+        (``vary``)."""
+        if not self.settings.follow_host:
+            return self.settings.public_url
         host = request.headers.get("host", "")
-        if self.settings.follow_host and _HOST.fullmatch(host):
+        proxy = next((h for h in _PROXY_HEADERS if h in request.headers), None)
+        if proxy is None and _HOST.fullmatch(host):
             return f"http://{host}"
+        if not self._said_fallback:
+            self._said_fallback = True
+            why = f"came through a proxy ({proxy})" if proxy else f"names the host {host!r}, not a host and port"
+            log.warning("a request %s: the URLs handed out name the listening address %s; give --public-url "
+                        "with the address clients use", why, self.settings.public_url)  # fmt: skip
         return self.settings.public_url
+
+    def vary(self, headers: dict[str, str]) -> None:
+        """Mark an answer holding URLs made by ``url_base`` as varying with ``Host`` (when they follow it), so
+        that a cache in front keeps one per address and never hands one client's to another."""
+        if self.settings.follow_host:
+            headers["Vary"] = "Host"
 
     def user_allowed(self, request: Request) -> bool:
         return self.tokens is None or self.tokens.allows(request.headers.get("authorization"))

@@ -141,6 +141,7 @@ async def resolve(request: Request) -> Response:
     if file.is_lfs:
         route = f"{state.url_base(request)}/api/{repo_type}s/{repo_id}/xet-read-token/{found.commit}"
         headers.update({"X-Xet-Hash": entry.hex, "X-Xet-Refresh-Route": route, "Link": f'<{route}>; rel="xet-auth"'})
+        state.vary(headers)
     if _matches(request.headers.get("if-none-match"), file.blob):  # a cache checking its copy: still good
         return Response(None, 304, headers)
     return await _send(request, found.snap, entry, headers, f"{repo_type} {repo_id}@{found.commit[:12]}: {path}")
@@ -305,6 +306,7 @@ def _tree(request: Request, state: State, repo: Repo, commit: str, path: str, im
         base = raw_path(request)  # as the client sent it (encoded), without the query
         query = f"recursive={str(recursive).lower()}&expand=false&cursor={cursor}"
         headers["Link"] = f'<{state.url_base(request)}{base}?{query}>; rel="next"'
+        state.vary(headers)
     return JSONResponse(page, headers=headers)
 
 

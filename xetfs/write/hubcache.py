@@ -5,7 +5,7 @@ with ``refs/``, ``snapshots/<commit>/``, ``blobs/``, ``.no_exist/<commit>/``
 and ``trees/<commit>.json``) and the blob-naming rule.  Reads only: nothing
 here writes or uploads.
 
-A repo's blob is a regular file, or (huggingface_hub 2 and later, for files
+A repo's blob is a regular file, or (huggingface_hub 1.32 and later, for files
 it downloaded through Xet) a symlink into the cache's shared store of Xet
 files, ``<cache>/blobs/<first 2 hex>/<xet hash>``, where the bytes are.
 
@@ -57,7 +57,7 @@ LFS_PATTERNS = (
     "*.png", "*.jpg", "*.jpeg", "*.webp",
 )  # fmt: skip
 INCOMPLETE_SUFFIX = ".incomplete"
-SHARED_BLOBS = "blobs"  # huggingface_hub 2's store of Xet files shared by the cache's repos: <cache>/blobs/<xx>/<hash>
+SHARED_BLOBS = "blobs"  # the store of Xet files a cache's repos share (huggingface_hub 1.32+): blobs/<xx>/<hash>
 HASH_BLOCK = 1024 * 1024
 
 
@@ -167,18 +167,20 @@ def scan_cache(cache_dir: Path, repos: Iterable[str] = (), warn: Warn = print) -
 def _scan_repo(folder: Path, repo_type: str, repo_id: str, warn: Warn) -> CachedRepo:
     repo = CachedRepo(repo_type, repo_id, folder)
     blobs = folder / "blobs"
+    skipped: set[str] = set()
     for path in _files(blobs):
         problem = _blob_problem(path, folder.parent / SHARED_BLOBS)
         if problem is None:
             repo.blobs[path.name] = path  # (a link to the shared store is read through: its bytes are there)
         else:
             warn(f"skipping {path}: {problem}")
+            skipped.add(path.name)
     snapshots = folder / "snapshots"
     for commit_dir in sorted(snapshots.iterdir()) if snapshots.is_dir() else []:
         if not is_commit(commit_dir.name) or not commit_dir.is_dir():
             warn(f"skipping {commit_dir}: not a snapshot directory named by a commit")
             continue
-        repo.revisions[commit_dir.name] = _scan_snapshot(commit_dir, blobs, repo.blobs, warn)
+        repo.revisions[commit_dir.name] = _scan_snapshot(commit_dir, blobs, repo.blobs, skipped, warn)
     no_exist = folder / ".no_exist"
     for commit_dir in sorted(no_exist.iterdir()) if no_exist.is_dir() else []:
         rev = repo.revisions.get(commit_dir.name)
@@ -206,28 +208,35 @@ def _blob_problem(path: Path, shared: Path) -> str | None:
     if not path.is_symlink():
         return None if path.is_file() else "not a blob (a file named by a sha256 or git sha1)"
     link = os.readlink(path)
-    target = Path(os.path.normpath(path.parent / link))
+    target = Path(os.path.abspath(path.parent / link))
     name = target.name
-    if target.parent.parent != shared or len(name) != 64 or not is_blob_name(name) or target.parent.name != name[:2]:
+    outside = target.parent.parent != Path(os.path.abspath(shared))
+    if outside or len(name) != 64 or not is_blob_name(name) or target.parent.name != name[:2]:
         return f"a symlink, not into the cache's shared store of Xet files ({link})"
     if target.is_symlink() or not target.is_file():
         return f"its file in the cache's shared store is missing ({target})"
     return None
 
 
-def _scan_snapshot(commit_dir: Path, blobs: Path, known: dict[str, Path], warn: Warn) -> CachedRevision:
+def _scan_snapshot(
+    commit_dir: Path, blobs: Path, known: dict[str, Path], skipped: set[str], warn: Warn
+) -> CachedRevision:
+    """The files of a snapshot: links to the blobs ``known`` (``skipped``: blobs already warned of), or
+    regular files."""
     rev = CachedRevision(commit_dir.name)
     for path, local in _relative_files(commit_dir, warn, follow=True):
         if not local.is_symlink():
             rev.files.append(CachedFile(path, None, local))
             continue
-        target = Path(os.path.normpath(local.parent / os.readlink(local)))
-        if target.parent != blobs or not is_blob_name(target.name):
+        target = Path(os.path.abspath(local.parent / os.readlink(local)))
+        if target.parent != Path(os.path.abspath(blobs)) or not is_blob_name(target.name):
             warn(f"skipping {local}: the symlink points outside the repo's blobs ({os.readlink(local)})")
+        elif target.name in skipped:
+            warn(f"skipping {local}: its blob {target.name} was skipped (see above)")
         elif target.name not in known:
             warn(f"skipping {local}: broken symlink, blob {target.name} is missing")
         else:
-            rev.files.append(CachedFile(path, target.name, target))
+            rev.files.append(CachedFile(path, target.name, known[target.name]))
     return rev
 
 
