@@ -21,6 +21,7 @@ import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -812,6 +813,18 @@ def test_damage_past_the_first_block_cuts_a_plain_download_short(tmp_path: Path)
         conn.close()
         sent = cut.value.partial
         assert len(sent) == 8 * 1024 * 1024 and sent == data[: len(sent)]
+        line = "GET /acme/big/resolve/main/big.bin 200 "
+        wait_until(lambda: f"(cut short: {len(sent)} of {len(data)} bytes sent)" in log_of(server), 30, "the log line")
+        # A client that goes away after 64 KiB: its request is logged as cut short too, not as a whole 200.
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as gone:
+            gone.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            gone.sendall(b"GET /acme/big/resolve/main/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = 0
+            while got < 64 * 1024:
+                got += len(gone.recv(65536))
+        wait_until(lambda: log_of(server).count(line) == 2, 60, "the second request's log line")
+        second = [x for x in log_of(server).splitlines() if line in x][1]
+        assert re.search(rf"\(cut short: \d+ of {len(data)} bytes sent\)$", second), second
         for xet in (False, True):
             failed, cache = clients(server, "get", "model", "acme/big", "big.bin", "main", xet=xet)
             assert failed.get("error") is not None, failed

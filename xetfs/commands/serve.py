@@ -20,6 +20,8 @@ from xetfs.base.malloc import keep_freed_memory
 from xetfs.base.messages import UserFormatter, plural
 
 if TYPE_CHECKING:
+    from xetfs.serve.common import Settings
+    from xetfs.serve.contents import Snapshot
     from xetfs.storage.store import Store
 
 DESCRIPTION = """\
@@ -120,24 +122,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UsageError("xetfs serve needs its extra: pip install 'xetfs[serve]'") from None
     from xetfs.serve.access import UserTokens
     from xetfs.serve.app import serve_on
-    from xetfs.serve.common import Settings, State
+    from xetfs.serve.common import State
     from xetfs.serve.contents import Contents
     from xetfs.serve.processes import listen, run_workers
     from xetfs.serve.signing import Signer, load_key
-    from xetfs.storage.catalogue import CATALOGUE_NAME
 
     for handler in logging.getLogger().handlers:  # a server's log: each line with its time and process
         handler.setFormatter(UserFormatter(stamped=True))
-    if min(args.token_ttl, args.url_ttl) < 10 or min(args.tree_page_size, args.checks, args.max_fetch,
-                                                      args.workers) < 1:  # fmt: skip
-        raise UsageError("--token-ttl and --url-ttl: at least 10; --tree-page-size, --checks, --max-fetch, "
-                         "--workers: at least 1")  # fmt: skip
-    public_url = (args.public_url or _default_url(args.host, args.port)).rstrip("/")
-    if not public_url.startswith(("http://", "https://")):
-        raise UsageError(f"--public-url {public_url!r}: not an http(s) URL")
-    settings = Settings(public_url, follow_host=args.public_url is None, token_ttl=args.token_ttl,
-                        url_ttl=args.url_ttl, tree_page=args.tree_page_size, max_fetch=args.max_fetch,
-                        checks_at_once=args.checks)  # fmt: skip
+    settings = _settings(args)
     tokens = UserTokens(args.token_file) if args.token_file else None
     signer = Signer(load_key(args.key_file))
     try:
@@ -156,13 +148,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         async def started() -> None:
             if worker == 0:
-                snap = await contents.snapshot()
-                print(f"xetfs: serving {plural(len(snap.catalogue.repos), 'repo')}, {plural(len(snap.index), 'file')} "
-                      f"at {where}", file=sys.stderr, flush=True)  # fmt: skip
-                if not snap.catalogue.repos:
-                    print(f"xetfs: warning: the store names no repo (no {CATALOGUE_NAME} at its top, or one without "
-                          "repos): every request for a repo gets 404 until 'xetfs pack --repo' or 'xetfs pack "
-                          "--hub-cache' writes one (docs/hub-caches.md)", file=sys.stderr, flush=True)  # fmt: skip
+                _announce(await contents.snapshot(), where)
             ready()
 
         serve_on(sock, State(settings, contents, signer, tokens), started=started)
@@ -173,3 +159,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if status == 0:  # (stopped by SIGTERM or SIGINT; a failure said what it was)
         print(f"xetfs: stopped serving at {shown}", file=sys.stderr, flush=True)
     return status
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """The server's settings from its options; ``UsageError`` for a value out of bounds."""
+    from xetfs.commands.args import UsageError
+    from xetfs.serve.common import Settings
+
+    if min(args.token_ttl, args.url_ttl) < 10 or min(args.tree_page_size, args.checks, args.max_fetch,
+                                                      args.workers) < 1:  # fmt: skip
+        raise UsageError("--token-ttl and --url-ttl: at least 10; --tree-page-size, --checks, --max-fetch, "
+                         "--workers: at least 1")  # fmt: skip
+    public_url = (args.public_url or _default_url(args.host, args.port)).rstrip("/")
+    if not public_url.startswith(("http://", "https://")):
+        raise UsageError(f"--public-url {public_url!r}: not an http(s) URL")
+    return Settings(public_url, follow_host=args.public_url is None, token_ttl=args.token_ttl,
+                    url_ttl=args.url_ttl, tree_page=args.tree_page_size, max_fetch=args.max_fetch,
+                    checks_at_once=args.checks)  # fmt: skip
+
+
+def _announce(snap: Snapshot, where: str) -> None:
+    """The start-up line on the terminal: what is served and where; a warning when the store names no repo."""
+    from xetfs.storage.catalogue import CATALOGUE_NAME
+
+    repos = len(snap.catalogue.repos)
+    print(f"xetfs: serving {plural(repos, 'repo')}, {plural(len(snap.index), 'file')} at {where}", file=sys.stderr,
+          flush=True)  # fmt: skip
+    if not repos:
+        print(f"xetfs: warning: the store names no repo (no {CATALOGUE_NAME} at its top, or one without repos): "
+              "every request for a repo gets 404 until 'xetfs pack --repo' or 'xetfs pack --hub-cache' writes one "
+              "(docs/hub-caches.md)", file=sys.stderr, flush=True)  # fmt: skip

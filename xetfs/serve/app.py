@@ -122,7 +122,8 @@ class _BadPaths:
 
 
 class _Logged:
-    """One log line per HTTP request, without query or headers."""
+    """One log line per HTTP request, without query or headers; a body that ended before its length (the
+    client went away, or the server cut it short) says how much of it was sent."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -132,15 +133,22 @@ class _Logged:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
-        status = 0
+        status = sent = 0
+        length: int | None = None
 
         async def sending(message: Message) -> None:
-            nonlocal status
+            nonlocal status, sent, length
             if message["type"] == "http.response.start":
                 status = message["status"]
+                given = dict(message.get("headers", ())).get(b"content-length")
+                length = int(given) if given is not None and given.isdigit() else None
+            elif message["type"] == "http.response.body":
+                sent += len(message.get("body", b""))
             await send(message)
 
         try:
             await self.app(scope, receive, sending)
         finally:
-            log.info("%s %s %d %.3fs", scope["method"], scope["path"], status, time.monotonic() - started)
+            short = scope["method"] != "HEAD" and length is not None and sent < length
+            note = f" (cut short: {sent} of {length} bytes sent)" if short else ""
+            log.info("%s %s %d %.3fs%s", scope["method"], scope["path"], status, time.monotonic() - started, note)
