@@ -364,11 +364,12 @@ class Loader:
                 self._decode.layouts_in_workers += 1
                 self._store.layouts += 1
                 return layout
-        if path is None and not self.store.local:  # (a footer the disk cache keeps needs no request: read even
+        if path is None:  # a remote xorb: a footer the disk cache keeps needs no request (read even while the
+            # store is taken for hung); a fetch of its tail goes through the breaker
             cached: XorbLayout | None = None
             if self.store.chunks is not None:
                 cached = await self._io(self.store.cached_layout, xorb_hash)
-            fetch = partial(self.store.load_layout, cached=False)  # while the store is taken for hung)
+            fetch = partial(self.store.load_layout, cached=False)
             loaded = cached if cached is not None else await self._fetching(True, self._io, fetch, xorb_hash)
         else:
             loaded = await self._io(self.store.load_layout, xorb_hash)
