@@ -168,8 +168,9 @@ def _scan_repo(folder: Path, repo_type: str, repo_id: str, warn: Warn) -> Cached
     repo = CachedRepo(repo_type, repo_id, folder)
     blobs = folder / "blobs"
     skipped: set[str] = set()
+    shared = Path(os.path.abspath(folder.parent / SHARED_BLOBS))
     for path in _files(blobs):
-        problem = _blob_problem(path, folder.parent / SHARED_BLOBS)
+        problem = _blob_problem(path, shared)
         if problem is None:
             repo.blobs[path.name] = path  # (a link to the shared store is read through: its bytes are there)
         else:
@@ -200,7 +201,7 @@ def _scan_repo(folder: Path, repo_type: str, repo_id: str, warn: Warn) -> Cached
 
 def _blob_problem(path: Path, shared: Path) -> str | None:
     """Why ``path``, in a repo's ``blobs/``, is not a blob; None if it is: a regular file, or a symlink to a
-    regular file of the cache's shared store ``shared`` (``<shared>/<first 2 hex>/<xet hash>``)."""
+    regular file of the cache's shared store ``shared`` (absolute: ``<shared>/<first 2 hex>/<xet hash>``)."""
     if path.name.endswith(INCOMPLETE_SUFFIX):
         return "a partial download (.incomplete)"
     if not is_blob_name(path.name):
@@ -210,7 +211,7 @@ def _blob_problem(path: Path, shared: Path) -> str | None:
     link = os.readlink(path)
     target = Path(os.path.abspath(path.parent / link))
     name = target.name
-    outside = target.parent.parent != Path(os.path.abspath(shared))
+    outside = target.parent.parent != shared
     if outside or len(name) != 64 or not is_blob_name(name) or target.parent.name != name[:2]:
         return f"a symlink, not into the cache's shared store of Xet files ({link})"
     if target.is_symlink() or not target.is_file():
@@ -224,12 +225,13 @@ def _scan_snapshot(
     """The files of a snapshot: links to the blobs ``known`` (``skipped``: blobs already warned of), or
     regular files."""
     rev = CachedRevision(commit_dir.name)
+    home = Path(os.path.abspath(blobs))
     for path, local in _relative_files(commit_dir, warn, follow=True):
         if not local.is_symlink():
             rev.files.append(CachedFile(path, None, local))
             continue
         target = Path(os.path.abspath(local.parent / os.readlink(local)))
-        if target.parent != Path(os.path.abspath(blobs)) or not is_blob_name(target.name):
+        if target.parent != home or not is_blob_name(target.name):
             warn(f"skipping {local}: the symlink points outside the repo's blobs ({os.readlink(local)})")
         elif target.name in skipped:
             warn(f"skipping {local}: its blob {target.name} was skipped (see above)")
